@@ -1,0 +1,28 @@
+"""bridge: turn an inference ONNX model into an explicit training-step ONNX model."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    BridgeError,
+    InvalidOptionError,
+    LoweringError,
+    ModelLoadError,
+    ShapeError,
+    UnsupportedOpError,
+)
+from .api import to_training_onnx  # noqa: E402
+from .runtime import TrainingSession  # noqa: E402
+from .training_model import TrainingModel  # noqa: E402
+
+__all__ = [
+    "BridgeError",
+    "InvalidOptionError",
+    "LoweringError",
+    "ModelLoadError",
+    "ShapeError",
+    "TrainingModel",
+    "TrainingSession",
+    "UnsupportedOpError",
+    "to_training_onnx",
+]

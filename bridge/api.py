@@ -1,0 +1,167 @@
+"""``to_training_onnx``: the whole pipeline, stage by stage (see docs/ARCHITECTURE.md)."""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import onnx
+import torch
+
+from . import __version__
+from .annotate import annotate_model
+from .errors import BridgeError, InvalidOptionError, ModelLoadError
+from .export import export_step
+from .importer.program import OnnxProgram
+from .importer.weights import differentiable_initializers, select_trainable
+from .load import load_model
+from .losses import make_loss
+from .optimizers import make_optimizer
+from .trace import StepSignature, trace_training_step
+from .training_model import TrainingModel
+
+_ONNX_TO_TORCH = {
+    onnx.TensorProto.FLOAT: torch.float32,
+    onnx.TensorProto.DOUBLE: torch.float64,
+    onnx.TensorProto.FLOAT16: torch.float16,
+    onnx.TensorProto.INT64: torch.int64,
+    onnx.TensorProto.INT32: torch.int32,
+    onnx.TensorProto.BOOL: torch.bool,
+}
+
+
+def to_training_onnx(
+    model: str | os.PathLike | onnx.ModelProto,
+    loss: str | Callable = "mse",
+    optim: str | type[torch.optim.Optimizer] = "sgd",
+    *,
+    loss_options: Mapping[str, Any] | None = None,
+    optim_options: Mapping[str, Any] | None = None,
+    output: str | int | None = None,
+    trainable: Iterable[str] | str | None = None,
+    frozen: Iterable[str] | str | None = None,
+    batch_size: int | None = None,
+    input_shapes: Mapping[str, Iterable[int]] | None = None,
+    output_path: str | os.PathLike | None = None,
+) -> TrainingModel:
+    """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
+
+    Args:
+        model: path to an ``.onnx`` file (external data is loaded) or a ModelProto.
+        loss: a loss name (``bridge.losses.available_losses()``), a torch loss module or a
+            callable ``(output, target) -> scalar``.
+        optim: an optimizer name (``bridge.optimizers.available_optimizers()``) or a
+            ``torch.optim.Optimizer`` subclass.
+        loss_options / optim_options: keyword arguments of the torch loss / optimizer.
+        output: the model output the loss applies to (name or index; default the first).
+        trainable / frozen: names or glob patterns of weights to train / not to train.
+        batch_size: the batch size for inputs whose first dim is symbolic (default 2).
+        input_shapes: full shapes for inputs with other symbolic dims, by input name.
+        output_path: if given, the training model is also saved there.
+    """
+    loss_fn = make_loss(loss, dict(loss_options or {}))
+    optimizer = make_optimizer(optim, dict(optim_options or {}))
+    source = load_model(model)
+    program = OnnxProgram(source)
+    inputs = _example_inputs(source, program, batch_size, input_shapes or {})
+    output_index = _output_index(program, output)
+
+    weights = select_trainable(differentiable_initializers(program, inputs, output_index), trainable, frozen)
+    if not weights:
+        raise BridgeError("the model has no trainable weight (no floating-point initializer reaches the output)")
+    buffers = _trained_buffers(program, inputs, weights)
+    state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
+    signature = StepSignature(weights, buffers, state_slots, list(program.input_names))
+
+    tensors = {name: program.initializer_tensor(name) for name in weights + buffers}
+    for w in weights:
+        for slot, value in optimizer.initial_state(tensors[w]).items():
+            tensors[f"{w}.{slot}"] = value
+    tensors["step"] = torch.tensor(0.0)
+    tensors["lr"] = torch.tensor(optimizer.lr, dtype=torch.float32)
+
+    with torch.no_grad():
+        example_output = program.run(inputs, tensors, training=True)[0][output_index]
+    spec = loss_fn.target_spec(example_output)
+    target = torch.zeros(spec.shape, dtype=spec.dtype)
+
+    graph_module = trace_training_step(program, loss_fn, optimizer, signature, tensors, inputs, target, output_index)
+    training = export_step(graph_module, signature)
+    annotate_model(
+        training,
+        signature,
+        source_name=source.graph.name,
+        source_hash=hashlib.sha256(source.SerializeToString()).hexdigest(),
+        loss=loss_fn,
+        optimizer=optimizer,
+        version=__version__,
+    )
+    onnx.checker.check_model(training, full_check=True)
+
+    initial = {name: tensors[name].detach().numpy().copy() for name in signature.state_names()}
+    result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(str(spec.dtype).replace("torch.", "")))
+    if output_path is not None:
+        result.save(output_path)
+    return result
+
+
+def _example_inputs(
+    model: onnx.ModelProto, program: OnnxProgram, batch_size: int | None, shapes: Mapping[str, Iterable[int]]
+) -> dict[str, torch.Tensor]:
+    """Tensors with the shapes and dtypes of the graph's data inputs (symbolic dims resolved)."""
+    unknown = sorted(set(shapes) - set(program.input_names))
+    if unknown:
+        raise InvalidOptionError(f"input_shapes names unknown inputs {unknown}; inputs: {program.input_names}")
+    generator = torch.Generator().manual_seed(0)
+    inputs = {}
+    for value in model.graph.input:
+        if value.name not in program.input_names:
+            continue
+        tensor_type = value.type.tensor_type
+        if value.name in shapes:
+            dims = [int(d) for d in shapes[value.name]]
+        else:
+            dims = []
+            for axis, dim in enumerate(tensor_type.shape.dim):
+                if dim.HasField("dim_value"):
+                    dims.append(dim.dim_value)
+                elif axis == 0:
+                    dims.append(batch_size or 2)
+                else:
+                    raise InvalidOptionError(
+                        f"input '{value.name}' has symbolic dim {axis} ('{dim.dim_param}'); "
+                        f"give its shape with input_shapes={{'{value.name}': [...]}}"
+                    )
+            if batch_size and dims:
+                dims[0] = batch_size
+        dtype = _ONNX_TO_TORCH.get(tensor_type.elem_type)
+        if dtype is None:
+            raise BridgeError(f"input '{value.name}' has an unsupported element type {tensor_type.elem_type}")
+        if dtype.is_floating_point:
+            inputs[value.name] = torch.randn(dims, generator=generator).to(dtype)
+        else:
+            inputs[value.name] = torch.zeros(dims, dtype=dtype)
+    return inputs
+
+
+def _output_index(program: OnnxProgram, output: str | int | None) -> int:
+    if output is None:
+        return 0
+    if isinstance(output, int):
+        if not 0 <= output < len(program.output_names):
+            raise InvalidOptionError(f"output={output} is out of range; the model has {len(program.output_names)} outputs")
+        return output
+    if output not in program.output_names:
+        raise InvalidOptionError(f"output='{output}' is not a model output; outputs: {program.output_names}")
+    return program.output_names.index(output)
+
+
+def _trained_buffers(program: OnnxProgram, inputs: dict[str, torch.Tensor], weights: list[str]) -> list[str]:
+    """Buffers (running statistics) that a training-mode forward updates."""
+    if not program.buffer_names:
+        return []
+    tensors = {name: program.initializer_tensor(name) for name in weights + program.buffer_names}
+    with torch.no_grad():
+        _, updated = program.run(inputs, tensors, training=True)
+    return [name for name in program.buffer_names if name in updated]

@@ -1,0 +1,62 @@
+"""The ``bridge`` command line: ``bridge convert``, ``bridge check``, ... (``bridge --help``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import BridgeError
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .api import to_training_onnx
+
+    tm = to_training_onnx(
+        args.model,
+        loss=args.loss,
+        optim=args.optim,
+        loss_options=json.loads(args.loss_options) if args.loss_options else None,
+        optim_options=json.loads(args.optim_options) if args.optim_options else None,
+        output=args.model_output,
+        trainable=args.trainable,
+        frozen=args.frozen,
+        batch_size=args.batch_size,
+    )
+    tm.save(args.output)
+    state_path = args.state or str(args.output).removesuffix(".onnx") + ".state.npz"
+    tm.save_state(state_path)
+    print(f"wrote {args.output} ({len(tm.model.graph.node)} nodes, {len(tm.weights)} trainable weights) and {state_path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bridge", description="Inference ONNX -> training-step ONNX.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="convert an inference model into a training-step model")
+    convert.add_argument("model", help="input .onnx file")
+    convert.add_argument("-o", "--output", required=True, help="output training .onnx file")
+    convert.add_argument("--loss", default="mse", help="loss name (default mse)")
+    convert.add_argument("--optim", default="sgd", help="optimizer name (default sgd)")
+    convert.add_argument("--loss-options", help="JSON object of torch loss keyword arguments")
+    convert.add_argument("--optim-options", help="JSON object of torch.optim keyword arguments (lr, betas, ...)")
+    convert.add_argument("--model-output", help="the model output the loss applies to (default: the first)")
+    convert.add_argument("--trainable", nargs="*", help="names or glob patterns of the weights to train")
+    convert.add_argument("--frozen", nargs="*", help="names or glob patterns of weights not to train")
+    convert.add_argument("--batch-size", type=int, help="batch size for a symbolic batch dim")
+    convert.add_argument("--state", help="where to write the initial state (.npz; default next to the output)")
+    convert.set_defaults(run=_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except BridgeError as exc:
+        print(f"bridge: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Stage 5, export: the joint FX graph -> one ONNX model of standard ops.
+
+Walks the FX graph once; each ATen op is turned into ONNX nodes by its emitter
+(``bridge.export.ops``, one module per op family). Graph inputs and outputs are named by the
+training contract (``StepSignature``), and every node carries the phase and layer that the
+tracer attached to its FX node.
+"""
+from __future__ import annotations
+
+import importlib
+import operator
+import pkgutil
+import re
+
+import onnx
+import torch
+import torch.fx
+from onnx import helper
+
+from ..errors import LoweringError
+from ..trace import StepSignature
+from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value
+
+OPSET = 18
+IR_VERSION = 10
+
+
+def _load_emitters() -> None:
+    from . import ops
+
+    for module in pkgutil.iter_modules(ops.__path__):
+        importlib.import_module(f"{ops.__name__}.{module.name}")
+
+
+def snake_case(name: str) -> str:
+    """``BatchNormalization`` -> ``batch_normalization``; ``MatMul`` -> ``matmul``."""
+    name = name.replace("MatMul", "Matmul")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def _value_of(meta_val, name: str) -> Value:
+    return Value(name, meta_val.shape, meta_val.dtype)
+
+
+def _tags(node: torch.fx.Node) -> dict[str, str]:
+    custom = node.meta.get("custom") or {}
+    return {
+        "bridge.phase": custom.get("phase", ""),
+        "bridge.layer": custom.get("layer", ""),
+        "bridge.kind": snake_case(custom.get("kind", "")),
+    }
+
+
+def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) -> onnx.ModelProto:
+    """Translate the traced step into an ONNX ModelProto (named per the contract)."""
+    _load_emitters()
+    b = GraphBuilder()
+    env: dict[torch.fx.Node, object] = {}
+    input_names = iter(signature.input_names())
+    graph_inputs = []
+    for node in graph_module.graph.nodes:
+        if node.op == "placeholder":
+            name = next(input_names)
+            b.reserve(name)
+            env[node] = _value_of(node.meta["val"], name)
+            graph_inputs.append(env[node])
+        elif node.op == "get_attr":
+            b.tags = {}
+            tensor = getattr(graph_module, node.target)
+            env[node] = b.const(tensor.detach().numpy(), name=node.target)
+        elif node.op == "call_function":
+            env[node] = _emit(b, node, env)
+        elif node.op == "output":
+            outputs = node.args[0]
+    return _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names())
+
+
+def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
+    tags = _tags(node)
+    if node.target is operator.getitem:
+        return env[node.args[0]][node.args[1]]
+    emitter = EMITTERS.get(node.target)
+    if emitter is None:
+        raise LoweringError(
+            f"no ONNX lowering for ATen op {node.target} (FX node '{node.name}', phase "
+            f"'{tags['bridge.phase']}', from ONNX node '{tags['bridge.layer']}')"
+        )
+    b.tags = {k: v for k, v in tags.items() if v}
+    b.value_hint = node.name
+    args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    result = emitter(b, node, *args, **kwargs)
+    val = node.meta.get("val")
+    if isinstance(result, Value) and isinstance(val, torch.Tensor):
+        result.shape, result.dtype = tuple(int(d) for d in val.shape), val.dtype
+    return result
+
+
+def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: list[str]) -> onnx.ModelProto:
+    rename: dict[str, str] = {}
+    produced = {out for node in b.nodes for out in node.output}
+    for value, name in zip(results, names):
+        if str(value) in produced and str(value) not in rename:
+            rename[str(value)] = name
+        else:  # an input, a constant, or a value already returned under another name
+            b.tags = {"bridge.phase": "optimizer" if name.startswith("updated_") else "backward"}
+            b.value_hint = name
+            alias = b.op("Identity", rename.get(str(value), value))
+            rename[str(alias)] = name
+    for node in b.nodes:
+        for i, name in enumerate(node.input):
+            node.input[i] = rename.get(name, name)
+        for i, name in enumerate(node.output):
+            node.output[i] = rename.get(name, name)
+    inputs = [helper.make_tensor_value_info(v, TORCH_TO_ONNX[v.dtype], v.shape) for v in graph_inputs]
+    outputs = [
+        helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], value.shape)
+        for value, name in zip(results, names)
+    ]
+    graph = helper.make_graph(b.nodes, "bridge_training_step", inputs, outputs, b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bridge")
+    model.ir_version = IR_VERSION
+    return model

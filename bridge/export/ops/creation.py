@@ -1,0 +1,53 @@
+"""Tensor factories: full, zeros/ones_like, scalar_tensor, arange. Shapes are static here, so
+these become constants."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..builder import TORCH_TO_NUMPY, emits
+
+aten = torch.ops.aten
+
+
+def _filled(b, node, value):
+    val = node.meta["val"]
+    return b.const(np.full([int(d) for d in val.shape], value, dtype=TORCH_TO_NUMPY[val.dtype]))
+
+
+@emits(aten.full.default)
+def full(b, node, size, fill_value, **_):
+    return _filled(b, node, fill_value)
+
+
+@emits(aten.full_like.default)
+def full_like(b, node, x, fill_value, **_):
+    return _filled(b, node, fill_value)
+
+
+@emits(aten.zeros_like.default, aten.zeros.default, aten.new_zeros.default)
+def zeros(b, node, *_, **__):
+    return _filled(b, node, 0)
+
+
+@emits(aten.ones_like.default, aten.ones.default, aten.new_ones.default)
+def ones(b, node, *_, **__):
+    return _filled(b, node, 1)
+
+
+@emits(aten.empty_like.default, aten.empty.memory_format, aten.new_empty.default)
+def empty(b, node, *_, **__):
+    return _filled(b, node, 0)
+
+
+@emits(aten.scalar_tensor.default)
+def scalar_tensor(b, node, value, **_):
+    return _filled(b, node, value)
+
+
+@emits(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def arange(b, node, *args, **kwargs):
+    val = node.meta["val"]
+    numbers = [a for a in args if isinstance(a, (int, float))]
+    start, end, step = (0, numbers[0], 1) if len(numbers) == 1 else (numbers + [1])[:3]
+    return b.const(np.arange(start, end, step, dtype=TORCH_TO_NUMPY[val.dtype]))

@@ -1,0 +1,86 @@
+"""Reductions. onnx-mlir reduces only with keepdims=1 and explicit axes, so every reduction
+is emitted that way and followed by a Reshape when torch drops the reduced dims."""
+from __future__ import annotations
+
+import torch
+
+from ..builder import GraphBuilder, Value, emits
+
+aten = torch.ops.aten
+
+
+def _reduce(b: GraphBuilder, node, onnx_op: str, x: Value, dims, keepdim: bool, dtype=None) -> Value:
+    x = b.cast(x, dtype or node.meta["val"].dtype)
+    if x.rank == 0:
+        return x
+    dims = list(range(x.rank)) if dims is None or len(dims) == 0 else [d % x.rank for d in dims]
+    kept = [1 if i in dims else d for i, d in enumerate(x.shape)]
+    reduced = b.op(onnx_op, x, b.ints(dims), keepdims=1, shape=kept, dtype=x.dtype)
+    return reduced if keepdim else b.reshape(reduced, [int(d) for d in node.meta["val"].shape])
+
+
+@emits(aten.sum.dim_IntList)
+def sum_dims(b, node, x, dims, keepdim=False, dtype=None):
+    return _reduce(b, node, "ReduceSum", x, dims, keepdim, dtype)
+
+
+@emits(aten.sum.default)
+def sum_all(b, node, x, dtype=None):
+    return _reduce(b, node, "ReduceSum", x, None, False, dtype)
+
+
+@emits(aten.mean.dim)
+def mean_dims(b, node, x, dims, keepdim=False, dtype=None):
+    return _reduce(b, node, "ReduceMean", x, dims, keepdim, dtype)
+
+
+@emits(aten.mean.default)
+def mean_all(b, node, x, dtype=None):
+    return _reduce(b, node, "ReduceMean", x, None, False, dtype)
+
+
+@emits(aten.amax.default)
+def amax(b, node, x, dims=(), keepdim=False):
+    return _reduce(b, node, "ReduceMax", x, dims, keepdim)
+
+
+@emits(aten.amin.default)
+def amin(b, node, x, dims=(), keepdim=False):
+    return _reduce(b, node, "ReduceMin", x, dims, keepdim)
+
+
+@emits(aten.prod.dim_int)
+def prod(b, node, x, dim, keepdim=False, dtype=None):
+    return _reduce(b, node, "ReduceProd", x, [dim], keepdim, dtype)
+
+
+@emits(aten.any.dim, aten.any.dims, aten.any.default)
+def any_(b, node, x, dims=None, keepdim=False):
+    as_float = b.cast(x, torch.float32)
+    if isinstance(dims, int):
+        dims = [dims]
+    reduced = _reduce(b, node, "ReduceMax", as_float, dims, keepdim, torch.float32)
+    return b.op("Greater", reduced, b.scalar(0, torch.float32))
+
+
+@emits(aten.argmax.default, aten.argmin.default)
+def arg_extreme(b, node, x, dim=None, keepdim=False):
+    op = "ArgMax" if node.target is aten.argmax.default else "ArgMin"
+    if dim is None:
+        x = b.reshape(x, [-1])
+        dim = 0
+    return b.op(op, x, axis=dim % x.rank, keepdims=int(keepdim))
+
+
+@emits(aten.var.correction)
+def var(b, node, x, dims=None, correction=None, keepdim=False):
+    dims = list(range(x.rank)) if not dims else [d % x.rank for d in dims]
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    correction = 1 if correction is None else correction
+    mean = b.op("ReduceMean", x, b.ints(dims), keepdims=1)
+    centered = b.op("Sub", x, mean)
+    squares = b.op("ReduceSum", b.op("Mul", centered, centered), b.ints(dims), keepdims=1)
+    result = b.op("Div", squares, b.scalar(max(count - correction, 0), x.dtype))
+    return result if keepdim else b.reshape(result, [int(d) for d in node.meta["val"].shape])

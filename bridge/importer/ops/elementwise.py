@@ -1,0 +1,142 @@
+"""Element-wise ONNX ops: arithmetic, comparison, logic, casts and unary math."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+
+from ..registry import converter
+
+_BINARY = {
+    "Add": torch.add,
+    "Sub": torch.sub,
+    "Mul": torch.mul,
+    "Equal": torch.eq,
+    "Greater": torch.gt,
+    "GreaterOrEqual": torch.ge,
+    "Less": torch.lt,
+    "LessOrEqual": torch.le,
+    "And": torch.logical_and,
+    "Or": torch.logical_or,
+    "Xor": torch.logical_xor,
+    "BitwiseAnd": torch.bitwise_and,
+    "BitwiseOr": torch.bitwise_or,
+    "BitwiseXor": torch.bitwise_xor,
+}
+
+_UNARY = {
+    "Neg": torch.neg,
+    "Abs": torch.abs,
+    "Exp": torch.exp,
+    "Log": torch.log,
+    "Sqrt": torch.sqrt,
+    "Reciprocal": torch.reciprocal,
+    "Floor": torch.floor,
+    "Ceil": torch.ceil,
+    "Round": torch.round,
+    "Sign": torch.sign,
+    "Sin": torch.sin,
+    "Cos": torch.cos,
+    "Tan": torch.tan,
+    "Asin": torch.asin,
+    "Acos": torch.acos,
+    "Atan": torch.atan,
+    "Sinh": torch.sinh,
+    "Cosh": torch.cosh,
+    "Asinh": torch.asinh,
+    "Acosh": torch.acosh,
+    "Atanh": torch.atanh,
+    "Erf": torch.erf,
+    "Not": torch.logical_not,
+    "BitwiseNot": torch.bitwise_not,
+    "IsNaN": torch.isnan,
+}
+
+
+def _binary(fn):
+    return lambda ctx, a, b: fn(a, b)
+
+
+def _unary(fn):
+    return lambda ctx, x: fn(x)
+
+
+for _op, _fn in _BINARY.items():
+    converter(_op)(_binary(_fn))
+for _op, _fn in _UNARY.items():
+    converter(_op)(_unary(_fn))
+
+
+@converter("Div")
+def div(ctx, a, b):
+    if a.dtype.is_floating_point:
+        return a / b
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+@converter("Mod")
+def mod(ctx, a, b):
+    return torch.fmod(a, b) if ctx.attr("fmod", 0) else torch.remainder(a, b)
+
+
+@converter("Pow")
+def pow_(ctx, a, b):
+    return torch.pow(a, b.to(a.dtype) if b.dtype != a.dtype else b)
+
+
+@converter("Max", "Min", "Sum", "Mean")
+def variadic(ctx, *xs):
+    op = ctx.node.op_type
+    result = xs[0]
+    for x in xs[1:]:
+        if op == "Max":
+            result = torch.maximum(result, x)
+        elif op == "Min":
+            result = torch.minimum(result, x)
+        else:
+            result = result + x
+    return result / len(xs) if op == "Mean" else result
+
+
+@converter("Where")
+def where(ctx, cond, a, b):
+    return torch.where(cond, a, b)
+
+
+@converter("IsInf")
+def isinf(ctx, x):
+    pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
+    if pos and neg:
+        return torch.isinf(x)
+    return torch.isposinf(x) if pos else torch.isneginf(x)
+
+
+@converter("Clip")
+def clip(ctx, x, low=None, high=None):
+    if ctx.opset < 11:
+        low, high = ctx.attr("min"), ctx.attr("max")
+    return torch.clamp(x, low, high)
+
+
+def onnx_to_torch_dtype(onnx_type: int) -> torch.dtype:
+    return {
+        np.dtype(np.float32): torch.float32,
+        np.dtype(np.float64): torch.float64,
+        np.dtype(np.float16): torch.float16,
+        np.dtype(np.int64): torch.int64,
+        np.dtype(np.int32): torch.int32,
+        np.dtype(np.int16): torch.int16,
+        np.dtype(np.int8): torch.int8,
+        np.dtype(np.uint8): torch.uint8,
+        np.dtype(np.bool_): torch.bool,
+    }[onnx.helper.tensor_dtype_to_np_dtype(onnx_type)]
+
+
+@converter("Cast")
+def cast(ctx, x):
+    return x.to(onnx_to_torch_dtype(ctx.attr("to")))
+
+
+@converter("CastLike")
+def cast_like(ctx, x, like):
+    return x.to(like.dtype)

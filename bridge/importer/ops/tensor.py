@@ -1,0 +1,249 @@
+"""Shape and data-movement ops: Constant, Shape, Reshape, Transpose, Concat, Slice, Gather, ..."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..registry import converter
+
+
+@converter("Identity")
+def identity(ctx, x):
+    return x
+
+
+@converter("Constant")
+def constant(ctx):
+    for name, cast in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if ctx.has_attr(name):
+            value = ctx.attr(name)
+            return np.asarray(value) if cast is None else np.asarray(value, dtype=cast)
+    raise ctx.unsupported("a Constant without value/value_float(s)/value_int(s)")
+
+
+@converter("Shape")
+def shape(ctx, x):
+    dims = np.asarray(x.shape, dtype=np.int64)
+    start, end = ctx.attr("start", 0), ctx.attr("end", None)
+    return dims[start:end]
+
+
+@converter("Size")
+def size(ctx, x):
+    return np.asarray(math.prod(x.shape), dtype=np.int64)
+
+
+def _reshape_target(ctx, x, shape: list[int]) -> list[int]:
+    """ONNX Reshape semantics: 0 copies the input dim (unless allowzero), -1 is inferred."""
+    if ctx.attr("allowzero", 0):
+        return shape
+    return [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+
+
+@converter("Reshape", static=(1,))
+def reshape(ctx, x, shape):
+    if ctx.opset < 5:
+        shape = ctx.attr("shape")
+    return x.reshape(_reshape_target(ctx, x, ctx.ints(shape)))
+
+
+@converter("Flatten")
+def flatten(ctx, x):
+    axis = ctx.attr("axis", 1) % (x.dim() + 1) if x.dim() else 0
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+@converter("Transpose")
+def transpose(ctx, x):
+    perm = ctx.attr("perm") or list(reversed(range(x.dim())))
+    return x.permute(perm)
+
+
+def _axes_attr_or_input(ctx, axes_input, since=13):
+    if ctx.opset >= since:
+        return None if axes_input is None else ctx.ints(axes_input)
+    return ctx.attr("axes")
+
+
+@converter("Squeeze", static=(1,))
+def squeeze(ctx, x, axes=None):
+    axes = _axes_attr_or_input(ctx, axes)
+    if axes is None:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    return x.reshape([d for i, d in enumerate(x.shape) if i not in {a % x.dim() for a in axes}])
+
+
+@converter("Unsqueeze", static=(1,))
+def unsqueeze(ctx, x, axes=None):
+    axes = _axes_attr_or_input(ctx, axes)
+    rank = x.dim() + len(axes)
+    dims = list(x.shape)
+    for axis in sorted(a % rank for a in axes):
+        dims.insert(axis, 1)
+    return x.reshape(dims)
+
+
+@converter("Concat")
+def concat(ctx, *xs):
+    return torch.cat(xs, dim=ctx.attr("axis"))
+
+
+@converter("Split", static=(1,))
+def split(ctx, x, sizes=None):
+    axis = ctx.attr("axis", 0)
+    if ctx.opset < 13:
+        sizes = ctx.attr("split")
+    elif sizes is not None:
+        sizes = ctx.ints(sizes)
+    parts = len(ctx.node.output)
+    if sizes is None:
+        length = x.shape[axis]
+        chunk = ctx.attr("num_outputs") and -(-length // parts) or length // parts
+        sizes = [min(chunk, length - i * chunk) for i in range(parts)]
+    return torch.split(x, list(sizes), dim=axis)
+
+
+@converter("Slice", static=(1, 2, 3, 4))
+def slice_(ctx, x, starts=None, ends=None, axes=None, steps=None):
+    if ctx.opset < 10:
+        starts, ends, axes = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes")
+    starts, ends = ctx.ints(starts), ctx.ints(ends)
+    axes = ctx.ints(axes) if axes is not None else list(range(len(starts)))
+    steps = ctx.ints(steps) if steps is not None else [1] * len(starts)
+    index = [slice(None)] * x.dim()
+    flips = []
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis %= x.dim()
+        length = x.shape[axis]
+        if step > 0:
+            start = min(max(start + length if start < 0 else start, 0), length)
+            end = min(max(end + length if end < 0 else end, 0), length)
+            index[axis] = slice(start, max(end, start), step)
+        else:
+            # Negative step: flip, then slice forward.
+            start = min(max(start + length if start < 0 else start, -1), length - 1)
+            end = min(max(end + length if end < 0 else end, -1), length - 1)
+            flips.append(axis)
+            first, last = length - 1 - start, length - 1 - end
+            index[axis] = slice(first, max(last, first), -step)
+    if flips:
+        x = torch.flip(x, flips)
+    return x[tuple(index)]
+
+
+@converter("Gather")
+def gather(ctx, x, indices):
+    axis = ctx.attr("axis", 0) % x.dim()
+    indices = torch.where(indices < 0, indices + x.shape[axis], indices)
+    flat = x.index_select(axis, indices.reshape(-1))
+    return flat.reshape(list(x.shape[:axis]) + list(indices.shape) + list(x.shape[axis + 1:]))
+
+
+@converter("GatherElements")
+def gather_elements(ctx, x, indices):
+    axis = ctx.attr("axis", 0) % x.dim()
+    indices = torch.where(indices < 0, indices + x.shape[axis], indices)
+    return torch.gather(x, axis, indices)
+
+
+@converter("Expand", static=(1,))
+def expand(ctx, x, shape):
+    shape = ctx.ints(shape)
+    rank = max(len(shape), x.dim())
+    shape = [1] * (rank - len(shape)) + shape
+    dims = [1] * (rank - x.dim()) + list(x.shape)
+    target = [d if s == 1 else s for s, d in zip(shape, dims)]
+    return x.reshape(dims).expand(target)
+
+
+@converter("Tile", static=(1,))
+def tile(ctx, x, repeats):
+    return x.repeat(ctx.ints(repeats))
+
+
+@converter("ConstantOfShape", static=(0,))
+def constant_of_shape(ctx, shape):
+    value = ctx.attr("value")
+    value = np.zeros(1, dtype=np.float32) if value is None else value.reshape(-1)
+    return np.full(ctx.ints(shape), value[0], dtype=value.dtype)
+
+
+@converter("Range", static=(0, 1, 2))
+def range_(ctx, start, limit, delta):
+    return np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype)
+
+
+@converter("Pad", static=(1, 2, 3))
+def pad(ctx, x, pads=None, value=None, axes=None):
+    if ctx.opset < 11:
+        pads, value = ctx.attr("pads"), ctx.attr("value", 0.0)
+    pads = ctx.ints(pads)
+    fill = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0]) if np.asarray(value).size else 0.0
+    axes = ctx.ints(axes) if axes is not None else list(range(x.dim()))
+    half = len(pads) // 2
+    torch_pads: list[int] = []
+    for axis in reversed(range(x.dim())):
+        if axis in [a % x.dim() for a in axes]:
+            k = [a % x.dim() for a in axes].index(axis)
+            torch_pads += [pads[k], pads[k + half]]
+        else:
+            torch_pads += [0, 0]
+    mode = ctx.attr("mode", "constant")
+    if mode == "constant":
+        return F.pad(x, torch_pads, value=fill)
+    return F.pad(x, _trim_outer(torch_pads, x.dim()), mode={"edge": "replicate", "reflect": "reflect", "wrap": "circular"}[mode])
+
+
+def _trim_outer(torch_pads: list[int], rank: int) -> list[int]:
+    """torch's non-constant padding modes pad only trailing dims: drop zero pads of leading dims."""
+    while len(torch_pads) > 2 and torch_pads[-2:] == [0, 0]:
+        torch_pads = torch_pads[:-2]
+    return torch_pads
+
+
+@converter("Trilu", static=(1,))
+def trilu(ctx, x, k=None):
+    k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    return torch.triu(x, k) if ctx.attr("upper", 1) else torch.tril(x, k)
+
+
+@converter("OneHot", static=(1, 2))
+def one_hot(ctx, indices, depth, values):
+    depth = int(np.asarray(depth).reshape(-1)[0])
+    off, on = (torch.as_tensor(v) for v in np.asarray(values).reshape(-1))
+    axis = ctx.attr("axis", -1)
+    indices = torch.where(indices < 0, indices + depth, indices)
+    hot = indices.unsqueeze(-1) == torch.arange(depth)
+    out = torch.where(hot, on, off)
+    return out.movedim(-1, axis) if axis != -1 else out
+
+
+@converter("DepthToSpace")
+def depth_to_space(ctx, x):
+    b = ctx.attr("blocksize")
+    n, c, h, w = x.shape
+    if ctx.attr("mode", "DCR") == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+@converter("SpaceToDepth")
+def space_to_depth(ctx, x):
+    b = ctx.attr("blocksize")
+    n, c, h, w = x.shape
+    y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    return y.reshape(n, c * b * b, h // b, w // b)
+
+
+@converter("Dropout")
+def dropout(ctx, x, ratio=None, training_mode=None):
+    outputs = len([o for o in ctx.node.output if o])
+    mask = torch.ones_like(x, dtype=torch.bool)
+    return (x, mask) if outputs > 1 else x
+

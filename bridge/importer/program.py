@@ -1,0 +1,154 @@
+"""Stage 2, import: run an ONNX graph as a torch function.
+
+``OnnxProgram`` interprets the ONNX graph node by node with the converters of
+``bridge.importer.ops``. Unlike a module-per-node converter it keeps the ONNX names:
+weights are passed in by their ORIGINAL initializer names, a shared initializer is one
+tensor (so tied weights get one gradient), and every traced op can be tagged with the ONNX
+node it comes from.
+
+Values that are known at import time (initializers that are not passed as tensors,
+``Constant`` outputs, shapes of tensors with static shapes, and anything computed only from
+those) are kept as numpy arrays and folded eagerly, so shape computations never reach the
+traced graph and converters can read shapes, axes, pads and scales as plain numbers.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+from ..errors import ShapeError, UnsupportedOpError
+from ..load import default_opset
+from .registry import CONVERTERS, NodeContext, import_all_converters
+
+NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
+
+# Ops whose output must never be folded at import time.
+_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Dropout"}
+
+
+def _no_scope(node: onnx.NodeProto) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+class OnnxProgram:
+    """An ONNX graph that runs on torch tensors (eagerly or under tracing)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        import_all_converters()
+        self.model = model
+        self.graph = model.graph
+        self.opset = default_opset(model)
+        self._check_supported()
+        self.initializers: dict[str, np.ndarray] = {
+            init.name: numpy_helper.to_array(init) for init in self.graph.initializer
+        }
+        self.input_names = [i.name for i in self.graph.input if i.name not in self.initializers]
+        self.output_names = [o.name for o in self.graph.output]
+        self.buffer_names = self._buffer_initializers()
+
+    def _check_supported(self) -> None:
+        unsupported: dict[str, list[str]] = {}
+        for node in self.graph.node:
+            if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
+                key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                unsupported.setdefault(key, []).append(node.name)
+        if unsupported:
+            listing = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(unsupported.items()))
+            raise UnsupportedOpError(f"the model uses ONNX ops that bridge cannot import: {listing}")
+
+    def _buffer_initializers(self) -> list[str]:
+        names = []
+        for node in self.graph.node:
+            for index in CONVERTERS[node.op_type].buffers:
+                name = node.input[index] if index < len(node.input) else ""
+                if name in self.initializers and name not in names:
+                    names.append(name)
+        return names
+
+    def floating_initializers(self) -> list[str]:
+        """Initializers of a floating-point type that are not running statistics."""
+        return [
+            name
+            for name, value in self.initializers.items()
+            if np.issubdtype(value.dtype, np.floating) and name not in self.buffer_names
+        ]
+
+    def initializer_tensor(self, name: str) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.initializers[name], copy=True))
+
+    def run(
+        self,
+        inputs: dict[str, torch.Tensor],
+        tensors: dict[str, torch.Tensor],
+        training: bool,
+        node_scope: NodeScope = _no_scope,
+    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        """Evaluate the graph.
+
+        ``inputs`` are the graph's data inputs; ``tensors`` are initializers passed as tensors
+        (weights and buffers: they become traced values, all other initializers stay
+        constants). Returns the graph outputs and the updated buffers (training mode).
+        """
+        env: dict[str, object] = dict(self.initializers)
+        env.update(tensors)
+        env.update(inputs)
+        updated: dict[str, torch.Tensor] = {}
+        for node in self.graph.node:
+            with node_scope(node):
+                outputs = self._run_node(node, env, training, updated)
+            for name, value in zip(node.output, outputs):
+                if name:
+                    env[name] = value
+        results = []
+        for name in self.output_names:
+            value = env[name]
+            results.append(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value)))
+        return results, updated
+
+    def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict) -> list:
+        conv = CONVERTERS[node.op_type]
+        ctx = NodeContext(node, self.opset, training, updated)
+        args = []
+        for index, name in enumerate(node.input):
+            if not name:
+                args.append(None)
+                continue
+            value = env[name]
+            if index in conv.static:
+                if isinstance(value, torch.Tensor):
+                    if name not in self.initializers:
+                        raise ShapeError(
+                            f"{node.op_type} node '{node.name}': input {index} ('{name}') must be known "
+                            "before the model runs (a constant or a static shape), but it is computed from data"
+                        )
+                    value = self.initializers[name]
+            args.append(value)
+        foldable = node.op_type not in _NOT_FOLDABLE and all(
+            a is None or isinstance(a, np.ndarray) for a in args
+        )
+        if foldable and node.input:
+            with disable_proxy_modes_tracing():
+                outputs = self._call(conv.fn, ctx, args, conv.static)
+            return [o if isinstance(o, np.ndarray) else o.detach().numpy() for o in outputs]
+        return self._call(conv.fn, ctx, args, conv.static)
+
+    @staticmethod
+    def _call(fn, ctx: NodeContext, args: list, static: Iterable[int]) -> list:
+        static = set(static)
+        tensor_args = [
+            a if (a is None or i in static or not isinstance(a, np.ndarray)) else _to_tensor(a)
+            for i, a in enumerate(args)
+        ]
+        out = fn(ctx, *tensor_args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _to_tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(array, copy=True))
+

@@ -1,0 +1,102 @@
+"""Registry of ONNX-op converters: one torch function per ONNX op type.
+
+A converter is registered with::
+
+    @converter("Gemm")
+    def gemm(ctx: NodeContext, a, b, c=None): ...
+
+It receives the node's inputs in order (``None`` for an absent optional input) and returns
+a tensor or a tuple of tensors, one per node output. Inputs listed in ``static=`` must be
+known at import time (shapes, axes, pads, scales): the converter receives them as numpy
+arrays and the interpreter raises a clear error if they are computed from data.
+Converters read attributes with ``ctx.attr(name, default)``; they handle every opset in
+which the op exists (``ctx.opset``), e.g. axes as an attribute before opset 13 and as an
+input from 13 on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..errors import UnsupportedOpError
+
+
+@dataclass(frozen=True)
+class Converter:
+    op_type: str
+    fn: Callable[..., Any]
+    static: tuple[int, ...] = ()
+    buffers: tuple[int, ...] = ()  # inputs that are running statistics (updated, not trained)
+
+
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converter(*op_types: str, static: tuple[int, ...] = (), buffers: tuple[int, ...] = ()):
+    """Register ``fn`` as the converter of each ONNX op type in ``op_types``."""
+
+    def register(fn):
+        for op_type in op_types:
+            if op_type in CONVERTERS:
+                raise RuntimeError(f"two converters for ONNX op {op_type}")
+            CONVERTERS[op_type] = Converter(op_type, fn, static, buffers)
+        return fn
+
+    return register
+
+
+@dataclass
+class NodeContext:
+    """What a converter may know about the node it converts."""
+
+    node: onnx.NodeProto
+    opset: int
+    training: bool
+    updated_buffers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for attribute in self.node.attribute:
+            if attribute.name == name:
+                value = helper.get_attribute_value(attribute)
+                if isinstance(value, bytes):
+                    return value.decode()
+                if isinstance(value, onnx.TensorProto):
+                    return onnx.numpy_helper.to_array(value)
+                return value
+        return default
+
+    def has_attr(self, name: str) -> bool:
+        return any(a.name == name for a in self.node.attribute)
+
+    def input_name(self, index: int) -> str:
+        return self.node.input[index] if index < len(self.node.input) else ""
+
+    def update_buffer(self, input_index: int, value) -> None:
+        """Record the new value of a buffer input (e.g. BatchNorm running mean)."""
+        self.updated_buffers[self.input_name(input_index)] = value
+
+    def unsupported(self, what: str) -> UnsupportedOpError:
+        return UnsupportedOpError(f"{self.node.op_type} node '{self.name}': {what} is not supported")
+
+    def ints(self, value) -> list[int]:
+        """A static input or attribute as a list of Python ints."""
+        return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def import_all_converters() -> None:
+    """Import every module of ``bridge.importer.ops`` so that their converters register."""
+    import importlib
+    import pkgutil
+
+    from . import ops
+
+    for module in pkgutil.iter_modules(ops.__path__):
+        importlib.import_module(f"{ops.__name__}.{module.name}")

@@ -1,0 +1,59 @@
+"""Which initializers are trained: the differentiable ones, narrowed by ``trainable=``/``frozen=``."""
+from __future__ import annotations
+
+import fnmatch
+from typing import Iterable
+
+import torch
+
+from ..errors import BridgeError, InvalidOptionError
+from .program import OnnxProgram
+
+
+def differentiable_initializers(
+    program: OnnxProgram, inputs: dict[str, torch.Tensor], output_index: int
+) -> list[str]:
+    """Floating-point initializers that the chosen output depends on differentiably.
+
+    Found by running the graph once eagerly with every candidate requiring grad: an
+    initializer used only as a shape, scale or index gets no gradient and stays a constant.
+    """
+    candidates = program.floating_initializers()
+    tensors = {name: program.initializer_tensor(name).requires_grad_(True) for name in candidates}
+    tensors.update({name: program.initializer_tensor(name) for name in program.buffer_names})
+    outputs, _ = program.run(inputs, tensors, training=True)
+    output = outputs[output_index]
+    if not output.dtype.is_floating_point:
+        raise BridgeError(
+            f"model output '{program.output_names[output_index]}' has dtype {output.dtype}; "
+            "the loss needs a floating-point output (pick another with output=)"
+        )
+    if not output.requires_grad:
+        return []
+    grads = torch.autograd.grad(output, [tensors[n] for n in candidates], torch.ones_like(output), allow_unused=True)
+    return [name for name, grad in zip(candidates, grads) if grad is not None]
+
+
+def _matches(patterns: Iterable[str], names: list[str], argument: str) -> set[str]:
+    chosen: set[str] = set()
+    for pattern in patterns:
+        hits = {n for n in names if fnmatch.fnmatchcase(n, pattern)}
+        if not hits:
+            raise InvalidOptionError(
+                f"{argument} pattern '{pattern}' matches no trainable weight; weights: {', '.join(names)}"
+            )
+        chosen |= hits
+    return chosen
+
+
+def select_trainable(
+    candidates: list[str], trainable: Iterable[str] | str | None, frozen: Iterable[str] | str | None
+) -> list[str]:
+    """Apply ``trainable=`` (keep only these) and ``frozen=`` (drop these); order is preserved."""
+    if isinstance(trainable, str):
+        trainable = [trainable]
+    if isinstance(frozen, str):
+        frozen = [frozen]
+    keep = set(candidates) if trainable is None else _matches(trainable, candidates, "trainable=")
+    drop = set() if frozen is None else _matches(frozen, candidates, "frozen=")
+    return [name for name in candidates if name in keep and name not in drop]

@@ -1,0 +1,156 @@
+"""Stage 3, trace: one training step -> one joint FX graph of ATen ops.
+
+The step is a pure function (forward through the ONNX program, loss,
+``torch.autograd.grad``, optimizer update) traced with ``make_fx``. The decomposition
+table of ``bridge.lowering`` is applied while tracing, so backward ops that have no ONNX
+form (convolution_backward, pooling backward, ...) arrive already rewritten into ops that do.
+
+Every traced node carries ``node.meta["custom"] = {"phase": ..., "layer": ...}``:
+forward nodes get the ONNX node they come from; backward nodes get it through autograd
+pre-hooks that map each grad_fn's sequence number back to the ONNX node whose forward
+created it (the mechanism AOTAutograd uses for its stack traces).
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+from dataclasses import dataclass
+
+import onnx
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .importer.program import OnnxProgram
+from .losses import Loss
+from .lowering import decomposition_table
+from .optimizers import Optimizer
+
+
+@dataclass(frozen=True)
+class StepSignature:
+    """The flat argument and result order of the traced step."""
+
+    weights: list[str]
+    buffers: list[str]
+    state: list[tuple[str, str]]  # (weight, slot)
+    inputs: list[str]
+
+    def state_names(self) -> list[str]:
+        """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``."""
+        return self.weights + self.buffers + [f"{w}.{slot}" for w, slot in self.state] + ["step", "lr"]
+
+    def input_names(self) -> list[str]:
+        return self.state_names() + self.inputs + ["target"]
+
+    def output_names(self) -> list[str]:
+        updated = [name for name in self.state_names() if name != "lr"]
+        return ["loss"] + [f"grad_{w}" for w in self.weights] + [f"updated_{n}" for n in updated]
+
+
+class _LayerTags:
+    """Tags traced nodes with their phase and source layer (see module docstring)."""
+
+    def __init__(self):
+        self._starts: list[int] = []
+        self._layers: list[str] = []
+
+    def _annotate(self, phase: str, layer: str, kind: str) -> dict:
+        return {"phase": phase, "layer": layer, "kind": kind}
+
+    @contextlib.contextmanager
+    def forward(self, node: onnx.NodeProto):
+        self._record(node.name, node.op_type)
+        with fx_traceback.annotate(self._annotate("forward", node.name, node.op_type)):
+            yield
+
+    @contextlib.contextmanager
+    def scope(self, phase: str, layer: str, kind: str):
+        if phase == "loss":
+            self._record(layer, kind)
+        with fx_traceback.annotate(self._annotate(phase, layer, kind)):
+            yield
+
+    def _record(self, layer: str, kind: str) -> None:
+        self._starts.append(torch.autograd._get_sequence_nr())
+        self._layers.append(f"{kind}\0{layer}")
+
+    def _layer_of(self, seq_nr: int) -> tuple[str, str]:
+        index = bisect.bisect_right(self._starts, seq_nr) - 1
+        if index < 0:
+            return "", ""
+        kind, layer = self._layers[index].split("\0")
+        return layer, kind
+
+    def hook_backward(self, root: torch.Tensor) -> None:
+        """Register pre-hooks so nodes traced while a grad_fn runs carry its forward layer."""
+        seen, stack = set(), [root.grad_fn]
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            layer, kind = self._layer_of(fn._sequence_nr())
+            fn.register_prehook(self._enter(layer, kind))
+            stack.extend(next_fn for next_fn, _ in fn.next_functions)
+
+    def _enter(self, layer: str, kind: str):
+        def prehook(grad_outputs):
+            fx_traceback.current_meta["custom"] = self._annotate("backward", layer, kind)
+
+        return prehook
+
+
+def trace_training_step(
+    program: OnnxProgram,
+    loss: Loss,
+    optimizer: Optimizer,
+    signature: StepSignature,
+    tensors: dict[str, torch.Tensor],
+    example_inputs: dict[str, torch.Tensor],
+    example_target: torch.Tensor,
+    output_index: int,
+) -> torch.fx.GraphModule:
+    """Trace forward + loss + backward + optimizer update into one FX graph."""
+    n_weights, n_buffers, n_state = len(signature.weights), len(signature.buffers), len(signature.state)
+    tags = _LayerTags()
+
+    def train_step(*flat):
+        weights = dict(zip(signature.weights, flat[:n_weights]))
+        buffers = dict(zip(signature.buffers, flat[n_weights:n_weights + n_buffers]))
+        state_values = flat[n_weights + n_buffers:n_weights + n_buffers + n_state]
+        step, lr = flat[n_weights + n_buffers + n_state:n_weights + n_buffers + n_state + 2]
+        data = flat[n_weights + n_buffers + n_state + 2:]
+        inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
+
+        outputs, updated_buffers = program.run(inputs, {**weights, **buffers}, training=True, node_scope=tags.forward)
+        with tags.scope("loss", "loss", loss.name):
+            loss_value = loss(outputs[output_index], target)
+        tags.hook_backward(loss_value)
+        with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
+            grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
+        state = {}
+        for (weight, slot), value in zip(signature.state, state_values):
+            state.setdefault(weight, {})[slot] = value
+        new_step = step + 1
+        new_weights, new_state = [], []
+        for (name, param), grad in zip(weights.items(), grads):
+            with tags.scope("optimizer", name, optimizer.name):
+                new_param, new_slots = optimizer.update(param, grad, state.get(name, {}), new_step, lr)
+            new_weights.append(new_param)
+            new_state.extend(new_slots[slot] for w, slot in signature.state if w == name)
+        new_buffers = [updated_buffers.get(name, buffers[name]) for name in signature.buffers]
+        return (loss_value, *grads, *new_weights, *new_buffers, *new_state, new_step)
+
+    flat_args = (
+        [tensors[name].detach().requires_grad_(True) for name in signature.weights]
+        + [tensors[name] for name in signature.buffers]
+        + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
+        + [tensors["step"], tensors["lr"]]
+        + [example_inputs[name] for name in signature.inputs]
+        + [example_target]
+    )
+    with fx_traceback.preserve_node_meta():
+        graph_module = make_fx(train_step, decomposition_table=decomposition_table(), tracing_mode="real")(*flat_args)
+    return graph_module
