@@ -76,14 +76,18 @@ def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoup
             g = g + weight_decay * p
     s["exp_avg"] = s["exp_avg"] + (1 - beta1) * (g - s["exp_avg"])
     s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
-    bias_correction1 = 1 - torch.pow(beta1, step)
-    bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+    # torch computes the bias corrections in Python floats (double): 1 - beta**step cancels
+    # badly in float32, so they are computed in float64 here too, then rounded once.
+    step64 = step.to(torch.float64)
+    bias_correction1 = 1 - torch.pow(beta1, step64)
+    bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64)).to(p.dtype)
+    step_size = (lr.to(torch.float64) / bias_correction1).to(p.dtype)
     second = s["exp_avg_sq"]
     if amsgrad:
         s["max_exp_avg_sq"] = torch.maximum(s["max_exp_avg_sq"], s["exp_avg_sq"])
         second = s["max_exp_avg_sq"]
     denom = torch.sqrt(second) / bias_correction2_sqrt + eps
-    return p - (lr / bias_correction1) * (s["exp_avg"] / denom), s
+    return p - step_size * (s["exp_avg"] / denom), s
 
 
 def _adamw(p, g, s, step, lr, **options):

@@ -1,0 +1,92 @@
+"""The oracle: run the training graph in onnxruntime and the same steps in eager PyTorch.
+
+``bridge_steps`` runs a converted model for several steps (state fed back). ``torch_steps``
+runs the same steps with real ``torch.optim`` on a torch function of the weights, so every
+comparison is against PyTorch itself, never against bridge's own code.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+import bridge
+
+Batch = tuple[dict[str, np.ndarray], np.ndarray]
+
+
+def bridge_steps(tm: bridge.TrainingModel, batches: Sequence[Batch], lr_schedule: Mapping[int, float] | None = None) -> list[dict]:
+    """Run ``tm`` in onnxruntime; per step: loss, grad_<w>, updated weights and buffers."""
+    session = tm.session()
+    records = []
+    for index, (inputs, target) in enumerate(batches):
+        if lr_schedule and index in lr_schedule:
+            session.lr = lr_schedule[index]
+        out = session.step(inputs, target)
+        records.append(out)
+    return records
+
+
+def torch_steps(
+    forward: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], torch.Tensor],
+    weights: Mapping[str, np.ndarray],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    optimizer: type[torch.optim.Optimizer],
+    options: Mapping,
+    batches: Sequence[Batch],
+    lr_schedule: Mapping[int, float] | None = None,
+) -> list[dict]:
+    """The same steps in eager torch: ``forward(weights, inputs) -> output``, real torch.optim."""
+    params = {name: torch.nn.Parameter(torch.tensor(np.array(value))) for name, value in weights.items()}
+    opt = optimizer(list(params.values()), **options)
+    records = []
+    for index, (inputs, target) in enumerate(batches):
+        if lr_schedule and index in lr_schedule:
+            for group in opt.param_groups:
+                group["lr"] = lr_schedule[index]
+        opt.zero_grad()
+        output = forward(params, {k: torch.tensor(v) for k, v in inputs.items()})
+        loss = loss_fn(output, torch.tensor(target))
+        loss.backward()
+        record = {"loss": loss.detach().numpy()}
+        record.update({f"grad_{n}": p.grad.detach().numpy().copy() for n, p in params.items()})
+        opt.step()
+        record.update({f"updated_{n}": p.detach().numpy().copy() for n, p in params.items()})
+        records.append(record)
+    return records
+
+
+def assert_steps_match(got: list[dict], want: list[dict], rtol: float = 1e-5) -> None:
+    """Every key of ``want`` (loss, grads, updated weights) matches at every step.
+
+    The tolerance is relative, per element and to the tensor's largest magnitude (float32
+    noise in an element near zero is judged against the scale of its tensor).
+    """
+    assert len(got) == len(want)
+    for step, (g, w) in enumerate(zip(got, want)):
+        for key, expected in w.items():
+            assert key in g, f"step {step}: output {key} missing"
+            expected = np.asarray(expected)
+            scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+            np.testing.assert_allclose(g[key], expected, rtol=rtol, atol=rtol * scale + 1e-12, err_msg=f"step {step}: {key}")
+
+
+def random_batches(tm: bridge.TrainingModel, count: int, seed: int = 0, classes: int | None = None,
+                   input_shapes: Mapping[str, Sequence[int]] | None = None, input_dtypes: Mapping[str, np.dtype] | None = None) -> list[Batch]:
+    """Random inputs with the shapes of the training graph's data inputs, and random targets."""
+    rng = np.random.default_rng(seed)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in tm.model.graph.input}
+    batches = []
+    for _ in range(count):
+        inputs = {}
+        for name in tm.data_inputs:
+            shape = (input_shapes or {}).get(name, shapes[name])
+            dtype = (input_dtypes or {}).get(name, np.float32)
+            inputs[name] = rng.standard_normal(shape).astype(dtype)
+        if np.issubdtype(tm.target_dtype, np.integer):
+            target = rng.integers(0, classes or 2, size=tm.target_shape).astype(tm.target_dtype)
+        else:
+            target = rng.standard_normal(tm.target_shape).astype(tm.target_dtype)
+        batches.append((inputs, target))
+    return batches
