@@ -1,0 +1,76 @@
+"""Bad input gets a BridgeError that names the culprit, and leaves no output file."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import bridge
+from bridge.cli import main
+
+EXAMPLE = "examples/models/mlp.onnx"
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(bridge.ModelLoadError, match="nope.onnx"):
+        bridge.to_training_onnx(tmp_path / "nope.onnx")
+
+
+def test_not_an_onnx_file(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("this is not protobuf")
+    out = tmp_path / "train.onnx"
+    with pytest.raises(bridge.ModelLoadError, match="bad.onnx"):
+        bridge.to_training_onnx(bad, output_path=out)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kwargs, culprit", [
+    ({"loss": "hinge"}, "hinge"),
+    ({"optim": "lbfgs"}, "lbfgs"),
+    ({"optim": "adam", "optim_options": {"betas": (0.9, 1.5)}}, "beta"),
+    ({"optim": "sgd", "optim_options": {"lr": -1.0}}, "learning rate"),
+    ({"optim": "sgd", "optim_options": {"momentun": 0.9}}, "momentun"),
+    ({"loss": "mse", "loss_options": {"reduktion": "sum"}}, "reduktion"),
+    ({"frozen": ["conv*"]}, "conv\\*"),
+    ({"output": "probabilities"}, "probabilities"),
+])
+def test_invalid_options_name_the_culprit(tmp_path, kwargs, culprit):
+    out = tmp_path / "train.onnx"
+    with pytest.raises(bridge.InvalidOptionError, match=culprit):
+        bridge.to_training_onnx(EXAMPLE, output_path=out, **kwargs)
+    assert not out.exists()
+
+
+def test_unknown_names_list_the_choices():
+    with pytest.raises(bridge.InvalidOptionError, match="rmsprop"):
+        bridge.to_training_onnx(EXAMPLE, optim="lbfgs")
+    with pytest.raises(bridge.InvalidOptionError, match="mse"):
+        bridge.to_training_onnx(EXAMPLE, loss="hinge")
+
+
+def test_unsupported_ops_are_listed_up_front():
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="fc"),
+            helper.make_node("Det", ["h"], ["d"], name="det_a"),
+            helper.make_node("Custom", ["d"], ["y"], name="mystery", domain="com.example"),
+        ],
+        "unsupported",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.eye(2, dtype=np.float32), "W")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
+    with pytest.raises(bridge.UnsupportedOpError) as info:
+        bridge.to_training_onnx(model)
+    assert "Det (nodes: det_a)" in str(info.value) and "com.example::Custom (nodes: mystery)" in str(info.value)
+
+
+def test_cli_reports_errors_without_traceback(tmp_path, capsys):
+    code = main(["convert", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "t.onnx")])
+    assert code == 2
+    assert "missing.onnx" in capsys.readouterr().err
+    assert not (tmp_path / "t.onnx").exists()
