@@ -1,0 +1,185 @@
+"""What every zoo test checks, and the eager-torch oracle for torch modules.
+
+``check_case`` converts a model with a loss and Adam, asserts the trained set, compares the
+first step (loss, every gradient, every updated weight and running statistic) with the
+oracle's, then runs 30 steps on the same batch and asserts that the loss falls.
+``module_steps`` is the oracle for a torch module: real ``torch.optim.Adam`` on the module
+itself (train mode, dropout off), its tensors mapped to ONNX initializer names by value.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from onnx import numpy_helper
+
+import bridge
+from reference import assert_steps_match, torch_steps
+
+LOSS_STEPS = 30
+
+
+def torch_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The torch loss bridge's named loss means (cross entropy over [N, T, V] per token)."""
+    if name == "mse":
+        return F.mse_loss
+
+    def cross_entropy(output, target):
+        if output.dim() == 3:
+            return F.cross_entropy(output.flatten(0, 1), target.flatten())
+        return F.cross_entropy(output, target)
+
+    return cross_entropy
+
+
+@dataclass
+class Case:
+    """One zoo model, ready to check: the model, a fixed batch and its oracle."""
+
+    name: str
+    model: onnx.ModelProto | str
+    inputs: dict[str, np.ndarray]
+    target: np.ndarray
+    loss: str
+    trainable: set[str]  # ONNX initializer names a torch user would train
+    oracle: Callable[[], dict[str, np.ndarray]]  # first-step record: loss, grad_*, updated_*
+    lr: float = 1e-3
+    rtol: float = 1e-5
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def check_case(case: Case) -> dict[str, float]:
+    """Run every zoo check on ``case``; returns timings (convert, first step, loss curve)."""
+    start = time.perf_counter()
+    shapes = {name: list(value.shape) for name, value in case.inputs.items()}
+    tm = bridge.to_training_onnx(case.model, loss=case.loss, optim="adam", optim_options={"lr": case.lr},
+                                 input_shapes=shapes)
+    convert = time.perf_counter() - start
+    assert set(tm.weights) == case.trainable, (
+        f"{case.name}: trained but not a torch parameter: {sorted(set(tm.weights) - case.trainable)}; "
+        f"torch parameter not trained: {sorted(case.trainable - set(tm.weights))}"
+    )
+    session = tm.session()
+    first = session.step(case.inputs, case.target)
+    want = case.oracle()
+    assert_steps_match([first], [want], rtol=case.rtol)
+    losses = [float(first["loss"])] + [float(session.step(case.inputs, case.target)["loss"]) for _ in range(LOSS_STEPS - 1)]
+    assert losses[-1] < 0.9 * losses[0], f"{case.name}: loss did not fall over {LOSS_STEPS} steps: {losses}"
+    case.timings.update(convert=convert, total=time.perf_counter() - start)
+    return case.timings
+
+
+def twin_oracle(twin, weights: dict[str, np.ndarray], inputs, target, loss: str, lr: float):
+    """First step of an independent torch twin ``twin(params, inputs)`` under real Adam."""
+    def oracle():
+        return torch_steps(twin, weights, torch_loss(loss), torch.optim.Adam, {"lr": lr}, [(inputs, target)])[0]
+
+    return oracle
+
+
+# --- torch modules -------------------------------------------------------------------------
+
+def perturb(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Give every float parameter and running statistic distinct values (deterministically).
+
+    Freshly initialised models have many equal tensors (zero biases, unit norm scales) that
+    the legacy exporter de-duplicates into one initializer; a trained model has none.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if not tensor.is_floating_point():
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            if name.endswith("running_var"):
+                tensor.mul_(torch.exp(0.2 * noise))
+            else:
+                tensor.add_(0.05 * noise)
+    return module
+
+
+def _dropout_off(module: torch.nn.Module) -> torch.nn.Module:
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.modules.dropout._DropoutNd):
+            sub.p = 0.0
+        if hasattr(sub, "drop_rate") and isinstance(sub.drop_rate, float):
+            sub.drop_rate = 0.0
+    return module
+
+
+def onnx_initializers(model: onnx.ModelProto | str) -> dict[str, np.ndarray]:
+    proto = onnx.load(model) if isinstance(model, str) else model
+    return {init.name: numpy_helper.to_array(init) for init in proto.graph.initializer}
+
+
+def name_map(module: torch.nn.Module, model: onnx.ModelProto | str) -> tuple[dict[str, tuple[str, bool]], list[str]]:
+    """ONNX initializer name -> (torch name, stored transposed) for the module's float tensors.
+
+    Matched by value (the same name is preferred): exporters rename weights they fold
+    (``onnx::MatMul_123`` holding ``W.T``). Returns the map and the torch parameters that
+    have no initializer.
+    """
+    inits = onnx_initializers(model)
+    mapping: dict[str, tuple[str, bool]] = {}
+    missing = []
+    named = list(module.named_parameters()) + [(n, b) for n, b in module.named_buffers() if b.is_floating_point()]
+    params = {n for n, _ in module.named_parameters()}
+    for tname, tensor in named:
+        value = tensor.detach().numpy()
+        found = None
+        for transposed in (False, True):
+            target = value.T if transposed else value
+            hits = [o for o, a in inits.items() if a.shape == target.shape and a.dtype == target.dtype
+                    and o not in mapping and np.array_equal(a, target)]
+            if hits:
+                found = (next((o for o in hits if o == tname or o.endswith("." + tname)), hits[0]), transposed)
+                break
+            if value.ndim != 2:
+                break
+        if found:
+            mapping[found[0]] = (tname, found[1])
+        elif tname in params:
+            missing.append(tname)
+    return mapping, missing
+
+
+def module_oracle(module: torch.nn.Module, mapping, inputs: dict[str, np.ndarray], target: np.ndarray,
+                  loss: str, lr: float):
+    """First training step of ``module`` itself under real Adam, keyed by ONNX names."""
+    def oracle():
+        model = _dropout_off(copy.deepcopy(module)).train()
+        params = dict(model.named_parameters())
+        tensors = {**dict(model.named_buffers()), **params}
+        opt = torch.optim.Adam(params.values(), lr=lr)
+        output = model(*[torch.from_numpy(v) for v in inputs.values()])
+        value = torch_loss(loss)(output, torch.from_numpy(target))
+        value.backward()
+        record = {"loss": value.detach().numpy()}
+        for onnx_name, (tname, transposed) in mapping.items():
+            if tname in params:
+                grad = params[tname].grad.numpy()
+                record[f"grad_{onnx_name}"] = grad.T if transposed else grad.copy()
+        opt.step()
+        for onnx_name, (tname, transposed) in mapping.items():
+            value = tensors[tname].detach().numpy()
+            record[f"updated_{onnx_name}"] = value.T if transposed else value.copy()
+        return record
+
+    return oracle
+
+
+def module_case(name: str, module: torch.nn.Module, path: str, inputs: dict[str, np.ndarray], target: np.ndarray,
+                loss: str, lr: float = 1e-3, rtol: float = 1e-5) -> Case:
+    """A zoo case for a torch module exported to ``path``: its oracle is the module itself."""
+    mapping, missing = name_map(module, path)
+    assert not missing, f"{name}: torch parameters with no ONNX initializer (folded by the exporter): {missing}"
+    params = {n for n, _ in module.named_parameters()}
+    trainable = {o for o, (t, _) in mapping.items() if t in params}
+    return Case(name, path, inputs, target, loss, trainable, module_oracle(module, mapping, inputs, target, loss, lr),
+                lr=lr, rtol=rtol)
