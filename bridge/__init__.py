@@ -12,11 +12,14 @@ from .errors import (  # noqa: E402
     UnsupportedOpError,
 )
 from .api import to_training_onnx  # noqa: E402
+from .compile import CompileError, CompiledModel, compile  # noqa: E402,A004
 from .runtime import TrainingSession  # noqa: E402
 from .training_model import TrainingModel  # noqa: E402
 
 __all__ = [
     "BridgeError",
+    "CompileError",
+    "CompiledModel",
     "InvalidOptionError",
     "LoweringError",
     "ModelLoadError",
@@ -24,5 +27,6 @@ __all__ = [
     "TrainingModel",
     "TrainingSession",
     "UnsupportedOpError",
+    "compile",
     "to_training_onnx",
 ]

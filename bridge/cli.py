@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from .compile import BACKENDS
 from .errors import BridgeError
 
 
@@ -29,6 +30,24 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile(args: argparse.Namespace) -> int:
+    from .compile import compile as compile_model
+
+    compiled = compile_model(args.model, backend=args.backend, output=args.output, target_cpu=args.target_cpu)
+    print(f"wrote {args.output} ({len(compiled.vmfb)} bytes, compiled in {compiled.seconds:.1f} s)")
+    return 0
+
+
+def _mlir(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .compile import to_mlir
+
+    Path(args.output).write_text(to_mlir(args.model))
+    print(f"wrote {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bridge", description="Inference ONNX -> training-step ONNX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--batch-size", type=int, help="batch size for a symbolic batch dim")
     convert.add_argument("--state", help="where to write the initial state (.npz; default next to the output)")
     convert.set_defaults(run=_convert)
+
+    compile_ = commands.add_parser("compile", help="compile a training .onnx for the CPU with an MLIR compiler (IREE)")
+    compile_.add_argument("model", help="training .onnx file")
+    compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb)")
+    compile_.add_argument("--backend", default="iree", choices=BACKENDS, help="compiler (default iree, llvm-cpu)")
+    compile_.add_argument("--target-cpu", default="host", help="LLVM CPU to compile for (default host; 'generic' is portable)")
+    compile_.set_defaults(run=_compile)
+
+    mlir = commands.add_parser("mlir", help="import a training .onnx into MLIR (torch-mlir ONNX form, as iree-import-onnx)")
+    mlir.add_argument("model", help="training .onnx file")
+    mlir.add_argument("-o", "--output", required=True, help="output .mlir file")
+    mlir.set_defaults(run=_mlir)
     return parser
 
 

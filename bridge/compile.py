@@ -1,0 +1,182 @@
+"""Compile a training ONNX model with an MLIR compiler (IREE) for the host CPU.
+
+ONNX -> MLIR (torch-mlir's ONNX importer, what ``iree-import-onnx`` runs) -> ``iree-compile``
+(llvm-cpu) -> a ``.vmfb`` module. Each imported op carries its ONNX node's name as its MLIR
+location, so a compiler error is reported with the offending node; the entry function carries
+the graph's input and output names (IREE reflection), so a ``.vmfb`` is self-describing and
+``bridge.runtime_iree.IreeTrainingSession`` runs it like the onnxruntime session.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from .errors import BridgeError, InvalidOptionError, ModelLoadError
+
+if TYPE_CHECKING:
+    from .runtime_iree import IreeTrainingSession
+    from .training_model import TrainingModel
+
+BACKENDS = ("iree",)
+INPUTS_KEY = "bridge.inputs"
+OUTPUTS_KEY = "bridge.outputs"
+_MAX_ERRORS = 5
+# IREE demotes float64 to float32 by default; bridge's optimizer rules compute bias corrections
+# in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
+_IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+
+
+class CompileError(BridgeError):
+    """The MLIR compiler rejected the model; the message names the offending ONNX nodes."""
+
+
+@dataclass
+class CompiledModel:
+    """A compiled training step (``vmfb``) and, when compiled from a TrainingModel, its initial state."""
+
+    vmfb: bytes = field(repr=False)
+    backend: str = "iree"
+    seconds: float = 0.0
+    initial_state: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.vmfb)
+        return path
+
+    def session(self, state: dict[str, np.ndarray] | None = None, driver: str = "local-task") -> IreeTrainingSession:
+        """An IREE session holding ``state`` (default: the TrainingModel's initial state)."""
+        from .runtime_iree import IreeTrainingSession
+
+        if state is None:
+            if self.initial_state is None:
+                raise InvalidOptionError("this module was not compiled from a TrainingModel: pass state=")
+            state = {name: value.copy() for name, value in self.initial_state.items()}
+        return IreeTrainingSession(self.vmfb, state, driver=driver)
+
+
+def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
+    """The model as MLIR in torch-mlir's ONNX form (``iree-import-onnx``), node names as locations."""
+    from iree.compiler import ir
+    from iree.compiler.extras import onnx_importer
+
+    proto = _load(model)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, check_type=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:
+        raise CompileError(f"ONNX shape inference failed before import: {exc}") from exc
+    context = ir.Context()
+    info = onnx_importer.ModelInfo(proto)
+    module = info.create_module(context=context).operation
+    try:
+        importer = onnx_importer.NodeImporter.define_function(info.main_graph, module)
+        importer.import_all()
+    except onnx_importer.OnnxImportError as exc:
+        raise CompileError(f"the ONNX importer (torch-mlir) rejected graph '{proto.graph.name}': {exc}") from exc
+    function = module.regions[0].blocks[0].operations[0]
+    with context:
+        function.attributes["iree.reflection"] = ir.DictAttr.get({
+            INPUTS_KEY: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.input])),
+            OUTPUTS_KEY: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.output])),
+        })
+    module.verify()
+    return module.get_asm(enable_debug_info=True)
+
+
+def compile(  # noqa: A001 - bridge.compile is the public name
+    model: TrainingModel | onnx.ModelProto | str | os.PathLike,
+    backend: str = "iree",
+    output: str | os.PathLike | None = None,
+    *,
+    target_cpu: str = "host",
+    extra_args: tuple[str, ...] = (),
+) -> CompiledModel:
+    """Compile a training ONNX model for the CPU; returns the module (also written to ``output``).
+
+    Args:
+        model: a TrainingModel, a training ModelProto, or the path of a training ``.onnx``.
+        backend: only ``"iree"`` (llvm-cpu target).
+        output: where to write the ``.vmfb`` (optional).
+        target_cpu: ``--iree-llvmcpu-target-cpu`` (``host``; ``generic`` for a portable module).
+        extra_args: further ``iree-compile`` flags.
+    """
+    import iree.compiler.tools as iree_tools
+
+    if backend not in BACKENDS:
+        raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
+    proto = _load(model)
+    start = time.perf_counter()
+    mlir = to_mlir(proto)
+    try:
+        vmfb = iree_tools.compile_str(
+            mlir,
+            input_type="onnx",
+            target_backends=["llvm-cpu"],
+            extra_args=[*_IREE_FLAGS, f"--iree-llvmcpu-target-cpu={target_cpu}", *extra_args],
+        )
+    except iree_tools.CompilerToolError as exc:
+        raise CompileError(_describe_failure(str(exc), proto)) from exc
+    compiled = CompiledModel(vmfb, backend, time.perf_counter() - start, _initial_state(model))
+    if output is not None:
+        compiled.save(output)
+    return compiled
+
+
+def _load(model) -> onnx.ModelProto:
+    from .training_model import TrainingModel
+
+    if isinstance(model, TrainingModel):
+        return model.model
+    if isinstance(model, onnx.ModelProto):
+        return model
+    path = Path(model)
+    if not path.is_file():
+        raise ModelLoadError(f"no such model file: {path}")
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # onnx raises DecodeError, OSError, ...
+        raise ModelLoadError(f"{path} is not an ONNX model: {exc}") from exc
+
+
+def _initial_state(model) -> dict[str, np.ndarray] | None:
+    from .training_model import TrainingModel
+
+    return model.initial_state() if isinstance(model, TrainingModel) else None
+
+
+_ERROR = re.compile(r"error: (.*)")
+_LOCATION = re.compile(r'loc\("([^"]*)"\)')
+
+
+def _describe_failure(report: str, model: onnx.ModelProto) -> str:
+    """The compiler's errors, each with the ONNX node (name, op type, bridge layer) it is about."""
+    diagnostics = report.split("Diagnostics:\n", 1)[-1].split("\n\nInvoked with:", 1)[0]
+    nodes = {node.name: node for node in model.graph.node}
+    lines = []
+    for line in diagnostics.splitlines():
+        error = _ERROR.search(line)
+        if not error:
+            continue
+        message = _LOCATION.sub("", error.group(1)).lstrip(": ")
+        message = message.split(": %", 1)[0].split(" %", 1)[0][:300]
+        names = [name for name in _LOCATION.findall(line) if name in nodes]
+        if names:
+            node = nodes[names[0]]
+            layer = {p.key: p.value for p in node.metadata_props}.get("bridge.layer")
+            where = f"node '{node.name}' ({node.op_type}{f', layer {layer}' if layer else ''})"
+        else:
+            where = "the graph"
+        lines.append(f"{where}: {message}")
+    if not lines:
+        lines = [diagnostics.strip()[:1000]]
+    more = f"\n  ... and {len(lines) - _MAX_ERRORS} more" if len(lines) > _MAX_ERRORS else ""
+    return "IREE could not compile the model:\n  " + "\n  ".join(lines[:_MAX_ERRORS]) + more

@@ -1,0 +1,64 @@
+"""Run training steps of a compiled training module (``.vmfb``, ``bridge.compile``) with IREE.
+
+``IreeTrainingSession`` has the interface of the onnxruntime ``TrainingSession`` (same inputs,
+``updated_*`` fed back, ``.state``, ``.lr``), so one training loop can use either backend.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from .compile import INPUTS_KEY, OUTPUTS_KEY, CompiledModel
+from .errors import InvalidOptionError, ModelLoadError
+from .runtime import StepSession
+
+
+class IreeTrainingSession(StepSession):
+    """Train with a compiled training module: ``session.step(inputs, target)`` -> outputs."""
+
+    def __init__(self, module: CompiledModel | bytes | str | os.PathLike, state: Mapping[str, np.ndarray],
+                 driver: str = "local-task"):
+        import iree.runtime as rt
+
+        super().__init__(state)
+        if isinstance(module, CompiledModel):
+            module = module.vmfb
+        elif not isinstance(module, bytes):
+            path = Path(module)
+            if not path.is_file():
+                raise ModelLoadError(f"no such compiled module: {path}")
+            module = path.read_bytes()
+        self._config = rt.Config(driver)
+        try:
+            vm_module = rt.VmModule.copy_buffer(self._config.vm_instance, module)
+        except (RuntimeError, ValueError) as exc:
+            raise ModelLoadError(f"not an IREE module (.vmfb): {exc}") from exc
+        entry = _entry_function(vm_module)
+        reflection = vm_module.lookup_function(entry).reflection
+        self.input_names: list[str] = json.loads(reflection[INPUTS_KEY])
+        self.output_names: list[str] = json.loads(reflection[OUTPUTS_KEY])
+        self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [name for name in self.input_names if name not in feed]
+        if missing:
+            raise InvalidOptionError(f"missing inputs {missing}; the module takes {self.input_names}")
+        results = self._function(*(np.asarray(feed[name], order="C") for name in self.input_names))
+        if len(self.output_names) == 1:
+            results = (results,)
+        return {name: value.to_host() for name, value in zip(self.output_names, results)}
+
+
+def _entry_function(vm_module) -> str:
+    """The (synchronous) function that ``bridge.compile`` tagged with the graph's input names."""
+    for name in vm_module.function_names:
+        if "$" in name:  # IREE's generated variants (``<name>$async`` takes fences)
+            continue
+        function = vm_module.lookup_function(name)
+        if function is not None and INPUTS_KEY in function.reflection:
+            return name
+    raise ModelLoadError("the module was not compiled by bridge.compile (no function lists its inputs)")
