@@ -17,7 +17,7 @@ from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable
 from .load import load_model
 from .losses import make_loss
-from .optimizers import make_optimizer
+from .optimizers import check_max_norm, make_optimizer
 from .trace import StepSignature, trace_training_step
 from .training_model import TrainingModel
 
@@ -38,6 +38,7 @@ def to_training_onnx(
     *,
     loss_options: Mapping[str, Any] | None = None,
     optim_options: Mapping[str, Any] | None = None,
+    clip_grad_norm: float | None = None,
     output: str | int | None = None,
     trainable: Iterable[str] | str | None = None,
     frozen: Iterable[str] | str | None = None,
@@ -53,7 +54,10 @@ def to_training_onnx(
             callable ``(output, target) -> scalar``.
         optim: an optimizer name (``bridge.optimizers.available_optimizers()``) or a
             ``torch.optim.Optimizer`` subclass.
-        loss_options / optim_options: keyword arguments of the torch loss / optimizer.
+        loss_options / optim_options: keyword arguments of the torch loss / optimizer
+            (``loss_options={"label_format": "probabilities"}``: soft-label targets for ``ce``).
+        clip_grad_norm: clip the gradients by global L2 norm to this value before the update,
+            as ``torch.nn.utils.clip_grad_norm_`` does.
         output: the model output the loss applies to (name or index; default the first).
         trainable / frozen: names or glob patterns of weights to train / not to train.
         batch_size: the batch size for inputs whose first dim is symbolic (default 2).
@@ -62,6 +66,7 @@ def to_training_onnx(
     """
     loss_fn = make_loss(loss, dict(loss_options or {}))
     optimizer = make_optimizer(optim, dict(optim_options or {}))
+    max_grad_norm = check_max_norm(clip_grad_norm)
     source = load_model(model)
     program = OnnxProgram(source)
     inputs = _example_inputs(source, program, batch_size, input_shapes or {})
@@ -85,8 +90,11 @@ def to_training_onnx(
         example_output = program.run(inputs, tensors, training=True)[0][output_index]
     spec = loss_fn.target_spec(example_output)
     target = torch.zeros(spec.shape, dtype=spec.dtype)
+    loss_fn.check(example_output, target)
 
-    graph_module = trace_training_step(program, loss_fn, optimizer, signature, tensors, inputs, target, output_index)
+    graph_module = trace_training_step(
+        program, loss_fn, optimizer, signature, tensors, inputs, target, output_index, max_grad_norm=max_grad_norm
+    )
     training = export_step(graph_module, signature)
     annotate_model(
         training,

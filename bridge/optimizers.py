@@ -1,16 +1,21 @@
 """Optimizers: functional update rules that reproduce ``torch.optim`` step for step.
 
-Each rule is torch.optim's single-tensor algorithm (``torch/optim/<name>.py``) written as a
-pure function of (param, grad, state, step, lr), so it can be traced into the training graph
-with ``lr`` and ``step`` as live graph inputs. State slots use torch.optim's state keys and
-are initialised as torch.optim initialises them. Options are validated by constructing the
+Each rule is torch.optim's single-tensor algorithm (``torch/optim/<name>.py``, the path
+torch takes on CPU) written as a pure function of (param, grad, state, step, lr), so it can
+be traced into the training graph with ``lr`` and ``step`` as live graph inputs. torch
+computes every step-dependent scalar (bias corrections, RAdam's rectification, NAdam's
+momentum schedule, Adagrad's decayed lr) in Python floats, i.e. float64; the rules do the
+same in float64 tensor ops and round once to the parameter's dtype, because in float32
+``1 - beta ** step`` cancels badly. State slots use torch.optim's state keys and are
+initialised as torch.optim initialises them. Options are validated by constructing the
 torch optimizer itself, so defaults and error messages match torch.
+See docs/losses_and_optimizers.md for why the rules are re-implemented, not traced.
 """
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -19,12 +24,16 @@ from .errors import InvalidOptionError
 State = dict[str, torch.Tensor]
 
 
+def _zeros(slot: str, param: torch.Tensor, options: dict) -> torch.Tensor:
+    return torch.zeros_like(param)
+
+
 @dataclass(frozen=True)
 class Rule:
     torch_class: type[torch.optim.Optimizer]
     slots: Callable[[dict], list[str]]
     update: Callable[..., tuple[torch.Tensor, State]]
-    initial: Callable[[str, torch.Tensor, dict], torch.Tensor] = lambda slot, p, o: torch.zeros_like(p)
+    initial: Callable[[str, torch.Tensor, dict], torch.Tensor] = _zeros
 
 
 @dataclass(frozen=True)
@@ -51,37 +60,43 @@ class Optimizer:
         return self.rule.update(param, grad, dict(state), step, lr, **options)
 
 
+def _f64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64)
+
+
+def _direction(grad: torch.Tensor, maximize: bool) -> torch.Tensor:
+    return -grad if maximize else grad
+
+
+def _weight_decay(p, g, lr, weight_decay, decoupled=False):
+    """L2 penalty added to the gradient, or (decoupled, AdamW-style) a shrink of the parameter."""
+    if not weight_decay:
+        return p, g
+    if decoupled:
+        return p * (1 - _f64(lr) * weight_decay).to(p.dtype), g
+    return p, g + weight_decay * p
+
+
 def _sgd(p, g, s, step, lr, momentum, dampening, weight_decay, nesterov, maximize, **_):
-    if maximize:
-        g = -g
-    if weight_decay:
-        g = g + weight_decay * p
+    g = _direction(g, maximize)
+    p, g = _weight_decay(p, g, lr, weight_decay)
     if momentum:
         # torch starts the buffer at the first gradient (step 1), then decays it.
-        first = step <= 1
-        buf = torch.where(first, g, momentum * s["momentum_buffer"] + (1 - dampening) * g)
+        buf = torch.where(step <= 1, g, momentum * s["momentum_buffer"] + (1 - dampening) * g)
         s["momentum_buffer"] = buf
         g = g + momentum * buf if nesterov else buf
     return p - lr * g, s
 
 
-def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoupled=False, **_):
+def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, **_):
     beta1, beta2 = betas
-    if maximize:
-        g = -g
-    if weight_decay:
-        if decoupled:
-            p = p * (1 - lr * weight_decay)
-        else:
-            g = g + weight_decay * p
-    s["exp_avg"] = s["exp_avg"] + (1 - beta1) * (g - s["exp_avg"])
+    g = _direction(g, maximize)
+    p, g = _weight_decay(p, g, lr, weight_decay, decoupled_weight_decay)
+    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
     s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
-    # torch computes the bias corrections in Python floats (double): 1 - beta**step cancels
-    # badly in float32, so they are computed in float64 here too, then rounded once.
-    step64 = step.to(torch.float64)
-    bias_correction1 = 1 - torch.pow(beta1, step64)
+    step64 = _f64(step)
+    step_size = (_f64(lr) / (1 - torch.pow(beta1, step64))).to(p.dtype)
     bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64)).to(p.dtype)
-    step_size = (lr.to(torch.float64) / bias_correction1).to(p.dtype)
     second = s["exp_avg_sq"]
     if amsgrad:
         s["max_exp_avg_sq"] = torch.maximum(s["max_exp_avg_sq"], s["exp_avg_sq"])
@@ -90,18 +105,12 @@ def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoup
     return p - step_size * (s["exp_avg"] / denom), s
 
 
-def _adamw(p, g, s, step, lr, **options):
-    return _adam(p, g, s, step, lr, decoupled=True, **options)
-
-
 def _rmsprop(p, g, s, step, lr, alpha, eps, weight_decay, momentum, centered, maximize, **_):
-    if maximize:
-        g = -g
-    if weight_decay:
-        g = g + weight_decay * p
+    g = _direction(g, maximize)
+    p, g = _weight_decay(p, g, lr, weight_decay)
     s["square_avg"] = s["square_avg"] * alpha + (1 - alpha) * g * g
     if centered:
-        s["grad_avg"] = s["grad_avg"] + (1 - alpha) * (g - s["grad_avg"])
+        s["grad_avg"] = torch.lerp(s["grad_avg"], g, 1 - alpha)
         avg = torch.sqrt(s["square_avg"] - s["grad_avg"] * s["grad_avg"]) + eps
     else:
         avg = torch.sqrt(s["square_avg"]) + eps
@@ -112,51 +121,129 @@ def _rmsprop(p, g, s, step, lr, alpha, eps, weight_decay, momentum, centered, ma
 
 
 def _adagrad(p, g, s, step, lr, lr_decay, weight_decay, eps, maximize, **_):
-    if maximize:
-        g = -g
-    if weight_decay:
-        g = g + weight_decay * p
-    clr = lr / (1 + (step - 1) * lr_decay)
+    g = _direction(g, maximize)
+    p, g = _weight_decay(p, g, lr, weight_decay)
+    clr = (_f64(lr) / (1 + (_f64(step) - 1) * lr_decay)).to(p.dtype)
     s["sum"] = s["sum"] + g * g
     return p - clr * (g / (torch.sqrt(s["sum"]) + eps)), s
 
 
+def _adadelta(p, g, s, step, lr, rho, eps, weight_decay, maximize, **_):
+    g = _direction(g, maximize)
+    p, g = _weight_decay(p, g, lr, weight_decay)
+    s["square_avg"] = s["square_avg"] * rho + (1 - rho) * g * g
+    std = torch.sqrt(s["square_avg"] + eps)
+    delta = torch.sqrt(s["acc_delta"] + eps) / std * g
+    s["acc_delta"] = s["acc_delta"] * rho + (1 - rho) * delta * delta
+    return p - lr * delta, s
+
+
+def _adamax(p, g, s, step, lr, betas, eps, weight_decay, maximize, **_):
+    beta1, beta2 = betas
+    g = _direction(g, maximize)
+    p, g = _weight_decay(p, g, lr, weight_decay)
+    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    s["exp_inf"] = torch.maximum(s["exp_inf"] * beta2, torch.abs(g) + eps)
+    clr = (_f64(lr) / (1 - torch.pow(beta1, _f64(step)))).to(p.dtype)
+    return p - clr * (s["exp_avg"] / s["exp_inf"]), s
+
+
+def _nadam(p, g, s, step, lr, betas, eps, weight_decay, momentum_decay, decoupled_weight_decay, maximize, **_):
+    beta1, beta2 = betas
+    g = _direction(g, maximize)
+    step64, lr64 = _f64(step), _f64(lr)
+    p, g = _weight_decay(p, g, lr, weight_decay, decoupled_weight_decay)
+    bias_correction2 = 1 - torch.pow(beta2, step64)
+    mu = beta1 * (1.0 - 0.5 * torch.pow(0.96, step64 * momentum_decay))
+    mu_next = beta1 * (1.0 - 0.5 * torch.pow(0.96, (step64 + 1) * momentum_decay))
+    # torch keeps mu_product as a float32 tensor and reads it back as a Python float.
+    s["mu_product"] = s["mu_product"] * mu.to(s["mu_product"].dtype)
+    mu_product = _f64(s["mu_product"])
+    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
+    denom = torch.sqrt(s["exp_avg_sq"] / bias_correction2.to(p.dtype)) + eps
+    grad_coef = (-lr64 * (1.0 - mu) / (1.0 - mu_product)).to(p.dtype)
+    avg_coef = (-lr64 * mu_next / (1.0 - mu_product * mu_next)).to(p.dtype)
+    p = p + grad_coef * (g / denom)
+    return p + avg_coef * (s["exp_avg"] / denom), s
+
+
+def _radam(p, g, s, step, lr, betas, eps, weight_decay, decoupled_weight_decay, maximize, **_):
+    beta1, beta2 = betas
+    g = _direction(g, maximize)
+    step64 = _f64(step)
+    p, g = _weight_decay(p, g, lr, weight_decay, decoupled_weight_decay)
+    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
+    bias_correction1 = 1 - torch.pow(beta1, step64)
+    bias_correction2 = 1 - torch.pow(beta2, step64)
+    corrected = s["exp_avg"] / bias_correction1.to(p.dtype)
+    rho_inf = 2 / (1 - beta2) - 1
+    rho_t = rho_inf - 2 * step64 * torch.pow(beta2, step64) / bias_correction2
+    # The rectified update applies once the variance is tractable (rho_t > 5); the clamp only
+    # keeps the unused branch finite before that.
+    rect = torch.sqrt(torch.clamp((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t), min=0))
+    adaptive = torch.sqrt(bias_correction2).to(p.dtype) / (torch.sqrt(s["exp_avg_sq"]) + eps)
+    plain = corrected * lr
+    update = torch.where(rho_t > 5.0, plain * adaptive * rect.to(p.dtype), plain)
+    return p - update, s
+
+
+def _adam_slots(options: dict) -> list[str]:
+    return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if options["amsgrad"] else [])
+
+
+def _rmsprop_slots(options: dict) -> list[str]:
+    return (
+        ["square_avg"]
+        + (["momentum_buffer"] if options["momentum"] > 0 else [])
+        + (["grad_avg"] if options["centered"] else [])
+    )
+
+
+def _adagrad_initial(slot: str, param: torch.Tensor, options: dict) -> torch.Tensor:
+    return torch.full_like(param, options["initial_accumulator_value"])
+
+
+def _nadam_initial(slot: str, param: torch.Tensor, options: dict) -> torch.Tensor:
+    return torch.ones((), dtype=param.dtype) if slot == "mu_product" else torch.zeros_like(param)
+
+
 RULES: dict[str, Rule] = {
     "sgd": Rule(torch.optim.SGD, lambda o: ["momentum_buffer"] if o["momentum"] else [], _sgd),
-    "adam": Rule(torch.optim.Adam, lambda o: ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if o["amsgrad"] else []), _adam),
-    "adamw": Rule(torch.optim.AdamW, lambda o: ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if o["amsgrad"] else []), _adamw),
-    "rmsprop": Rule(
-        torch.optim.RMSprop,
-        lambda o: ["square_avg"] + (["momentum_buffer"] if o["momentum"] > 0 else []) + (["grad_avg"] if o["centered"] else []),
-        _rmsprop,
-    ),
-    "adagrad": Rule(
-        torch.optim.Adagrad,
-        lambda o: ["sum"],
-        _adagrad,
-        initial=lambda slot, p, o: torch.full_like(p, o["initial_accumulator_value"]),
-    ),
+    "adam": Rule(torch.optim.Adam, _adam_slots, _adam),
+    "adamw": Rule(torch.optim.AdamW, _adam_slots, _adam),
+    "rmsprop": Rule(torch.optim.RMSprop, _rmsprop_slots, _rmsprop),
+    "adagrad": Rule(torch.optim.Adagrad, lambda o: ["sum"], _adagrad, _adagrad_initial),
+    "adadelta": Rule(torch.optim.Adadelta, lambda o: ["square_avg", "acc_delta"], _adadelta),
+    "adamax": Rule(torch.optim.Adamax, lambda o: ["exp_avg", "exp_inf"], _adamax),
+    "nadam": Rule(torch.optim.NAdam, lambda o: ["mu_product", "exp_avg", "exp_avg_sq"], _nadam, _nadam_initial),
+    "radam": Rule(torch.optim.RAdam, lambda o: ["exp_avg", "exp_avg_sq"], _radam),
 }
 
 # Options of torch.optim constructors that change how torch runs, not what it computes.
 _IMPLEMENTATION_OPTIONS = {"foreach", "capturable", "differentiable", "fused"}
 
 
+def _rule_name(optim: str | type[torch.optim.Optimizer]) -> str:
+    if isinstance(optim, type) and issubclass(optim, torch.optim.Optimizer):
+        for name, rule in RULES.items():
+            if rule.torch_class is optim:
+                return name
+        raise InvalidOptionError(
+            f"optimizer class {optim.__name__} has no bridge rule; supported: "
+            + ", ".join(rule.torch_class.__name__ for rule in RULES.values())
+        )
+    name = str(optim).lower()
+    if name not in RULES:
+        raise InvalidOptionError(f"unknown optimizer '{optim}'; valid optimizers: {', '.join(sorted(RULES))}")
+    return name
+
+
 def make_optimizer(optim: str | type[torch.optim.Optimizer], options: dict[str, Any] | None = None) -> Optimizer:
     """Resolve ``optim=`` (a name or a torch.optim class) and validate its options with torch."""
     options = dict(options or {})
-    if isinstance(optim, type) and issubclass(optim, torch.optim.Optimizer):
-        matches = [name for name, rule in RULES.items() if rule.torch_class is optim]
-        if not matches:
-            raise InvalidOptionError(
-                f"optimizer class {optim.__name__} has no bridge rule; supported: "
-                + ", ".join(rule.torch_class.__name__ for rule in RULES.values())
-            )
-        name = matches[0]
-    else:
-        name = str(optim).lower()
-    if name not in RULES:
-        raise InvalidOptionError(f"unknown optimizer '{optim}'; valid optimizers: {', '.join(sorted(RULES))}")
+    name = _rule_name(optim)
     rule = RULES[name]
     allowed = [p for p in inspect.signature(rule.torch_class.__init__).parameters if p not in ("self", "params")]
     unknown = sorted(set(options) - set(allowed))
@@ -167,12 +254,36 @@ def make_optimizer(optim: str | type[torch.optim.Optimizer], options: dict[str, 
     try:
         probe = rule.torch_class([torch.zeros(1, requires_grad=True)], **options)
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise InvalidOptionError(f"optimizer '{name}': invalid option value: {exc}") from exc
+        raise InvalidOptionError(
+            f"optimizer '{name}': invalid option value ({exc}); options given: {options}"
+        ) from exc
     defaults = {k: v for k, v in probe.defaults.items() if k not in _IMPLEMENTATION_OPTIONS}
     if isinstance(defaults.get("lr"), torch.Tensor):
         defaults["lr"] = float(defaults["lr"])
     return Optimizer(name, rule, defaults)
 
 
+def clip_grad_norm(grads: Sequence[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+    """Scale ``grads`` so their global L2 norm is at most ``max_norm``.
+
+    The arithmetic of ``torch.nn.utils.clip_grad_norm_(foreach=False)``: the norm of the
+    per-tensor norms, ``clip_coef = max_norm / (total_norm + 1e-6)`` clamped to 1, and every
+    gradient multiplied by it (also when it is 1).
+    """
+    norms = torch.stack([torch.sqrt(torch.sum(g * g)) for g in grads])
+    total_norm = torch.sqrt(torch.sum(norms * norms))
+    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    return [g * coef.to(g.dtype) for g in grads]
+
+
 def available_optimizers() -> list[str]:
     return sorted(RULES)
+
+
+def check_max_norm(max_norm: float | None) -> float | None:
+    """Validate ``clip_grad_norm=`` (a positive finite number, or None for no clipping)."""
+    if max_norm is None:
+        return None
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not 0 < max_norm < float("inf"):
+        raise InvalidOptionError(f"clip_grad_norm={max_norm!r} is not valid; give a positive finite max norm or None")
+    return float(max_norm)

@@ -25,7 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .importer.program import OnnxProgram
 from .losses import Loss
 from .lowering import decomposition_table
-from .optimizers import Optimizer
+from .optimizers import Optimizer, clip_grad_norm
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,13 @@ def trace_training_step(
     example_inputs: dict[str, torch.Tensor],
     example_target: torch.Tensor,
     output_index: int,
+    max_grad_norm: float | None = None,
 ) -> torch.fx.GraphModule:
-    """Trace forward + loss + backward + optimizer update into one FX graph."""
+    """Trace forward + loss + backward + optimizer update into one FX graph.
+
+    With ``max_grad_norm`` the gradients are clipped by global norm before the update
+    (the ``grad_*`` outputs stay the unclipped gradients of the loss).
+    """
     n_weights, n_buffers, n_state = len(signature.weights), len(signature.buffers), len(signature.state)
     tags = _LayerTags()
 
@@ -134,8 +139,12 @@ def trace_training_step(
         for (weight, slot), value in zip(signature.state, state_values):
             state.setdefault(weight, {})[slot] = value
         new_step = step + 1
+        updates = grads
+        if max_grad_norm is not None:
+            with tags.scope("optimizer", "global", "clip_grad_norm"):
+                updates = clip_grad_norm(grads, max_grad_norm)
         new_weights, new_state = [], []
-        for (name, param), grad in zip(weights.items(), grads):
+        for (name, param), grad in zip(weights.items(), updates):
             with tags.scope("optimizer", name, optimizer.name):
                 new_param, new_slots = optimizer.update(param, grad, state.get(name, {}), new_step, lr)
             new_weights.append(new_param)

@@ -36,8 +36,13 @@ def torch_steps(
     options: Mapping,
     batches: Sequence[Batch],
     lr_schedule: Mapping[int, float] | None = None,
+    max_grad_norm: float | None = None,
 ) -> list[dict]:
-    """The same steps in eager torch: ``forward(weights, inputs) -> output``, real torch.optim."""
+    """The same steps in eager torch: ``forward(weights, inputs) -> output``, real torch.optim.
+
+    With ``max_grad_norm``, ``torch.nn.utils.clip_grad_norm_`` runs before each optimizer step
+    (the recorded gradients are the unclipped ones).
+    """
     params = {name: torch.nn.Parameter(torch.tensor(np.array(value))) for name, value in weights.items()}
     opt = optimizer(list(params.values()), **options)
     records = []
@@ -51,6 +56,8 @@ def torch_steps(
         loss.backward()
         record = {"loss": loss.detach().numpy()}
         record.update({f"grad_{n}": p.grad.detach().numpy().copy() for n, p in params.items()})
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(list(params.values()), max_grad_norm, foreach=False)
         opt.step()
         record.update({f"updated_{n}": p.detach().numpy().copy() for n, p in params.items()})
         records.append(record)
