@@ -43,6 +43,7 @@ def to_training_onnx(
     trainable: Iterable[str] | str | None = None,
     frozen: Iterable[str] | str | None = None,
     batch_size: int | None = None,
+    dynamic_batch: bool | None = None,
     input_shapes: Mapping[str, Iterable[int]] | None = None,
     output_path: str | os.PathLike | None = None,
 ) -> TrainingModel:
@@ -60,7 +61,10 @@ def to_training_onnx(
             as ``torch.nn.utils.clip_grad_norm_`` does.
         output: the model output the loss applies to (name or index; default the first).
         trainable / frozen: names or glob patterns of weights to train / not to train.
-        batch_size: the batch size for inputs whose first dim is symbolic (default 2).
+        batch_size: the batch size to trace with, and of the graph when it is static (default:
+            the model's own, or 2 for a symbolic batch).
+        dynamic_batch: keep the batch dim symbolic, so one file trains at any batch size.
+            Default: symbolic if the model's data inputs have a symbolic first dim.
         input_shapes: full shapes for inputs with other symbolic dims, by input name.
         output_path: if given, the training model is also saved there.
     """
@@ -92,14 +96,17 @@ def to_training_onnx(
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
 
+    if dynamic_batch is None:
+        dynamic_batch = _has_symbolic_batch(source, program)
     graph_module = trace_training_step(
-        program, loss_fn, optimizer, signature, tensors, inputs, target, output_index, max_grad_norm=max_grad_norm
+        program, loss_fn, optimizer, signature, tensors, inputs, target, output_index,
+        dynamic_batch=dynamic_batch, max_grad_norm=max_grad_norm,
     )
     training = export_step(graph_module, signature)
     annotate_model(
         training,
         signature,
-        source_name=source.graph.name,
+        source=source,
         source_hash=hashlib.sha256(source.SerializeToString()).hexdigest(),
         loss=loss_fn,
         optimizer=optimizer,
@@ -151,6 +158,15 @@ def _example_inputs(
         else:
             inputs[value.name] = torch.zeros(dims, dtype=dtype)
     return inputs
+
+
+def _has_symbolic_batch(model: onnx.ModelProto, program: OnnxProgram) -> bool:
+    """True when some data input has a symbolic (or unknown) first dim."""
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name in program.input_names and dims and not dims[0].HasField("dim_value"):
+            return True
+    return False
 
 
 def _output_index(program: OnnxProgram, output: str | int | None) -> int:

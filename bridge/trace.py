@@ -20,8 +20,11 @@ import onnx
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+from .errors import ShapeError
 from .importer.program import OnnxProgram
 from .losses import Loss
 from .lowering import decomposition_table
@@ -53,6 +56,7 @@ class _LayerTags:
     """Tags traced nodes with their phase and source layer (see module docstring)."""
 
     def __init__(self):
+        self.batch: torch.SymInt | None = None  # the symbolic batch size, when tracing with one
         self._starts: list[int] = []
         self._layers: list[str] = []
 
@@ -64,6 +68,11 @@ class _LayerTags:
         self._record(node.name, node.op_type)
         with fx_traceback.annotate(self._annotate("forward", node.name, node.op_type)):
             yield
+        if self.batch is not None and self.batch.node.expr.is_number:
+            raise ShapeError(
+                f"{node.op_type} node '{node.name}' fixes the batch size to {self.batch.node.expr} "
+                "(a hard-coded shape); this model cannot train at any batch size: use dynamic_batch=False"
+            )
 
     @contextlib.contextmanager
     def scope(self, phase: str, layer: str, kind: str):
@@ -111,10 +120,13 @@ def trace_training_step(
     example_inputs: dict[str, torch.Tensor],
     example_target: torch.Tensor,
     output_index: int,
+    dynamic_batch: bool = False,
     max_grad_norm: float | None = None,
 ) -> torch.fx.GraphModule:
     """Trace forward + loss + backward + optimizer update into one FX graph.
 
+    With ``dynamic_batch`` the data inputs and the target get a symbolic first dim (one
+    symbol, the batch), and every size derived from it stays symbolic in the graph.
     With ``max_grad_norm`` the gradients are clipped by global norm before the update
     (the ``grad_*`` outputs stay the unclipped gradients of the loss).
     """
@@ -128,6 +140,8 @@ def trace_training_step(
         step, lr = flat[n_weights + n_buffers + n_state:n_weights + n_buffers + n_state + 2]
         data = flat[n_weights + n_buffers + n_state + 2:]
         inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
+        if dynamic_batch:
+            tags.batch = target.shape[0]
 
         outputs, updated_buffers = program.run(inputs, {**weights, **buffers}, training=True, node_scope=tags.forward)
         with tags.scope("loss", "loss", loss.name):
@@ -138,7 +152,8 @@ def trace_training_step(
         state = {}
         for (weight, slot), value in zip(signature.state, state_values):
             state.setdefault(weight, {})[slot] = value
-        new_step = step + 1
+        with tags.scope("optimizer", "step", optimizer.name):
+            new_step = step + 1
         updates = grads
         if max_grad_norm is not None:
             with tags.scope("optimizer", "global", "clip_grad_norm"):
@@ -160,6 +175,23 @@ def trace_training_step(
         + [example_inputs[name] for name in signature.inputs]
         + [example_target]
     )
+    mode = "real"
+    if dynamic_batch:
+        n_data = len(signature.inputs) + 1
+        flat_args = _with_symbolic_batch(flat_args, n_data)
+        mode = "symbolic"
     with fx_traceback.preserve_node_meta():
-        graph_module = make_fx(train_step, decomposition_table=decomposition_table(), tracing_mode="real")(*flat_args)
+        graph_module = make_fx(train_step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
     return graph_module
+
+
+def _with_symbolic_batch(flat_args: list[torch.Tensor], n_data: int) -> list[torch.Tensor]:
+    """Fake tensors for tracing: the last ``n_data`` (inputs, target) get a symbolic dim 0."""
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fakes = []
+    for index, tensor in enumerate(flat_args):
+        dynamic = index >= len(flat_args) - n_data and tensor.dim() > 0
+        sizes = [DimDynamic.DYNAMIC if dynamic and axis == 0 else DimDynamic.STATIC for axis in range(tensor.dim())]
+        fake = fake_mode.from_tensor(tensor, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+        fakes.append(fake)
+    return fakes

@@ -33,9 +33,9 @@ def _load_emitters() -> None:
 
 
 def snake_case(name: str) -> str:
-    """``BatchNormalization`` -> ``batch_normalization``; ``MatMul`` -> ``matmul``."""
+    """``BatchNormalization`` -> ``batch_normalization``; ``MatMul`` -> ``matmul``; ``<lambda>`` -> ``lambda``."""
     name = name.replace("MatMul", "Matmul")
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    return re.sub(r"[^a-z0-9_]", "", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower())
 
 
 def _value_of(meta_val, name: str) -> Value:
@@ -58,18 +58,28 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
     env: dict[torch.fx.Node, object] = {}
     input_names = iter(signature.input_names())
     graph_inputs = []
+    batch_sizes: list[torch.SymInt] = []
     for node in graph_module.graph.nodes:
         if node.op == "placeholder":
             name = next(input_names)
             b.reserve(name)
             env[node] = _value_of(node.meta["val"], name)
             graph_inputs.append(env[node])
+            for axis, size in enumerate(env[node].shape):
+                if isinstance(size, torch.SymInt):
+                    b.add_symbol_source(size, env[node], axis)
+                    batch_sizes.append(size)
         elif node.op == "get_attr":
             b.tags = {}
             tensor = getattr(graph_module, node.target)
             env[node] = b.const(tensor.detach().numpy(), name=node.target)
         elif node.op == "call_function":
             env[node] = _emit(b, node, env)
+            if any(size.node.expr.is_number for size in batch_sizes):
+                raise LoweringError(
+                    f"the ONNX emitter of {node.target} (FX node '{node.name}') turned the symbolic batch "
+                    "size into a number (int() or == on a SymInt); it must build sizes with b.shape_tensor"
+                )
         elif node.op == "output":
             outputs = node.args[0]
     return _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names())
@@ -80,20 +90,30 @@ def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
     if node.target is operator.getitem:
         return env[node.args[0]][node.args[1]]
     emitter = EMITTERS.get(node.target)
-    if emitter is None:
+    if emitter is None and not isinstance(node.meta.get("val"), torch.SymInt):
         raise LoweringError(
             f"no ONNX lowering for ATen op {node.target} (FX node '{node.name}', phase "
             f"'{tags['bridge.phase']}', from ONNX node '{tags['bridge.layer']}')"
         )
     b.tags = {k: v for k, v in tags.items() if v}
     b.value_hint = node.name
+    if isinstance(node.meta.get("val"), torch.SymInt):  # size arithmetic: rebuilt from its expression
+        return b.dim(node.meta["val"])
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     result = emitter(b, node, *args, **kwargs)
     val = node.meta.get("val")
     if isinstance(result, Value) and isinstance(val, torch.Tensor):
-        result.shape, result.dtype = tuple(int(d) for d in val.shape), val.dtype
+        result.shape, result.dtype = Value("", val.shape).shape, val.dtype
     return result
+
+
+BATCH_DIM = "batch"
+
+
+def _dims(shape) -> list:
+    """Static dims as ints; the symbolic batch as the dim_param ``batch``."""
+    return [BATCH_DIM if isinstance(d, torch.SymInt) else d for d in shape]
 
 
 def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: list[str]) -> onnx.ModelProto:
@@ -112,9 +132,9 @@ def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: 
             node.input[i] = rename.get(name, name)
         for i, name in enumerate(node.output):
             node.output[i] = rename.get(name, name)
-    inputs = [helper.make_tensor_value_info(v, TORCH_TO_ONNX[v.dtype], v.shape) for v in graph_inputs]
+    inputs = [helper.make_tensor_value_info(v, TORCH_TO_ONNX[v.dtype], _dims(v.shape)) for v in graph_inputs]
     outputs = [
-        helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], value.shape)
+        helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], _dims(value.shape))
         for value, name in zip(results, names)
     ]
     graph = helper.make_graph(b.nodes, "bridge_training_step", inputs, outputs, b.initializers)

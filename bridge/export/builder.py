@@ -17,8 +17,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
+import sympy
 import torch
 from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import ShapeError
 
 TORCH_TO_ONNX = {
     torch.float32: TensorProto.FLOAT,
@@ -54,7 +57,7 @@ class Value(str):
 
     def __new__(cls, name: str, shape=None, dtype=None):
         value = super().__new__(cls, name)
-        value.shape = None if shape is None else tuple(int(d) for d in shape)
+        value.shape = None if shape is None else tuple(d if isinstance(d, torch.SymInt) else int(d) for d in shape)
         value.dtype = dtype
         return value
 
@@ -77,6 +80,14 @@ def emits(*targets):
     return register
 
 
+def node_prefix(tags: dict[str, str]) -> str:
+    """``<phase>_<kind>/<layer>/``: the start of the name of a node with these tags."""
+    phase, kind = tags.get("bridge.phase", ""), tags.get("bridge.kind", "")
+    layer = tags.get("bridge.layer", "").lstrip("/")
+    prefix = f"{phase}_{kind}" if kind else phase
+    return f"{prefix}/{layer}/" if layer else f"{prefix}/"
+
+
 class GraphBuilder:
     """Collects nodes and initializers; names and annotates every node it creates."""
 
@@ -87,6 +98,8 @@ class GraphBuilder:
         self._names: set[str] = set()
         self.tags: dict[str, str] = {}
         self.value_hint = "v"
+        self._symbol_sources: dict = {}
+        self._symbol_values: dict = {}
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -114,7 +127,7 @@ class GraphBuilder:
             op_type,
             ["" if i is None else str(i) for i in inputs],
             [str(n) for n in names],
-            name=self.fresh(self._node_prefix() + op_type),
+            name=self.fresh(node_prefix(self.tags) + op_type),
             **{k: v for k, v in attrs.items() if v is not None},
         )
         for key, value in self.tags.items():
@@ -122,13 +135,6 @@ class GraphBuilder:
             entry.key, entry.value = key, value
         self.nodes.append(node)
         return names[0] if outputs == 1 else tuple(names)
-
-    def _node_prefix(self) -> str:
-        phase = self.tags.get("bridge.phase", "")
-        kind = self.tags.get("bridge.kind", "")
-        layer = self.tags.get("bridge.layer", "")
-        prefix = f"{phase}_{kind}" if kind else phase
-        return f"{prefix}/{layer}/" if layer else f"{prefix}/"
 
     def const(self, value, dtype: torch.dtype | None = None, name: str | None = None) -> Value:
         """A constant tensor (an initializer), shared between uses of equal small constants."""
@@ -168,7 +174,70 @@ class GraphBuilder:
             return self.cast(x, dtype)
         return self.scalar(x, dtype)
 
-    def reshape(self, x: Value, shape: Sequence[int]) -> Value:
-        if x.shape is not None and tuple(x.shape) == tuple(shape):
+    def reshape(self, x: Value, shape: Sequence) -> Value:
+        if is_static(shape) and x.shape is not None and is_static(x.shape) and tuple(x.shape) == tuple(shape):
             return x
-        return self.op("Reshape", x, self.ints(shape), shape=shape, dtype=x.dtype)
+        return self.op("Reshape", x, self.shape_tensor(shape), shape=shape if is_static(shape) else None, dtype=x.dtype)
+
+    # -- symbolic sizes (dynamic batch) -------------------------------------------------------
+
+    def add_symbol_source(self, size, value: Value, axis: int) -> None:
+        """Record that the symbolic ``size`` (a SymInt) is dim ``axis`` of graph input ``value``."""
+        symbol = size.node.expr
+        if isinstance(symbol, sympy.Symbol) and symbol not in self._symbol_sources:
+            self._symbol_sources[symbol] = (value, axis)
+
+    def dim(self, size) -> Value:
+        """A size (int, SymInt, or an already emitted 1-element value) as a 1-D int64 [1] value."""
+        if isinstance(size, Value):
+            return size
+        if not isinstance(size, torch.SymInt):
+            return self.ints([int(size)])
+        return self._expr(size.node.expr)
+
+    def _expr(self, expr) -> Value:
+        if expr in self._symbol_values:
+            return self._symbol_values[expr]
+        if expr.is_Integer:
+            return self.ints([int(expr)])
+        if isinstance(expr, sympy.Symbol):
+            if expr not in self._symbol_sources:
+                raise ShapeError(f"symbolic size {expr} does not come from a graph input")
+            source, axis = self._symbol_sources[expr]
+            # Shape(x)[axis:axis+1] with Slice: onnx-mlir's Shape has no start/end attributes.
+            full = self.op("Shape", source, shape=[len(source.shape)], dtype=torch.int64)
+            result = self.op("Slice", full, self.ints([axis]), self.ints([axis + 1]), self.ints([0]), shape=[1], dtype=torch.int64)
+        elif expr.is_Add or expr.is_Mul:
+            terms = [self._expr(arg) for arg in expr.args]
+            result = terms[0]
+            for term in terms[1:]:
+                result = self.op("Add" if expr.is_Add else "Mul", result, term, shape=[1], dtype=torch.int64)
+        elif type(expr).__name__ == "FloorDiv":
+            numerator, denominator = (self._expr(arg) for arg in expr.args)
+            result = self.op("Div", numerator, denominator, shape=[1], dtype=torch.int64)
+        else:
+            raise ShapeError(f"bridge cannot express the symbolic size {expr} in ONNX")
+        self._symbol_values[expr] = result
+        return result
+
+    def shape_tensor(self, sizes: Sequence) -> Value:
+        """A 1-D int64 value holding ``sizes`` (ints, SymInts or 1-element values)."""
+        if is_static(sizes):
+            return self.ints([int(d) for d in sizes])
+        parts, run = [], []
+        for size in sizes:
+            if isinstance(size, (torch.SymInt, Value)):
+                if run:
+                    parts.append(self.ints(run))
+                    run = []
+                parts.append(self.dim(size))
+            else:
+                run.append(int(size))
+        if run:
+            parts.append(self.ints(run))
+        return parts[0] if len(parts) == 1 else self.op("Concat", *parts, axis=0, shape=[len(sizes)], dtype=torch.int64)
+
+
+def is_static(sizes) -> bool:
+    """True when every size is a plain int (no SymInt, no emitted value)."""
+    return all(not isinstance(d, (torch.SymInt, Value)) for d in sizes)

@@ -20,16 +20,25 @@ import numpy as np
 import onnx
 import torch
 from onnx import numpy_helper
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..load import default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
+from .shape_folding import fold_symbolic, is_symbolic
 
 NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
 
 # Ops whose output must never be folded at import time.
 _NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Dropout"}
+
+
+@contextlib.contextmanager
+def eager():
+    """Run torch ops for real, even inside make_fx tracing (to fold values known up front)."""
+    with disable_proxy_modes_tracing(), unset_fake_temporarily():
+        yield
 
 
 def _no_scope(node: onnx.NodeProto) -> contextlib.AbstractContextManager:
@@ -133,7 +142,9 @@ class OnnxProgram:
             a is None or isinstance(a, np.ndarray) for a in args
         )
         if foldable and node.input:
-            with disable_proxy_modes_tracing():
+            if any(is_symbolic(a) for a in args):
+                return fold_symbolic(ctx, args)
+            with eager():
                 outputs = self._call(conv.fn, ctx, args, conv.static)
             return [o if isinstance(o, np.ndarray) else o.detach().numpy() for o in outputs]
         return self._call(conv.fn, ctx, args, conv.static)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
+import torch
 from onnx import helper
 
 from ..errors import UnsupportedOpError
@@ -87,8 +88,8 @@ class NodeContext:
         return UnsupportedOpError(f"{self.node.op_type} node '{self.name}': {what} is not supported")
 
     def ints(self, value) -> list[int]:
-        """A static input or attribute as a list of Python ints."""
-        return [int(v) for v in np.asarray(value).reshape(-1)]
+        """A static input or attribute as a list of Python ints (``torch.SymInt`` kept as is)."""
+        return [v if isinstance(v, torch.SymInt) else int(v) for v in np.asarray(value).reshape(-1)]
 
 
 def import_all_converters() -> None:

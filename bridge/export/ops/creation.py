@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..builder import TORCH_TO_NUMPY, emits
+from ..builder import TORCH_TO_NUMPY, emits, is_static
 
 aten = torch.ops.aten
 
 
 def _filled(b, node, value):
     val = node.meta["val"]
+    if not is_static(val.shape):
+        return b.op("Expand", b.scalar(value, val.dtype), b.shape_tensor(list(val.shape)))
     return b.const(np.full([int(d) for d in val.shape], value, dtype=TORCH_TO_NUMPY[val.dtype]))
 
 

@@ -16,7 +16,7 @@ def _reduce(b: GraphBuilder, node, onnx_op: str, x: Value, dims, keepdim: bool, 
     dims = list(range(x.rank)) if dims is None or len(dims) == 0 else [d % x.rank for d in dims]
     kept = [1 if i in dims else d for i, d in enumerate(x.shape)]
     reduced = b.op(onnx_op, x, b.ints(dims), keepdims=1, shape=kept, dtype=x.dtype)
-    return reduced if keepdim else b.reshape(reduced, [int(d) for d in node.meta["val"].shape])
+    return reduced if keepdim else b.reshape(reduced, list(node.meta["val"].shape))
 
 
 @emits(aten.sum.dim_IntList)
@@ -83,4 +83,4 @@ def var(b, node, x, dims=None, correction=None, keepdim=False):
     centered = b.op("Sub", x, mean)
     squares = b.op("ReduceSum", b.op("Mul", centered, centered), b.ints(dims), keepdims=1)
     result = b.op("Div", squares, b.scalar(max(count - correction, 0), x.dtype))
-    return result if keepdim else b.reshape(result, [int(d) for d in node.meta["val"].shape])
+    return result if keepdim else b.reshape(result, list(node.meta["val"].shape))

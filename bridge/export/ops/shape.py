@@ -4,13 +4,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..builder import GraphBuilder, Value, emits
+from ..builder import GraphBuilder, Value, emits, is_static
 
 aten = torch.ops.aten
 
 
-def _out_shape(node) -> list[int]:
-    return [int(d) for d in node.meta["val"].shape]
+def _out_shape(node) -> list:
+    """The traced output sizes: ints, or SymInts for a symbolic batch."""
+    return list(node.meta["val"].shape)
 
 
 @emits(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.squeeze.dim, aten.squeeze.dims,
@@ -43,9 +44,9 @@ def transpose(b, node, x, dim0, dim1):
 @emits(aten.expand.default, aten.expand_copy.default)
 def expand(b, node, x, size, implicit=False):
     shape = _out_shape(node)
-    if list(x.shape) == shape:
+    if is_static(shape) and is_static(x.shape) and list(x.shape) == shape:
         return x
-    return b.op("Expand", x, b.ints(shape))
+    return b.op("Expand", x, b.shape_tensor(shape))
 
 
 @emits(aten.cat.default)

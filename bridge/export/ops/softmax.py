@@ -34,4 +34,4 @@ def logsumexp(b, node, x, dims, keepdim=False):
     top = b.op("ReduceMax", x, axes, keepdims=1)
     total = b.op("ReduceSum", b.op("Exp", b.op("Sub", x, top)), axes, keepdims=1)
     result = b.op("Add", b.op("Log", total), top)
-    return result if keepdim else b.reshape(result, [int(d) for d in node.meta["val"].shape])
+    return result if keepdim else b.reshape(result, list(node.meta["val"].shape))

@@ -27,14 +27,16 @@ def constant(ctx):
 
 @converter("Shape")
 def shape(ctx, x):
-    dims = np.asarray(x.shape, dtype=np.int64)
+    symbolic = any(isinstance(d, torch.SymInt) for d in x.shape)
+    dims = np.asarray(list(x.shape), dtype=object if symbolic else np.int64)
     start, end = ctx.attr("start", 0), ctx.attr("end", None)
     return dims[start:end]
 
 
 @converter("Size")
 def size(ctx, x):
-    return np.asarray(math.prod(x.shape), dtype=np.int64)
+    size = math.prod(x.shape)
+    return np.asarray(size, dtype=object if isinstance(size, torch.SymInt) else np.int64)
 
 
 def _reshape_target(ctx, x, shape: list[int]) -> list[int]:
@@ -169,12 +171,18 @@ def tile(ctx, x, repeats):
 def constant_of_shape(ctx, shape):
     value = ctx.attr("value")
     value = np.zeros(1, dtype=np.float32) if value is None else value.reshape(-1)
-    return np.full(ctx.ints(shape), value[0], dtype=value.dtype)
+    sizes = ctx.ints(shape)
+    if any(isinstance(d, torch.SymInt) for d in sizes):
+        return torch.full(sizes, value[0].item(), dtype=torch.from_numpy(value).dtype)
+    return np.full(sizes, value[0], dtype=value.dtype)
 
 
 @converter("Range", static=(0, 1, 2))
 def range_(ctx, start, limit, delta):
-    return np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype)
+    bounds = [np.asarray(v).reshape(-1)[0] for v in (start, limit, delta)]
+    if any(isinstance(v, torch.SymInt) for v in bounds):
+        return torch.arange(*bounds, dtype=torch.int64)
+    return np.arange(*[v.item() for v in bounds], dtype=np.asarray(start).dtype)
 
 
 @converter("Pad", static=(1, 2, 3))

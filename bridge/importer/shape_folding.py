@@ -1,0 +1,93 @@
+"""Folding of shape computations whose values are partly symbolic (dynamic batch).
+
+With a symbolic batch, ``Shape(x)`` is a numpy object array such as ``[s0, 3, 32, 32]``
+(``s0`` a ``torch.SymInt``). The shape arithmetic that exporters build on it
+(Gather/Concat/Unsqueeze/Slice/Mul/... -> Reshape) is evaluated here on those arrays, so the
+consumers still receive concrete-or-symbolic sizes instead of traced int tensors.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ShapeError
+from .registry import NodeContext
+
+
+def is_symbolic(value) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype == object
+
+
+def _axes(ctx: NodeContext, axes_input) -> list[int]:
+    if axes_input is not None:
+        return ctx.ints(axes_input)
+    return list(ctx.attr("axes", []))
+
+
+def _gather(ctx, data, indices):
+    return np.take(data, np.asarray(indices, dtype=np.int64), axis=ctx.attr("axis", 0))
+
+
+def _concat(ctx, *parts):
+    return np.concatenate([np.asarray(p, dtype=object).reshape(-1) if np.ndim(p) == 0 else np.asarray(p, dtype=object) for p in parts], axis=ctx.attr("axis", 0))
+
+
+def _unsqueeze(ctx, data, axes=None):
+    result = np.asarray(data, dtype=object)
+    for axis in sorted(a % (result.ndim + len(_axes(ctx, axes))) for a in _axes(ctx, axes)):
+        result = np.expand_dims(result, axis)
+    return result
+
+
+def _squeeze(ctx, data, axes=None):
+    axes = _axes(ctx, axes)
+    return np.squeeze(data, axis=tuple(axes)) if axes else np.squeeze(data)
+
+
+def _slice(ctx, data, starts, ends, axes=None, steps=None):
+    index = [slice(None)] * data.ndim
+    axes = ctx.ints(axes) if axes is not None else list(range(len(starts)))
+    steps = ctx.ints(steps) if steps is not None else [1] * len(axes)
+    for start, end, axis, step in zip(ctx.ints(starts), ctx.ints(ends), axes, steps):
+        index[axis] = slice(start, end, step)
+    return data[tuple(index)]
+
+
+def _elementwise(fn: Callable) -> Callable:
+    return lambda ctx, a, b: np.asarray(fn(np.asarray(a, dtype=object), np.asarray(b, dtype=object)), dtype=object)
+
+
+def _where(ctx, cond, a, b):
+    return np.asarray(np.where(np.asarray(cond, dtype=bool), a, b), dtype=object)
+
+
+FOLDERS: dict[str, Callable] = {
+    "Identity": lambda ctx, x: x,
+    "Cast": lambda ctx, x: x,
+    "Gather": _gather,
+    "Concat": _concat,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Slice": _slice,
+    "Add": _elementwise(operator.add),
+    "Sub": _elementwise(operator.sub),
+    "Mul": _elementwise(operator.mul),
+    "Div": _elementwise(operator.floordiv),
+    "Mod": _elementwise(operator.mod),
+    "Equal": _elementwise(operator.eq),
+    "Where": _where,
+    "ReduceProd": lambda ctx, x, axes=None: np.asarray(np.prod(x, keepdims=bool(ctx.attr("keepdims", 1))), dtype=object),
+}
+
+
+def fold_symbolic(ctx: NodeContext, args: list) -> list:
+    """Evaluate a shape-arithmetic node over (partly) symbolic numpy object arrays."""
+    folder = FOLDERS.get(ctx.node.op_type)
+    if folder is None:
+        raise ShapeError(
+            f"{ctx.node.op_type} node '{ctx.name}' computes on the symbolic batch size, which bridge "
+            "cannot carry through this op; convert with dynamic_batch=False"
+        )
+    return [folder(ctx, *args)]
