@@ -1,0 +1,104 @@
+"""Normalization ops: BatchNormalization, LayerNormalization, InstanceNormalization,
+GroupNormalization, LpNormalization, MeanVarianceNormalization.
+
+Every statistic is written with explicit reductions (mean of x, mean of the squared
+deviation), never with native_batch_norm / native_layer_norm, so the traced forward and
+autograd's backward are both plain Reduce/Sub/Mul/Sqrt ops that onnx-mlir accepts.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...errors import ShapeError
+from ..registry import converter
+
+
+def _normalize(x: torch.Tensor, dims: list[int], epsilon: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x - mean) / sqrt(var + eps)`` over ``dims`` (biased variance); also mean and variance."""
+    mean = x.mean(dims, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(dims, keepdim=True)
+    return centered * torch.rsqrt(var + epsilon), mean, var
+
+
+def _channel(param: torch.Tensor, rank: int) -> torch.Tensor:
+    """A per-channel [C] parameter shaped to broadcast over [N, C, ...]."""
+    return param.reshape([1, -1] + [1] * (rank - 2))
+
+
+@converter("BatchNormalization", buffers=(3, 4))
+def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
+    """Training: batch statistics; the running ones move by ONNX ``momentum`` (torch's 1 - momentum).
+
+    ``running = momentum * running + (1 - momentum) * batch``, with the unbiased batch variance
+    in the running variance as torch's BatchNorm does; normalization uses the biased one.
+    """
+    epsilon, momentum = ctx.attr("epsilon", 1e-5), ctx.attr("momentum", 0.9)
+    if ctx.opset < 9 and ctx.attr("spatial", 1) == 0:
+        raise ctx.unsupported("spatial=0 (per-element statistics)")
+    rank = x.dim()
+    if not ctx.training:
+        y = (x - _channel(running_mean, rank)) * torch.rsqrt(_channel(running_var, rank) + epsilon)
+        return y * _channel(scale, rank) + _channel(bias, rank)
+    dims = [0] + list(range(2, rank))
+    count = x.numel() // x.shape[1]
+    if count <= 1:
+        raise ShapeError(
+            f"BatchNormalization node '{ctx.name}': training needs more than 1 value per channel, "
+            f"got input shape {list(x.shape)} (as torch's batch_norm)"
+        )
+    normalized, mean, var = _normalize(x, dims, epsilon)
+    y = normalized * _channel(scale, rank) + _channel(bias, rank)
+    batch_mean, batch_var = mean.detach().reshape(-1), var.detach().reshape(-1) * (count / (count - 1))
+    new_mean = momentum * running_mean + (1 - momentum) * batch_mean
+    new_var = momentum * running_var + (1 - momentum) * batch_var
+    ctx.update_buffer(3, new_mean)
+    ctx.update_buffer(4, new_var)
+    extra = [new_mean, new_var, mean.reshape(-1), var.reshape(-1)]
+    return (y, *extra[:len(ctx.node.output) - 1])
+
+
+@converter("LayerNormalization")
+def layer_normalization(ctx, x, scale, bias=None):
+    axis = ctx.attr("axis", -1) % x.dim()
+    normalized, mean, var = _normalize(x, list(range(axis, x.dim())), ctx.attr("epsilon", 1e-5))
+    y = normalized * scale
+    if bias is not None:
+        y = y + bias
+    return (y, mean, torch.rsqrt(var + ctx.attr("epsilon", 1e-5)))[:len(ctx.node.output)]
+
+
+@converter("InstanceNormalization")
+def instance_normalization(ctx, x, scale, bias):
+    normalized, _, _ = _normalize(x, list(range(2, x.dim())), ctx.attr("epsilon", 1e-5))
+    return normalized * _channel(scale, x.dim()) + _channel(bias, x.dim())
+
+
+@converter("GroupNormalization")
+def group_normalization(ctx, x, scale, bias):
+    """Opset 21 semantics: scale and bias per channel. (GroupNormalization-18, with them per group,
+    is deprecated and fails onnx.checker, so such models stop at load.)"""
+    groups, channels = ctx.attr("num_groups"), x.shape[1]
+    if channels % groups:
+        raise ShapeError(f"GroupNormalization node '{ctx.name}': {channels} channels are not divisible by num_groups={groups}")
+    normalized, _, _ = _normalize(x.reshape(x.shape[0], groups, -1), [2], ctx.attr("epsilon", 1e-5))
+    return normalized.reshape(x.shape) * _channel(scale, x.dim()) + _channel(bias, x.dim())
+
+
+@converter("LpNormalization")
+def lp_normalization(ctx, x):
+    axis, p = ctx.attr("axis", -1), ctx.attr("p", 2)
+    if p == 1:
+        return x / x.abs().sum(axis, keepdim=True)
+    if p == 2:
+        return x / torch.sqrt((x * x).sum(axis, keepdim=True))
+    raise ctx.unsupported(f"p={p} (only 1 and 2 exist in ONNX)")
+
+
+@converter("MeanVarianceNormalization")
+def mean_variance_normalization(ctx, x):
+    """``(x - mean) / (sqrt(var) + 1e-9)`` over ``axes`` (default [0, 2, 3]), as ONNX defines it."""
+    dims = [a % x.dim() for a in ctx.attr("axes", [0, 2, 3])]
+    mean = x.mean(dims, keepdim=True)
+    centered = x - mean
+    return centered / (torch.sqrt((centered * centered).mean(dims, keepdim=True)) + 1e-9)

@@ -1,0 +1,180 @@
+"""Normalization ops in training: loss, grads, updated weights and running statistics vs torch.
+
+The twins are torch.nn.functional's batch_norm / layer_norm / instance_norm / group_norm /
+normalize; float64 end to end (rtol 1e-9) so an off-by-one in a count or a biased/unbiased
+mix-up cannot hide in float32 noise.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bridge
+from bridge.importer.program import OnnxProgram
+from single_op import batches_for, one_node_model, run_onnxruntime, train_and_compare
+
+RTOL = 1e-9
+EPS = 2.0 ** -10  # exact in the float32 epsilon attribute
+rng = np.random.default_rng(7)
+
+
+def _params(*shapes) -> list[np.ndarray]:
+    return [rng.standard_normal(s) for s in shapes]
+
+
+def _forbidden_ops(tm: bridge.TrainingModel) -> set[str]:
+    """Ops in the training graph that must not be there (inference-only or native forms)."""
+    return {n.op_type for n in tm.model.graph.node} & {"BatchNormalization", "LayerNormalization",
+                                                       "InstanceNormalization", "GroupNormalization"}
+
+
+@pytest.mark.parametrize("opset", [9, 14, 15])
+@pytest.mark.parametrize("shape", [(4, 3), (3, 2, 5), (2, 3, 4, 3), (2, 2, 3, 2, 2)], ids=lambda s: f"{len(s)}d")
+@pytest.mark.parametrize("momentum", [0.9, 0.7])
+def test_batch_norm_training_matches_torch(opset, shape, momentum):
+    channels = shape[1]
+    scale, bias, mean = _params(channels, channels, channels)
+    var = rng.random(channels) + 0.5
+    model = one_node_model("BatchNormalization", ["x", "s", "b", "rm", "rv"], {"x": np.zeros(shape)},
+                           {"s": scale, "b": bias, "rm": mean, "rv": var}, opset, epsilon=EPS, momentum=momentum)
+    running = {"rm": torch.tensor(mean), "rv": torch.tensor(var)}
+    history = []
+    momentum32, eps32 = float(np.float32(momentum)), EPS  # ONNX float attributes
+
+    def twin(p, inputs):
+        out = F.batch_norm(inputs["x"], running["rm"], running["rv"], p["s"], p["b"], training=True,
+                           momentum=1 - momentum32, eps=eps32)
+        history.append({k: v.clone().numpy() for k, v in running.items()})
+        return out
+
+    batches = batches_for({"x": shape}, shape, 2)
+    tm, got = train_and_compare(model, {"s": scale, "b": bias}, twin, batches, steps_rtol=RTOL)
+    assert tm.signature.buffers == ["rm", "rv"]
+    assert {"updated_rm", "updated_rv"} <= {o.name for o in tm.model.graph.output}
+    for step, (g, w) in enumerate(zip(got, history)):
+        np.testing.assert_allclose(g["updated_rm"], w["rm"], rtol=RTOL, err_msg=f"step {step}")
+        np.testing.assert_allclose(g["updated_rv"], w["rv"], rtol=RTOL, err_msg=f"step {step}")
+    assert not _forbidden_ops(tm)
+
+
+def test_batch_norm_running_stats_match_torch_module_after_a_step():
+    """float32, exported from a fresh torch.nn.BatchNorm2d: the legacy exporter de-duplicates
+    running_mean (zeros) with bias (zeros) through an Identity; the buffer must stay its own."""
+    module = torch.nn.Sequential(torch.nn.BatchNorm2d(3, momentum=0.2), torch.nn.Flatten())
+    torch.nn.init.normal_(module[0].weight)
+    buffer = io.BytesIO()
+    torch.onnx.export(module.eval(), (torch.randn(4, 3, 2, 2),), buffer, dynamo=False, input_names=["x"], output_names=["y"])
+    source = onnx.load_from_string(buffer.getvalue())
+    assert "Identity" in {n.op_type for n in source.graph.node}
+    tm = bridge.to_training_onnx(source, loss="mse", optim="sgd")
+    assert tm.signature.buffers == ["0.running_mean", "0.running_var"]
+    assert sorted(tm.weights) == ["0.bias", "0.weight"]
+    x = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    target = rng.standard_normal((4, 12)).astype(np.float32)
+    out = tm.session().step({"x": x}, target)
+    module.train()
+    loss = F.mse_loss(module(torch.tensor(x)), torch.tensor(target))
+    loss.backward()
+    for name in tm.signature.buffers:
+        np.testing.assert_allclose(out[f"updated_{name}"], module.state_dict()[name].numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out["loss"], loss.item(), rtol=1e-5)
+    for name, param in module.named_parameters():
+        np.testing.assert_allclose(out[f"grad_{name}"], param.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_batch_norm_one_value_per_channel_is_an_error():
+    channels = 3
+    model = one_node_model("BatchNormalization", ["x", "s", "b", "rm", "rv"], {"x": np.zeros((1, channels), np.float32)},
+                           {k: np.ones(channels, np.float32) for k in ("s", "b", "rm", "rv")}, 15, name="bn1")
+    with pytest.raises(bridge.BridgeError, match="bn1.*more than 1 value per channel"):
+        bridge.to_training_onnx(model, loss="mse", optim="sgd")
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        F.batch_norm(torch.zeros(1, channels), None, None, training=True)
+
+
+@pytest.mark.parametrize("shape, axis", [((3, 5), -1), ((2, 3, 4), -1), ((2, 3, 4), 1), ((2, 3, 2, 3), -2), ((2, 3, 4), 0)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm_matches_torch(shape, axis, with_bias):
+    normalized = shape[axis % len(shape):]
+    scale, bias = _params(normalized, normalized)
+    inits = {"s": scale, "b": bias} if with_bias else {"s": scale}
+    model = one_node_model("LayerNormalization", ["x", "s"] + (["b"] if with_bias else []), {"x": np.zeros(shape)},
+                           inits, 17, axis=axis, epsilon=EPS)
+    feed = {"x": rng.standard_normal(shape)}
+    np.testing.assert_allclose(
+        OnnxProgram(model).run({"x": torch.tensor(feed["x"])}, {}, training=True)[0][0].numpy(),
+        run_onnxruntime(model, feed)[0], rtol=1e-9, atol=1e-12)
+
+    def twin(p, inputs):
+        return F.layer_norm(inputs["x"], normalized, p["s"], p.get("b"), eps=EPS)
+
+    train_and_compare(model, inits, twin, batches_for({"x": shape}, shape, 2), steps_rtol=RTOL)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 4, 3), (1, 2, 2, 2, 3)], ids=lambda s: f"{len(s)}d")
+def test_instance_norm_matches_torch(shape):
+    scale, bias = _params(shape[1], shape[1])
+    model = one_node_model("InstanceNormalization", ["x", "s", "b"], {"x": np.zeros(shape)}, {"s": scale, "b": bias}, 15,
+                           epsilon=EPS)
+
+    def twin(p, inputs):
+        return F.instance_norm(inputs["x"], weight=p["s"], bias=p["b"], eps=EPS)
+
+    tm, _ = train_and_compare(model, {"s": scale, "b": bias}, twin, batches_for({"x": shape}, shape, 2), steps_rtol=RTOL)
+    assert not _forbidden_ops(tm)
+
+
+@pytest.mark.parametrize("shape, groups", [((2, 6, 4), 3), ((2, 4, 3, 3), 2), ((3, 4, 5), 4), ((2, 4, 2, 2), 1)])
+def test_group_norm_matches_torch(shape, groups):
+    scale, bias = _params(shape[1], shape[1])
+    model = one_node_model("GroupNormalization", ["x", "s", "b"], {"x": np.zeros(shape)}, {"s": scale, "b": bias}, 21,
+                           out_shape=shape, num_groups=groups, epsilon=EPS)
+
+    def twin(p, inputs):
+        return F.group_norm(inputs["x"], groups, p["s"], p["b"], eps=EPS)
+
+    train_and_compare(model, {"s": scale, "b": bias}, twin, batches_for({"x": shape}, shape, 2), steps_rtol=RTOL)
+
+
+def test_group_norm_channels_not_divisible_is_an_error():
+    model = one_node_model("GroupNormalization", ["x", "s", "b"], {"x": np.zeros((2, 6, 3))},
+                           {"s": np.ones(6), "b": np.zeros(6)}, 21, out_shape=(2, 6, 3), name="gn", num_groups=4)
+    with pytest.raises(bridge.BridgeError, match="'gn'.*6 channels .*num_groups=4"):
+        bridge.to_training_onnx(model)
+
+
+@pytest.mark.parametrize("p, axis", [(2, -1), (1, 1), (2, 0)])
+def test_lp_normalization_matches_torch(p, axis):
+    shape = (3, 4)
+    pre = rng.standard_normal(shape)
+    model = one_node_model("LpNormalization", ["x"], {"x": np.zeros(shape)}, {}, 13, prescale=pre, p=p, axis=axis)
+
+    def twin(params, inputs):
+        return F.normalize(inputs["x"] * params["w_pre"], p=p, dim=axis, eps=0.0)
+
+    train_and_compare(model, {"w_pre": pre}, twin, batches_for({"x": shape}, shape, 2), steps_rtol=RTOL)
+
+
+def test_mean_variance_normalization_matches_onnxruntime_and_torch():
+    """float32: onnxruntime's MeanVarianceNormalization function mixes a float epsilon into doubles."""
+    shape = (2, 3, 4, 2)
+    pre = rng.standard_normal(shape).astype(np.float32)
+    model = one_node_model("MeanVarianceNormalization", ["x"], {"x": np.zeros(shape, np.float32)}, {}, 13,
+                           out_shape=shape, prescale=pre)
+    feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+    program = OnnxProgram(model)
+    np.testing.assert_allclose(program.run({"x": torch.tensor(feed["x"])}, {}, training=True)[0][0].numpy(),
+                               run_onnxruntime(model, feed)[0], rtol=1e-5, atol=1e-6)
+
+    def twin(params, inputs):
+        x = inputs["x"] * params["w_pre"]
+        mean = x.mean((0, 2, 3), keepdim=True)
+        return (x - mean) / (x.var((0, 2, 3), keepdim=True, unbiased=False).sqrt() + 1e-9)
+
+    batches = batches_for({"x": shape}, shape, 2, dtype=np.float32)
+    train_and_compare(model, {"w_pre": pre}, twin, batches, steps_rtol=1e-5)
