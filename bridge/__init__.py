@@ -15,6 +15,8 @@ from .api import to_training_onnx  # noqa: E402
 from .compile import CompileError, CompiledModel, compile  # noqa: E402,A004
 from .runtime import TrainingSession  # noqa: E402
 from .training_model import TrainingModel  # noqa: E402
+from . import ir  # noqa: E402
+from .check import Violation, check  # noqa: E402
 
 __all__ = [
     "BridgeError",
@@ -27,6 +29,9 @@ __all__ = [
     "TrainingModel",
     "TrainingSession",
     "UnsupportedOpError",
+    "Violation",
+    "check",
+    "ir",
     "compile",
     "to_training_onnx",
 ]

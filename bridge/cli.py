@@ -48,6 +48,30 @@ def _mlir(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import ir
+    from .show import summary, to_html
+
+    graph = ir.load(args.model)
+    print(summary(graph), end="")
+    if args.html:
+        Path(args.html).write_text(to_html(graph), encoding="utf-8")
+        print(f"\nwrote {args.html}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .check import check
+
+    violations = check(args.model, target=args.target)
+    for violation in violations:
+        print(violation)
+    print(f"{args.model}: {len(violations)} violation(s) for {args.target}")
+    return 1 if violations else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bridge", description="Inference ONNX -> training-step ONNX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     mlir.add_argument("model", help="training .onnx file")
     mlir.add_argument("-o", "--output", required=True, help="output .mlir file")
     mlir.set_defaults(run=_mlir)
+
+    show = commands.add_parser("show", help="summarise a training .onnx (phases, ops, weights, roles)")
+    show.add_argument("model", help="training .onnx file")
+    show.add_argument("--html", help="also write a picture of the graph, coloured by phase, to this .html file")
+    show.set_defaults(run=_show)
+
+    check = commands.add_parser("check", help="list what a compiler would reject in an .onnx (exit 1 if any)")
+    check.add_argument("model", help=".onnx file")
+    check.add_argument("--target", default="onnx-mlir", choices=["onnx-mlir"], help="compiler (default onnx-mlir)")
+    check.set_defaults(run=_check)
     return parser
 
 

@@ -4,7 +4,8 @@ Clean-up steps (each a small pure function on a ModelProto):
 - inline model-local functions, so the importer sees only standard ops;
 - fold ``Identity`` nodes whose input is an initializer (legacy exporters de-duplicate
   equal tensors that way), so the consumer sees the initializer itself and the weight
-  keeps one name and one gradient.
+  keeps one name and one gradient;
+- name unnamed nodes ``<OpType>_<index>``, so every traced op can name its source node.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     fold_initializer_identities(model)
+    name_unnamed_nodes(model)
     return model
 
 
@@ -81,3 +83,17 @@ def fold_initializer_identities(model: onnx.ModelProto) -> None:
                 node.input[i] = alias[name]
     del graph.node[:]
     graph.node.extend(kept)
+
+
+def name_unnamed_nodes(model: onnx.ModelProto) -> None:
+    """Give each unnamed top-level node the unique name ``<OpType>_<index>`` (in place)."""
+    taken = {node.name for node in model.graph.node}
+    for index, node in enumerate(model.graph.node):
+        if node.name:
+            continue
+        name, k = f"{node.op_type}_{index}", 0
+        while name in taken:
+            k += 1
+            name = f"{node.op_type}_{index}_{k}"
+        node.name = name
+        taken.add(name)

@@ -1,0 +1,178 @@
+"""``bridge.check(model, target="onnx-mlir")``: clean on bridge's graphs, and each kind of
+violation caught on a small hand-built graph, with the node, the op and onnx-mlir's own text."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import bridge
+from bridge.cli import main
+from bridge.errors import InvalidOptionError
+from test_mlp import _gemm_mlp, _matmul_add_mlp
+
+TABLE = json.loads((Path(bridge.__file__).parent / "data" / "onnx_mlir_cpu_ops.json").read_text())["ops"]
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+@pytest.mark.parametrize("optim", ["sgd", "adam", "rmsprop"])
+@pytest.mark.parametrize("loss", ["mse", "ce"])
+@pytest.mark.parametrize("build", [_matmul_add_mlp, _gemm_mlp], ids=["matmul_add", "gemm"])
+def test_bridge_graphs_are_clean(build, loss, optim):
+    tm = bridge.to_training_onnx(build()[0], loss=loss, optim=optim)
+    assert bridge.check(tm.model, target="onnx-mlir") == []
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=18, domains=()) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "bad",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        list(initializers),
+    )
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=imports)
+
+
+def _const(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+X = [("x", F, [1, 2, 4, 4])]
+Y = [("y", F, None)]
+
+BAD = {
+    "unsupported_op": (_model([helper.make_node("RandomNormalLike", ["x"], ["y"], name="n")], X, Y), "RandomNormalLike", "not supported"),
+    "bernoulli": (_model([helper.make_node("Bernoulli", ["x"], ["y"], name="n")], X, Y), "Bernoulli", "not supported"),
+    "unknown_op": (_model([helper.make_node("Gradient", ["x"], ["y"], name="n", xs=["x"], y="x")], X, Y), "Gradient", "not supported"),
+    "opset_too_old": (_model([helper.make_node("ArgMin", ["x"], ["y"], name="n")], X, Y, opset=11), "ArgMin", "outside the supported range 13..22"),
+    "custom_domain": (_model([helper.make_node("Foo", ["x"], ["y"], name="n", domain="com.acme")], X, Y, domains=["com.acme"]), "Foo", "non-default domain"),
+    "maxpool_indices": (
+        _model([helper.make_node("MaxPool", ["x"], ["y", "idx"], name="n", kernel_shape=[2, 2])], X, Y + [("idx", I64, None)]),
+        "MaxPool", "Indices output",
+    ),
+    "reshape_allowzero": (
+        _model([helper.make_node("Reshape", ["x", "s"], ["y"], name="n", allowzero=1)], X, Y, [_const("s", [2, 16])]),
+        "Reshape", "allowzero=1",
+    ),
+    "reduce_keepdims": (
+        _model([helper.make_node("ReduceMean", ["x", "a"], ["y"], name="n", keepdims=0)], X, Y, [_const("a", [1])]),
+        "ReduceMean", "keepdims=0",
+    ),
+    "reducesum_no_axes": (_model([helper.make_node("ReduceSum", ["x"], ["y"], name="n")], X, Y), "ReduceSum", "no axes"),
+    "convtranspose_weight": (
+        _model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="n")], X + [("w", F, [2, 3, 3, 3])], Y),
+        "ConvTranspose", "not a constant",
+    ),
+    "convtranspose_asymmetric": (
+        _model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="n", pads=[0, 0, 1, 1])], X, Y,
+               [_const("w", np.ones((2, 3, 3, 3), np.float32))]),
+        "ConvTranspose", "asymmetric pads",
+    ),
+    "resize_linear": (
+        _model([helper.make_node("Resize", ["x", "", "sc"], ["y"], name="n", mode="linear")], X, Y,
+               [_const("sc", np.array([1, 1, 2, 2], np.float32))]),
+        "Resize", "mode=linear",
+    ),
+    "resize_cubic": (
+        _model([helper.make_node("Resize", ["x", "", "sc"], ["y"], name="n", mode="cubic")], X, Y,
+               [_const("sc", np.array([1, 1, 2, 2], np.float32))]),
+        "Resize", "mode=cubic",
+    ),
+    "cast_to_int": (_model([helper.make_node("Cast", ["x"], ["y"], name="n", to=I64)], X, [("y", I64, None)]), "Cast", "cast to INT64"),
+    "cast_from_bool": (
+        _model([helper.make_node("Cast", ["b"], ["y"], name="n", to=F)], [("b", TensorProto.BOOL, [3])], Y),
+        "Cast", "cast from BOOL",
+    ),
+    "dropout_training": (
+        _model([helper.make_node("Dropout", ["x", "r", "t"], ["y"], name="n")], X + [("t", TensorProto.BOOL, [])], Y,
+               [_const("r", np.float32(0.5))]),
+        "Dropout", "training mode",
+    ),
+    "dropout_mask": (
+        _model([helper.make_node("Dropout", ["x"], ["y", "m"], name="n")], X, Y + [("m", TensorProto.BOOL, None)]),
+        "Dropout", "mask output",
+    ),
+    "batchnorm_training": (
+        _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], name="n", training_mode=1)],
+               X, Y + [("rm", F, None), ("rv", F, None)],
+               [_const(k, np.ones(2, np.float32)) for k in "sbmv"]),
+        "BatchNormalization", "training mode",
+    ),
+    "scatter_elements_reduction": (
+        _model([helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], name="n", reduction="add")],
+               [("d", F, [4]), ("u", F, [2])], Y, [_const("i", np.array([0, 1]))]),
+        "ScatterElements", "reduction=add",
+    ),
+    "scatter_elements_duplicates": (
+        _model([helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], name="n")],
+               [("d", F, [4]), ("u", F, [2])], Y, [_const("i", np.array([1, 1]))]),
+        "ScatterElements", "duplicate indices",
+    ),
+    "scatter_nd_reduction": (
+        _model([helper.make_node("ScatterND", ["d", "i", "u"], ["y"], name="n", reduction="add")],
+               [("d", F, [4]), ("u", F, [2])], Y, [_const("i", np.array([[0], [1]]))]),
+        "ScatterND", "reduction=add",
+    ),
+    "logsoftmax_axis1": (_model([helper.make_node("LogSoftmax", ["x"], ["y"], name="n", axis=1)], X, Y), "LogSoftmax", "axis 1"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_each_violation_kind_is_reported(case):
+    model, op, problem = BAD[case]
+    violations = bridge.check(model, target="onnx-mlir")
+    assert len(violations) == 1, [str(v) for v in violations]
+    (v,) = violations
+    assert v.op == op and problem in v.problem and v.node == "n"
+    if op in TABLE and TABLE[op]["supported"]:
+        assert v.limitation == TABLE[op]["limitations"]
+    assert v.node in str(v) and op in str(v)
+
+
+def test_opset_above_22_is_reported_for_the_model_and_each_node():
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="n")], X, Y, opset=23)
+    assert [(v.node, v.op, v.problem) for v in bridge.check(model)] == [
+        ("", "opset", "default-domain opset 23; onnx-mlir supports up to 22"),
+        ("n", "Relu", "opset 23 outside the supported range 6..22"),
+    ]
+
+
+def test_clean_forms_of_the_same_ops_pass():
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[2, 2]),
+        helper.make_node("ReduceSum", ["p", "a"], ["r"], name="sum", keepdims=1),
+        helper.make_node("Cast", ["r"], ["c"], name="cast", to=TensorProto.DOUBLE),
+        helper.make_node("Resize", ["x", "", "sc"], ["z"], name="resize", mode="nearest"),
+        helper.make_node("Dropout", ["c"], ["y"], name="drop"),
+    ]
+    inits = [_const("a", [1]), _const("sc", np.array([1, 1, 2, 2], np.float32))]
+    model = _model(nodes, X, [("y", TensorProto.DOUBLE, None), ("z", F, None)], inits)
+    assert bridge.check(model) == []
+
+
+def test_violations_inside_subgraphs_are_found():
+    body = helper.make_graph([helper.make_node("Bernoulli", ["x"], ["o"], name="inner")], "body", [], [helper.make_tensor_value_info("o", F, None)])
+    node = helper.make_node("If", ["c"], ["y"], name="if", then_branch=body, else_branch=body)
+    model = _model([node], X + [("c", TensorProto.BOOL, [])], Y)
+    assert [(v.node, v.op) for v in bridge.check(model)] == [("inner", "Bernoulli"), ("inner", "Bernoulli")]
+
+
+def test_unknown_target_is_an_error():
+    with pytest.raises(InvalidOptionError, match="unknown check target 'tvm'"):
+        bridge.check(_matmul_add_mlp()[0], target="tvm")
+
+
+def test_cli_check_exit_status(tmp_path, capsys):
+    clean = bridge.to_training_onnx(_matmul_add_mlp()[0], loss="mse", optim="sgd").save(tmp_path / "train.onnx")
+    assert main(["check", str(clean), "--target", "onnx-mlir"]) == 0
+    assert "0 violation(s)" in capsys.readouterr().out
+    bad = tmp_path / "bad.onnx"
+    onnx.save(BAD["maxpool_indices"][0], str(bad))
+    assert main(["check", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "n (MaxPool)" in out and TABLE["MaxPool"]["limitations"] in out and "1 violation(s)" in out
