@@ -63,19 +63,30 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 
 def fold_initializer_identities(model: onnx.ModelProto) -> None:
-    """Make consumers of ``Identity(initializer)`` read the initializer directly (in place)."""
+    """Make consumers of ``Identity(initializer)`` read the initializer directly (in place).
+
+    An Identity that feeds a running statistic (a converter's ``buffers=`` input) becomes a
+    copy of the initializer under its own name instead: a buffer is updated, so it must not
+    stay shared with a weight or another buffer that happened to hold equal values.
+    """
     graph = model.graph
-    initializers = {init.name for init in graph.initializer}
+    initializers = {init.name: init for init in graph.initializer}
     graph_outputs = {out.name for out in graph.output}
+    buffers = _buffer_inputs(graph)
     alias: dict[str, str] = {}
     kept = []
     for node in graph.node:
         source = alias.get(node.input[0], node.input[0]) if node.input else None
         if node.op_type == "Identity" and source in initializers and node.output[0] not in graph_outputs:
-            alias[node.output[0]] = source
+            if node.output[0] in buffers:
+                copy = graph.initializer.add()
+                copy.CopyFrom(initializers[source])
+                copy.name = node.output[0]
+            else:
+                alias[node.output[0]] = source
             continue
         kept.append(node)
-    if not alias:
+    if len(kept) == len(graph.node):
         return
     for node in kept:
         for i, name in enumerate(node.input):
@@ -83,6 +94,20 @@ def fold_initializer_identities(model: onnx.ModelProto) -> None:
                 node.input[i] = alias[name]
     del graph.node[:]
     graph.node.extend(kept)
+
+
+def _buffer_inputs(graph: onnx.GraphProto) -> set[str]:
+    """Names read by nodes at their converters' running-statistic (``buffers=``) inputs."""
+    from .importer.registry import CONVERTERS, import_all_converters
+
+    import_all_converters()
+    return {
+        node.input[i]
+        for node in graph.node
+        if node.op_type in CONVERTERS
+        for i in CONVERTERS[node.op_type].buffers
+        if i < len(node.input)
+    }
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> None:
