@@ -1,0 +1,91 @@
+"""Pooling: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (1-D, 2-D, 3-D).
+
+Pads that torch cannot take (asymmetric, or more than half the window) become an explicit
+pad before the op (``-inf`` for MaxPool, zeros for AveragePool, whose divisor is then
+corrected to the ONNX count). The output is cropped to the ONNX size, in which a ceil_mode
+window that starts in the right padding is dropped.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...lowering.pool import avg_pool_divisor
+from ..registry import converter
+from .conv import forward_pads, spatial_attrs, split_pads
+
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _onnx_sizes(sizes, kernel, strides, dilations, begins, ends, ceil_mode: bool) -> list[int]:
+    out = []
+    for size, k, s, d, b, e in zip(sizes, kernel, strides, dilations, begins, ends):
+        span = size + b + e - d * (k - 1) - 1
+        count = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (count - 1) * s >= size + b:
+            count -= 1
+        out.append(count)
+    return out
+
+
+def _crop(y: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    for axis, size in enumerate(sizes):
+        if y.shape[axis + 2] != size:
+            y = y.narrow(axis + 2, 0, size)
+    return y
+
+
+def _window(ctx, x):
+    rank = x.dim() - 2
+    kernel = list(ctx.attr("kernel_shape"))
+    strides, dilations = spatial_attrs(ctx, rank)
+    begins, ends = forward_pads(ctx, x.shape[2:], kernel, strides, dilations)
+    return rank, kernel, strides, dilations, begins, ends
+
+
+@converter("MaxPool")
+def max_pool(ctx, x):
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:
+        raise ctx.unsupported("the Indices output (onnx-mlir's MaxPool has a single output)")
+    rank, kernel, strides, dilations, begins, ends = _window(ctx, x)
+    ceil_mode = bool(ctx.attr("ceil_mode", 0))
+    sizes = _onnx_sizes(x.shape[2:], kernel, strides, dilations, begins, ends, ceil_mode)
+    limits = [(d * (k - 1) + 1) // 2 for k, d in zip(kernel, dilations)]
+    padded, padding = split_pads(x, begins, ends, float("-inf"), limits)
+    y = _MAX_POOL[rank](padded, kernel, strides, padding, dilations, ceil_mode=ceil_mode)
+    return _crop(y, sizes)
+
+
+@converter("AveragePool")
+def average_pool(ctx, x):
+    rank, kernel, strides, dilations, begins, ends = _window(ctx, x)
+    if any(d != 1 for d in dilations):
+        raise ctx.unsupported(f"dilations={dilations}")
+    ceil_mode = bool(ctx.attr("ceil_mode", 0))
+    include_pad = bool(ctx.attr("count_include_pad", 0))
+    sizes = _onnx_sizes(x.shape[2:], kernel, strides, dilations, begins, ends, ceil_mode)
+    limits = [k // 2 for k in kernel]
+    padded, padding = split_pads(x, begins, ends, 0.0, limits)
+    explicit = list(padded.shape[2:]) != list(x.shape[2:])
+    y = _AVG_POOL[rank](padded, kernel, strides, padding, ceil_mode=ceil_mode, count_include_pad=include_pad or explicit)
+    y = _crop(y, sizes)
+    if explicit and not include_pad:
+        # torch divided by the window inside the padded input; ONNX divides by the valid elements
+        counted = avg_pool_divisor(padded.shape[2:], sizes, kernel, strides, padding, ceil_mode, True, None)
+        valid = avg_pool_divisor(x.shape[2:], sizes, kernel, strides, begins, ceil_mode, False, None)
+        y = y * torch.from_numpy(np.asarray(counted / valid)).to(y.dtype)
+    return y
+
+
+@converter("GlobalAveragePool")
+def global_average_pool(ctx, x):
+    return x.mean(dim=list(range(2, x.dim())), keepdim=True)
+
+
+@converter("GlobalMaxPool")
+def global_max_pool(ctx, x):
+    return x.amax(dim=list(range(2, x.dim())), keepdim=True)

@@ -1,0 +1,202 @@
+"""Pooling backward (and the pooling forms that ONNX pooling ops cannot express).
+
+Every scatter back to the input is the input gradient of a Conv with a CONSTANT weight
+(``conv.input_grad``: zero insertion, pad, stride-1 Conv), so neither ScatterElements nor
+ConvTranspose nor MaxPool's Indices output is needed:
+
+* max pooling: the window elements are strided slices of the ``-inf``-padded forward
+  input, stacked on a new axis ``K`` (one per kernel offset); ``argmax`` over it picks the
+  FIRST maximum, as torch does; ``where(argmax == k, grad, 0)`` routes each window's
+  gradient to its offset (no ``-inf * 0``); the scatter is the input gradient of a
+  per-channel Conv whose constant weight is the one-hot of each offset.
+* average pooling: ``grad / divisor`` (a constant computed with torch's divisor rule:
+  count_include_pad, ceil_mode, divisor_override), scattered by a Conv with a ones weight.
+  Forward windows that ceil_mode adds (or a divisor_override) become a sum Conv divided
+  by the same constant; other average pools stay ``AveragePool``.
+* adaptive average pooling: per spatial dim, a constant averaging matrix ``A [O, L]``
+  (row ``i`` averages ``floor(i*L/O) .. ceil((i+1)*L/O)``); forward ``x @ A^T``,
+  backward ``g @ A``, one spatial dim at a time.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import lowers
+from .conv import input_grad, per_dim
+
+aten = torch.ops.aten
+
+
+def _per_rank(ops_by_rank: dict[int, torch._ops.OpOverload]):
+    """Register ``fn(rank, *args)`` as the lowering of each op, with its spatial rank bound."""
+
+    def register(fn):
+        for rank, op in ops_by_rank.items():
+            lowers(op)(functools.partial(fn, rank))
+        return fn
+
+    return register
+
+
+def _pool_args(rank: int, kernel_size, stride, padding, dilation=(1,)) -> tuple[list[int], ...]:
+    kernel = per_dim(kernel_size, rank)
+    return kernel, per_dim(stride, rank) if stride else kernel, per_dim(padding, rank), per_dim(dilation, rank)
+
+
+def pooled_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooling output size (a ceil_mode window must start inside the input or left pad)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _channels_first(x: torch.Tensor, rank: int) -> torch.Tensor:
+    """``[*, C, L...]`` (batched or not) as ``[N, C, L...]``."""
+    return x if x.dim() == rank + 2 else aten.unsqueeze.default(x, 0)
+
+
+def _constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(like.dtype)
+
+
+def _one_hot_weight(channels: int, kernel: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """``[C*K, 1, k...]``: output channel ``c*K + j`` picks kernel offset ``j`` of channel ``c``."""
+    count = math.prod(kernel)
+    eye = np.eye(count).reshape([count, 1] + list(kernel))
+    return _constant(np.tile(eye, [channels] + [1] * (len(kernel) + 1)), like)
+
+
+@_per_rank({2: aten.max_pool2d_with_indices_backward.default, 3: aten.max_pool3d_with_indices_backward.default})
+def max_pool_backward(rank, grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Gradient of max pooling from the forward input (the Indices output is never used)."""
+    kernel, stride, padding, dilation = _pool_args(rank, kernel_size, stride, padding, dilation)
+    unbatched = x.dim() == rank + 1
+    x, grad_output = _channels_first(x, rank), _channels_first(grad_output, rank)
+    n, channels, sizes, outputs = x.shape[0], x.shape[1], list(x.shape[2:]), list(grad_output.shape[2:])
+    pad = []
+    for size, o, k, s, p, d in reversed(list(zip(sizes, outputs, kernel, stride, padding, dilation))):
+        pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
+    padded = aten.constant_pad_nd.default(x, pad, float("-inf"))
+    windows = []
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        window = padded
+        for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation)):
+            window = aten.slice.Tensor(window, axis + 2, j * d, j * d + (o - 1) * s + 1, s)
+        windows.append(aten.unsqueeze.default(window, 2))
+    stacked = aten.cat.default(windows, 2)
+    first_max = aten.argmax.default(stacked, 2, True)
+    count = len(windows)
+    offsets = _constant(np.arange(count).reshape([1, 1, count] + [1] * rank), first_max)
+    routed = aten.where.self(
+        aten.eq.Tensor(first_max, offsets), aten.unsqueeze.default(grad_output, 2), _constant(np.zeros(()), grad_output)
+    )
+    routed = aten.reshape.default(routed, [n, channels * count] + outputs)
+    weight = _one_hot_weight(channels, kernel, grad_output)
+    grad_input = input_grad(routed, weight, sizes, stride, padding, dilation, channels)
+    return aten.squeeze.dims(grad_input, [0]) if unbatched else grad_input
+
+
+def avg_pool_divisor(
+    sizes, outputs, kernel, stride, padding, ceil_mode: bool, count_include_pad: bool, divisor_override
+) -> np.ndarray:
+    """torch's per-window divisor, shape ``outputs``."""
+    if divisor_override:
+        return np.full(outputs, float(divisor_override))
+    factors = []
+    for size, o, k, s, p in zip(sizes, outputs, kernel, stride, padding):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, size + p)
+        if count_include_pad:
+            factors.append(end - start)
+        else:
+            factors.append(np.minimum(end, size) - np.maximum(start, 0))
+    divisor = np.ones([], dtype=np.float64)
+    for factor in factors:
+        divisor = np.multiply.outer(divisor, factor.astype(np.float64))
+    return divisor
+
+
+def _ones_weight(channels: int, kernel: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    return _constant(np.ones([channels, 1] + list(kernel)), like)
+
+
+@_per_rank({2: aten.avg_pool2d.default, 3: aten.avg_pool3d.default})
+def avg_pool(rank, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
+    """Windows that ceil_mode adds, or a divisor_override: a sum Conv divided by torch's divisor.
+
+    Every other average pool is left to the ``AveragePool`` emitter.
+    """
+    kernel, stride, padding, _ = _pool_args(rank, kernel_size, stride, padding)
+    sizes = list(x.shape[-rank:])
+    outputs = [pooled_size(i, k, s, p, 1, ceil_mode) for i, k, s, p in zip(sizes, kernel, stride, padding)]
+    floors = [pooled_size(i, k, s, p, 1, False) for i, k, s, p in zip(sizes, kernel, stride, padding)]
+    if outputs == floors and not divisor_override:
+        return NotImplemented
+    unbatched = x.dim() == rank + 1
+    x = _channels_first(x, rank)
+    pad = []
+    for size, o, k, s, p in reversed(list(zip(sizes, outputs, kernel, stride, padding))):
+        pad += [p, (o - 1) * s + k - size - p]
+    padded = aten.constant_pad_nd.default(x, pad, 0.0)
+    channels = x.shape[1]
+    sums = aten.convolution.default(
+        padded, _ones_weight(channels, kernel, x), None, stride, [0] * rank, [1] * rank, False, [0] * rank, channels
+    )
+    divisor = avg_pool_divisor(sizes, outputs, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    y = aten.div.Tensor(sums, _constant(divisor, x))
+    return aten.squeeze.dims(y, [0]) if unbatched else y
+
+
+@_per_rank({2: aten.avg_pool2d_backward.default, 3: aten.avg_pool3d_backward.default})
+def avg_pool_backward(rank, grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel, stride, padding, _ = _pool_args(rank, kernel_size, stride, padding)
+    unbatched = x.dim() == rank + 1
+    x, grad_output = _channels_first(x, rank), _channels_first(grad_output, rank)
+    sizes, outputs = list(x.shape[2:]), list(grad_output.shape[2:])
+    divisor = avg_pool_divisor(sizes, outputs, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    scaled = aten.div.Tensor(grad_output, _constant(divisor, grad_output))
+    channels = x.shape[1]
+    grad_input = input_grad(scaled, _ones_weight(channels, kernel, x), sizes, stride, padding, [1] * rank, channels)
+    return aten.squeeze.dims(grad_input, [0]) if unbatched else grad_input
+
+
+def adaptive_matrix(size: int, out: int) -> np.ndarray:
+    """``[out, size]``: row ``i`` averages torch's adaptive window ``floor(i*L/O) .. ceil((i+1)*L/O)``."""
+    matrix = np.zeros((out, size))
+    for i in range(out):
+        start, end = (i * size) // out, -(-((i + 1) * size) // out)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+def _apply_per_dim(x: torch.Tensor, matrices: Sequence[np.ndarray]) -> torch.Tensor:
+    """Contract the last ``len(matrices)`` dims of ``x`` with ``x[..., l] -> sum_l m[o, l] x[..., l]``."""
+    rank = len(matrices)
+    for axis, matrix in enumerate(matrices):
+        dim = x.dim() - rank + axis
+        order = [d for d in range(x.dim()) if d != dim] + [dim]
+        moved = aten.permute.default(x, order)
+        product = aten.matmul.default(moved, _constant(matrix.T, x))
+        inverse = [order.index(d) for d in range(x.dim())]
+        x = aten.permute.default(product, inverse)
+    return x
+
+
+@lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool(x, output_size):
+    rank = len(output_size)
+    return _apply_per_dim(x, [adaptive_matrix(l, o) for l, o in zip(x.shape[-rank:], output_size)])
+
+
+@_per_rank({2: aten._adaptive_avg_pool2d_backward.default, 3: aten._adaptive_avg_pool3d_backward.default})
+def adaptive_avg_pool_backward(rank, grad_output, x):
+    matrices = [adaptive_matrix(l, o).T for l, o in zip(x.shape[-rank:], grad_output.shape[-rank:])]
+    return _apply_per_dim(grad_output, matrices)

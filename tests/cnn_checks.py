@@ -1,0 +1,33 @@
+"""Checks shared by the convolution and pooling tests: the importer's forward against
+onnxruntime, and the structural promises of the exported training graph."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import onnx
+import torch
+
+import bridge
+from bridge.importer.program import OnnxProgram
+from single_op import run_onnxruntime
+
+
+def assert_forward_matches_onnxruntime(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5) -> None:
+    """bridge's interpretation of the inference model equals onnxruntime's (ONNX semantics)."""
+    (want,) = run_onnxruntime(model, feed)
+    outputs, _ = OnnxProgram(model).run({k: torch.from_numpy(v) for k, v in feed.items()}, {}, training=False)
+    got = outputs[0].detach().numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+
+
+def assert_onnx_mlir_clean(model: onnx.ModelProto) -> None:
+    """No op outside onnx-mlir's table, no ConvTranspose with a computed weight, no MaxPool Indices."""
+    assert bridge.check(model, target="onnx-mlir") == []
+    initializers = {init.name for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "ConvTranspose":
+            assert node.input[1] in initializers, f"{node.name}: ConvTranspose weight is computed"
+        if node.op_type == "MaxPool":
+            assert len([o for o in node.output if o]) == 1, f"{node.name}: MaxPool with Indices"

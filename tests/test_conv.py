@@ -1,0 +1,241 @@
+"""Convolution: the lowerings eagerly against ATen's own backward (float64), the importer's
+Conv/ConvTranspose against onnxruntime, and training steps end to end against torch twins
+written with torch.nn.functional (float32: onnxruntime's Conv has no double kernel)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bridge
+from bridge.lowering import conv as lowering
+from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
+from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
+from single_op import batches_for, one_node_model, train_and_compare
+
+aten = torch.ops.aten
+ALL = [True, True, True]
+
+
+def _conv_cases():
+    for rank, stride, padding, dilation, groups, size in itertools.product(
+        (1, 2, 3), (1, 2, 3), (0, 1, 2), (1, 2), (1, 2, 4), (7, 8)
+    ):
+        if rank == 3 and (size == 8 or groups == 2):
+            continue
+        yield pytest.param(rank, stride, padding, dilation, groups, size,
+                           id=f"{rank}d-s{stride}-p{padding}-d{dilation}-g{groups}-L{size}")
+
+
+def _close(got, want):
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("rank, stride, padding, dilation, groups, size", list(_conv_cases()))
+def test_convolution_backward_lowering_matches_aten(rank, stride, padding, dilation, groups, size):
+    """Sizes 7 and 8 with strides 2/3 make the forward output floor: grad_input keeps x's shape."""
+    x = torch.randn(2, 4, *[size] * rank, dtype=torch.float64)
+    w = torch.randn(8, 4 // groups, *[3] * rank, dtype=torch.float64)
+    args = ([stride] * rank, [padding] * rank, [dilation] * rank, False, [0] * rank, groups)
+    gy = torch.randn_like(aten.convolution(x, w, None, *args))
+    want = aten.convolution_backward(gy, x, w, [8], *args, ALL)
+    got = lowering.convolution_backward(gy, x, w, [8], *args, ALL)
+    for g, r in zip(got, want):
+        _close(g, r)
+
+
+@pytest.mark.parametrize("mask", [[True, False, False], [False, True, False], [False, False, True]])
+def test_convolution_backward_honours_output_mask(mask):
+    x, w = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    args = ([2, 1], [1, 0], [1, 2], False, [0, 0], 1)
+    gy = torch.randn_like(aten.convolution(x, w, None, *args))
+    got = lowering.convolution_backward(gy, x, w, [4], *args, mask)
+    want = aten.convolution_backward(gy, x, w, [4], *args, ALL)
+    for keep, g, r in zip(mask, got, want):
+        if keep:
+            _close(g, r)
+        else:
+            assert g is None
+
+
+@pytest.mark.parametrize("rank, stride, padding, dilation, groups, output_padding", [
+    (rank, s, p, d, g, op)
+    for rank, s, p, d, g, op in itertools.product((1, 2, 3), (1, 2, 3), (0, 1), (1, 2), (1, 2), (0, 1))
+    if (op < s or op < d) and not (rank == 3 and g == 2)
+])
+def test_transposed_convolution_lowering_matches_aten(rank, stride, padding, dilation, groups, output_padding):
+    """Forward as the input gradient of a Conv, backward with input/grad_output exchanged."""
+    x = torch.randn(2, 4, *[4] * rank, dtype=torch.float64)
+    w = torch.randn(4, 6 // groups, *[3] * rank, dtype=torch.float64)
+    bias = torch.randn(6, dtype=torch.float64)
+    args = ([stride] * rank, [padding] * rank, [dilation] * rank, True, [output_padding] * rank, groups)
+    y = aten.convolution(x, w, bias, *args)
+    _close(lowering.convolution(x, w, bias, *args), y)
+    gy = torch.randn_like(y)
+    want = aten.convolution_backward(gy, x, w, [6], *args, ALL)
+    for g, r in zip(lowering.convolution_backward(gy, x, w, [6], *args, ALL), want):
+        _close(g, r)
+
+
+def test_non_transposed_convolution_is_left_to_the_emitter():
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    assert lowering.convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented
+
+
+# -- importer: ONNX semantics (pads, auto_pad, output_shape) vs onnxruntime -------------------
+
+CONV_ATTRS = {
+    "2d-asym-pads": ((2, 3, 9, 8), (4, 3, 3, 3), dict(pads=[1, 0, 2, 1], strides=[2, 1])),
+    "2d-same-upper": ((2, 3, 9, 8), (4, 3, 3, 2), dict(auto_pad="SAME_UPPER", strides=[2, 3])),
+    "2d-same-lower": ((2, 3, 9, 8), (4, 3, 2, 3), dict(auto_pad="SAME_LOWER", strides=[2, 2])),
+    "2d-valid-dilated": ((2, 3, 9, 8), (4, 3, 3, 3), dict(auto_pad="VALID", dilations=[2, 1])),
+    "2d-depthwise": ((2, 4, 7, 7), (4, 1, 3, 3), dict(group=4, pads=[1, 1, 1, 1], strides=[2, 2])),
+    "2d-grouped": ((2, 4, 7, 7), (6, 2, 3, 3), dict(group=2, pads=[0, 1, 1, 0], dilations=[2, 2])),
+    "1d": ((2, 3, 11), (4, 3, 4), dict(pads=[2, 1], strides=[3])),
+    "3d": ((1, 2, 5, 6, 5), (3, 2, 2, 3, 2), dict(pads=[1, 0, 1, 0, 1, 0], strides=[2, 1, 2])),
+}
+
+CONV_TRANSPOSE_ATTRS = {
+    "2d-stride-output-padding": ((2, 4, 4, 5), (4, 3, 3, 3), dict(strides=[2, 3], output_padding=[1, 2])),
+    "2d-asym-pads": ((2, 4, 4, 5), (4, 3, 3, 3), dict(strides=[2, 2], pads=[1, 0, 0, 2])),
+    "2d-groups-dilation": ((2, 4, 4, 5), (4, 2, 3, 2), dict(group=2, dilations=[2, 1], strides=[1, 2])),
+    "2d-output-shape": ((2, 4, 4, 5), (4, 3, 3, 3), dict(strides=[2, 2], output_shape=[8, 10])),
+    "2d-same-upper": ((2, 4, 4, 5), (4, 3, 3, 3), dict(strides=[2, 2], auto_pad="SAME_UPPER")),
+    "1d": ((2, 4, 6), (4, 2, 3), dict(strides=[2], pads=[1, 1], output_padding=[1])),
+    "3d": ((1, 2, 3, 3, 2), (2, 2, 2, 2, 2), dict(strides=[2, 1, 2], pads=[0, 1, 0, 0, 0, 1])),
+}
+
+rng = np.random.default_rng(3)
+
+
+def _conv_model(op_type, x_shape, w_shape, attrs, bias=True):
+    out_channels = w_shape[1] * attrs.get("group", 1) if op_type == "ConvTranspose" else w_shape[0]
+    weights = {"W": rng.standard_normal(w_shape).astype(np.float32)}
+    if bias:
+        weights["B"] = rng.standard_normal(out_channels).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    model = one_node_model(op_type, ["x"] + list(weights), {"x": x}, weights, 17, **attrs)
+    return model, weights, x
+
+
+@pytest.mark.parametrize("case", CONV_ATTRS)
+def test_conv_import_matches_onnxruntime(case):
+    model, _, x = _conv_model("Conv", *CONV_ATTRS[case])
+    assert_forward_matches_onnxruntime(model, {"x": x})
+
+
+@pytest.mark.parametrize("case", CONV_TRANSPOSE_ATTRS)
+def test_conv_transpose_import_matches_onnxruntime(case):
+    model, _, x = _conv_model("ConvTranspose", *CONV_TRANSPOSE_ATTRS[case])
+    assert_forward_matches_onnxruntime(model, {"x": x})
+
+
+# -- end to end: training steps vs torch twins --------------------------------------------------
+
+def _conv_twin(rank, attrs, x_shape, w_shape):
+    """The ONNX Conv written independently: explicit F.pad, then F.convNd."""
+    strides, dilations = attrs.get("strides", [1] * rank), attrs.get("dilations", [1] * rank)
+    pads = attrs.get("pads", [0] * 2 * rank)
+    if attrs.get("auto_pad", "").startswith("SAME"):  # output ceil(L / s); the odd pad at the end for UPPER
+        totals = [max(0, (-(-size // s) - 1) * s + d * (k - 1) + 1 - size)
+                  for size, k, s, d in zip(x_shape[2:], w_shape[2:], strides, dilations)]
+        begins = [t // 2 if attrs["auto_pad"] == "SAME_UPPER" else t - t // 2 for t in totals]
+        pads = begins + [t - b for t, b in zip(totals, begins)]
+    torch_pads = []
+    for i in reversed(range(rank)):
+        torch_pads += [pads[i], pads[rank + i]]
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[rank]
+
+    def twin(p, inputs):
+        x = F.pad(inputs["x"], torch_pads)
+        return conv(x, p["W"], p.get("B"), stride=strides, dilation=dilations, groups=attrs.get("group", 1))
+
+    return twin
+
+
+@pytest.mark.parametrize("case", CONV_ATTRS)
+def test_conv_training_step_matches_torch(case):
+    x_shape, w_shape, attrs = CONV_ATTRS[case]
+    model, weights, _ = _conv_model("Conv", x_shape, w_shape, attrs, bias=case != "2d-grouped")
+    out_shape = tuple(d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim)
+    batches = batches_for({"x": x_shape}, out_shape, 2, dtype=np.float32)
+    twin = _conv_twin(len(x_shape) - 2, attrs, x_shape, w_shape)
+    tm, _ = train_and_compare(model, weights, twin, batches, steps_rtol=1e-5)
+    ops = {n.op_type for n in tm.model.graph.node}
+    assert "ConvTranspose" not in ops
+    assert_onnx_mlir_clean(tm.model)
+
+
+def _conv_transpose_twin(rank, attrs, out_shape):
+    conv_t = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[rank]
+    pads = attrs.get("pads", [0] * 2 * rank)
+
+    def twin(p, inputs):
+        y = conv_t(inputs["x"], p["W"], p.get("B"), stride=attrs.get("strides", 1),
+                   output_padding=attrs.get("output_padding", 0), groups=attrs.get("group", 1),
+                   dilation=attrs.get("dilations", 1))
+        index = [slice(None), slice(None)] + [slice(pads[i], y.shape[2 + i] - pads[rank + i]) for i in range(rank)]
+        y = y[tuple(index)]
+        if "output_shape" in attrs or attrs.get("auto_pad") == "SAME_UPPER":
+            index = [slice(None), slice(None)]
+            for i in range(rank):  # the odd element is cropped at the end for SAME_UPPER, else at the start
+                total = y.shape[2 + i] - out_shape[2 + i]
+                begin = total // 2 if attrs.get("auto_pad") == "SAME_UPPER" else total - total // 2
+                index.append(slice(begin, begin + out_shape[2 + i]))
+            y = y[tuple(index)]
+        return y
+
+    return twin
+
+
+@pytest.mark.parametrize("case", CONV_TRANSPOSE_ATTRS)
+def test_conv_transpose_training_step_matches_torch(case):
+    """A trainable ConvTranspose: forward and backward must be Conv (W is not constant)."""
+    x_shape, w_shape, attrs = CONV_TRANSPOSE_ATTRS[case]
+    model, weights, _ = _conv_model("ConvTranspose", x_shape, w_shape, attrs)
+    out_shape = tuple(d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim)
+    batches = batches_for({"x": x_shape}, out_shape, 2, dtype=np.float32)
+    tm, _ = train_and_compare(model, weights, _conv_transpose_twin(len(x_shape) - 2, attrs, out_shape),
+                              batches, steps_rtol=1e-5)
+    assert "ConvTranspose" not in {n.op_type for n in tm.model.graph.node}
+    assert_onnx_mlir_clean(tm.model)
+
+
+class TinyCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.conv2 = torch.nn.Conv2d(6, 8, 3, padding=1, groups=2)
+        self.pool = torch.nn.MaxPool2d(3, stride=2, padding=1)
+        self.avg = torch.nn.AvgPool2d(2, ceil_mode=True)
+        self.fc = torch.nn.Linear(8 * 2 * 2, 5)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.avg(torch.relu(self.conv2(x)))
+        return self.fc(torch.flatten(x, 1))
+
+
+@pytest.mark.parametrize("optim", ["sgd", "rmsprop"])
+def test_torch_exported_cnn_matches_torch(tmp_path, optim):
+    torch.manual_seed(0)
+    module = TinyCNN()
+    path = tmp_path / "cnn.onnx"
+    torch.onnx.export(module, (torch.randn(2, 3, 13, 13),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    tm = bridge.to_training_onnx(str(path), loss="ce", optim=optim, optim_options={"lr": 0.01})
+    assert {"Conv", "MaxPool"} <= {n.op_type for n in tm.model.graph.node}
+    assert_onnx_mlir_clean(tm.model)
+    batches = random_batches(tm, 3, classes=5)
+    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
+    assert set(tm.weights) == set(weights)
+
+    def forward(params, inputs):
+        return torch.func.functional_call(module, params, (inputs["x"],))
+
+    optimizer = {"sgd": torch.optim.SGD, "rmsprop": torch.optim.RMSprop}[optim]
+    want = torch_steps(forward, weights, F.cross_entropy, optimizer, {"lr": 0.01}, batches)
+    assert_steps_match(bridge_steps(tm, batches), want)
