@@ -60,9 +60,11 @@ def train_and_compare(model: onnx.ModelProto, weights: Mapping[str, np.ndarray],
                       loss: str = "mse", lr: float = 0.125, trainable=None) -> tuple[bridge.TrainingModel, list[dict]]:
     """Convert ``model``, run ``len(batches)`` SGD steps in onnxruntime and in torch, compare
     (``lr`` defaults to a power of two: the ``lr`` input is float32 even for float64 weights)
-    loss, grads and updated weights; returns the training model and bridge's step outputs."""
+    loss, grads and updated weights, and check that onnx-mlir accepts the training graph;
+    returns the training model and bridge's step outputs."""
     tm = bridge.to_training_onnx(model, loss=loss, optim="sgd", optim_options={"lr": lr}, trainable=trainable)
     assert sorted(tm.weights) == sorted(weights)
+    assert bridge.check(tm.model, target="onnx-mlir") == []
     torch_loss = {"mse": F.mse_loss, "ce": F.cross_entropy}[loss]
     want = torch_steps(twin, weights, torch_loss, torch.optim.SGD, {"lr": lr}, batches)
     got = bridge_steps(tm, batches)

@@ -1,0 +1,98 @@
+"""Lookups on trainable tensors (Gather, GatherElements, torch.nn.Embedding): repeated indices
+accumulate their gradients, with no ScatterElements/ScatterND in the training graph."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bridge
+from reference import assert_steps_match, bridge_steps, torch_steps
+from single_op import one_node_model, train_and_compare
+
+rng = np.random.default_rng(3)
+SCATTERS = {"ScatterElements", "ScatterND", "Scatter"}
+
+
+def _batches(indices: np.ndarray, target_shape, count=2, dtype=np.float64):
+    return [({"idx": indices}, rng.standard_normal(target_shape).astype(dtype)) for _ in range(count)]
+
+
+def _no_scatter(tm: bridge.TrainingModel) -> bool:
+    return not ({n.op_type for n in tm.model.graph.node} & SCATTERS)
+
+
+@pytest.mark.parametrize("indices", [
+    np.array([[0, 2, 2, 5], [5, 5, 5, 1]]),  # repeated within and across rows
+    np.array([3, 3, 3, 3, 3, 3]),             # one row looked up six times
+    np.array([[-1, 0], [5, -6]]),             # negative indices count from the end
+    np.array(4),                              # a scalar index
+], ids=["repeats", "same_row", "negative", "scalar"])
+def test_gather_axis0_on_a_weight_accumulates(indices):
+    table = rng.standard_normal((6, 3))
+    out_shape = indices.shape + (3,)
+    model = one_node_model("Gather", ["table", "idx"], {"idx": indices}, {"table": table}, 13,
+                           out_dtype=np.float64, axis=0)
+
+    def twin(p, inputs):
+        return p["table"][inputs["idx"]]
+
+    tm, _ = train_and_compare(model, {"table": table}, twin, _batches(indices, out_shape), steps_rtol=1e-9)
+    assert _no_scatter(tm)
+
+
+@pytest.mark.parametrize("axis", [1, 2, -1])
+def test_gather_other_axes_on_a_weight_accumulates(axis):
+    data = rng.standard_normal((2, 4, 5))
+    indices = np.array([[1, 1], [3, 0], [1, 3]])
+    model = one_node_model("Gather", ["data", "idx"], {"idx": indices}, {"data": data}, 13, out_dtype=np.float64, axis=axis)
+    dim = axis % 3
+    out_shape = data.shape[:dim] + indices.shape + data.shape[dim + 1:]
+
+    def twin(p, inputs):
+        return torch.index_select(p["data"], dim, inputs["idx"].reshape(-1)).reshape(out_shape)
+
+    tm, _ = train_and_compare(model, {"data": data}, twin, _batches(indices, out_shape), steps_rtol=1e-9)
+    assert _no_scatter(tm)
+
+
+@pytest.mark.parametrize("axis, index_shape", [(0, (5, 3)), (1, (2, 6)), (1, (2, 2)), (-1, (1, 4))])
+def test_gather_elements_on_a_weight_accumulates(axis, index_shape):
+    data = rng.standard_normal((4, 3))
+    size = data.shape[axis]
+    indices = rng.integers(-size, size, size=index_shape)
+    model = one_node_model("GatherElements", ["data", "idx"], {"idx": indices}, {"data": data}, 13,
+                           out_dtype=np.float64, axis=axis)
+
+    def twin(p, inputs):
+        idx = inputs["idx"]
+        return torch.gather(p["data"], axis, torch.where(idx < 0, idx + size, idx))
+
+    tm, _ = train_and_compare(model, {"data": data}, twin, _batches(indices, index_shape), steps_rtol=1e-9)
+    assert _no_scatter(tm)
+
+
+def test_torch_embedding_model_matches_torch():
+    """nn.Embedding -> Linear exported by torch; tokens repeat inside and across sequences."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Embedding(11, 4), torch.nn.Flatten(), torch.nn.Linear(20, 3))
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (torch.zeros(2, 5, dtype=torch.long),), buffer, dynamo=False,
+                      input_names=["tokens"], output_names=["y"])
+    tm = bridge.to_training_onnx(onnx.load_from_string(buffer.getvalue()), loss="ce", optim="adam",
+                                 optim_options={"lr": 0.01})
+    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert _no_scatter(tm)
+    batches = [({"tokens": rng.integers(0, 11, size=(2, 5))}, rng.integers(0, 3, size=2)) for _ in range(3)]
+    batches[0][0]["tokens"][:] = [[1, 1, 1, 2, 1], [2, 2, 7, 1, 10]]
+    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
+
+    def forward(params, inputs):
+        return torch.func.functional_call(module, params, (inputs["tokens"],))
+
+    want = torch_steps(forward, weights, F.cross_entropy, torch.optim.Adam, {"lr": 0.01}, batches)
+    assert_steps_match(bridge_steps(tm, batches), want)
