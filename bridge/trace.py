@@ -56,7 +56,7 @@ class _LayerTags:
     """Tags traced nodes with their phase and source layer (see module docstring)."""
 
     def __init__(self):
-        self.batch: torch.SymInt | None = None  # the symbolic batch size, when tracing with one
+        self.batch_sizes: list[torch.SymInt] = []  # symbolic batch sizes of inputs and target
         self._starts: list[int] = []
         self._layers: list[str] = []
 
@@ -68,9 +68,10 @@ class _LayerTags:
         self._record(node.name, node.op_type)
         with fx_traceback.annotate(self._annotate("forward", node.name, node.op_type)):
             yield
-        if self.batch is not None and self.batch.node.expr.is_number:
+        fixed = [size.node.expr for size in self.batch_sizes if size.node.expr.is_number]
+        if fixed:
             raise ShapeError(
-                f"{node.op_type} node '{node.name}' fixes the batch size to {self.batch.node.expr} "
+                f"{node.op_type} node '{node.name}' fixes the batch size to {fixed[0]} "
                 "(a hard-coded shape); this model cannot train at any batch size: use dynamic_batch=False"
             )
 
@@ -141,7 +142,7 @@ def trace_training_step(
         data = flat[n_weights + n_buffers + n_state + 2:]
         inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
         if dynamic_batch:
-            tags.batch = target.shape[0]
+            tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
 
         outputs, updated_buffers = program.run(inputs, {**weights, **buffers}, training=True, node_scope=tags.forward)
         with tags.scope("loss", "loss", loss.name):

@@ -90,7 +90,7 @@ def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
     if node.target is operator.getitem:
         return env[node.args[0]][node.args[1]]
     emitter = EMITTERS.get(node.target)
-    if emitter is None and not isinstance(node.meta.get("val"), torch.SymInt):
+    if emitter is None and not isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat)) and node.target is not torch.sym_float:
         raise LoweringError(
             f"no ONNX lowering for ATen op {node.target} (FX node '{node.name}', phase "
             f"'{tags['bridge.phase']}', from ONNX node '{tags['bridge.layer']}')"
@@ -99,6 +99,11 @@ def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
     b.value_hint = node.name
     if isinstance(node.meta.get("val"), torch.SymInt):  # size arithmetic: rebuilt from its expression
         return b.dim(node.meta["val"])
+    if node.target is torch.sym_float:
+        return b.size_scalar(node.args[0].meta["val"], torch.float32)
+    if isinstance(node.meta.get("val"), torch.SymFloat) and node.target in _FLOAT_SIZE_OPS:
+        lhs, rhs = (b.operand(env[a] if isinstance(a, torch.fx.Node) else a, torch.float32) for a in node.args)
+        return b.op(_FLOAT_SIZE_OPS[node.target], lhs, rhs, shape=[], dtype=torch.float32)
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     result = emitter(b, node, *args, **kwargs)
@@ -109,6 +114,9 @@ def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
 
 
 BATCH_DIM = "batch"
+
+# Python arithmetic on symbolic sizes that yields a float (e.g. 1 / numel in a mean's backward).
+_FLOAT_SIZE_OPS = {operator.truediv: "Div", operator.mul: "Mul", operator.add: "Add", operator.sub: "Sub"}
 
 
 def _dims(shape) -> list:

@@ -54,6 +54,7 @@ class Value(str):
 
     shape: tuple[int, ...] | None
     dtype: torch.dtype | None
+    is_size: bool = False  # a 1-element int64 value holding a symbolic size
 
     def __new__(cls, name: str, shape=None, dtype=None):
         value = super().__new__(cls, name)
@@ -169,10 +170,28 @@ class GraphBuilder:
         return self.op("Cast", x, to=TORCH_TO_ONNX[dtype], shape=x.shape, dtype=dtype)
 
     def operand(self, x, dtype: torch.dtype) -> Value:
-        """A tensor or Python scalar operand, as a value of ``dtype``."""
+        """A tensor, Python scalar or symbolic size operand, as a value of ``dtype``."""
+        if isinstance(x, (torch.SymInt, torch.SymFloat)) or (isinstance(x, Value) and x.is_size):
+            return self.size_scalar(x, dtype)
         if isinstance(x, Value):
             return self.cast(x, dtype)
         return self.scalar(x, dtype)
+
+    def size_scalar(self, size, dtype: torch.dtype) -> Value:
+        """A symbolic size as a 0-d value of ``dtype``.
+
+        A float copy of a size is made as ReduceSum(Expand(1, [size])), not Cast(int64 -> float):
+        onnx-mlir casts only between float types. Exact up to 2**24 in float32.
+        """
+        if isinstance(size, torch.SymFloat):
+            size = size.node.expr.args[0] if type(size.node.expr).__name__ == "ToFloat" else size
+            size = self._expr(size) if not isinstance(size, torch.SymInt) else self.dim(size)
+        length = self.dim(size)
+        if dtype.is_floating_point:
+            ones = self.op("Expand", self.scalar(1, dtype), length, dtype=dtype)
+            total = self.op("ReduceSum", ones, self.ints([0]), keepdims=1, shape=[1], dtype=dtype)
+            return self.reshape(total, [])
+        return self.reshape(self.cast(length, dtype), [])
 
     def reshape(self, x: Value, shape: Sequence) -> Value:
         if is_static(shape) and x.shape is not None and is_static(x.shape) and tuple(x.shape) == tuple(shape):
@@ -217,6 +236,7 @@ class GraphBuilder:
             result = self.op("Div", numerator, denominator, shape=[1], dtype=torch.int64)
         else:
             raise ShapeError(f"bridge cannot express the symbolic size {expr} in ONNX")
+        result.is_size = True
         self._symbol_values[expr] = result
         return result
 
