@@ -223,8 +223,10 @@ def to_copy(b, node, x, dtype=None, **_):
     return b.cast(x, dtype or _out_dtype(node))
 
 
-@emits(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default, aten.copy.default)
+@emits(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default, aten.copy.default,
+       torch.ops.prims.copy_strided.default)
 def identity(b, node, x, *rest, **_):
+    """Copies and aliases: values are immutable in ONNX, so these emit nothing."""
     if node.target is aten.copy.default:
         return b.cast(rest[0], x.dtype)
     return x
