@@ -62,7 +62,7 @@ def max_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,), dil
         pads = b.ints([0] * (rank + 2) + [0, 0] + extra)
         batched = b.op("Pad", batched, pads, b.scalar(float("-inf"), x.dtype), mode="constant")
     y = b.op("MaxPool", batched, kernel_shape=kernel, strides=stride, pads=padding + padding, dilations=dilation)
-    values = b.reshape(y, [int(d) for d in node.meta["val"][0].shape])
+    values = b.reshape(y, list(node.meta["val"][0].shape))
     return values, None
 
 
@@ -77,4 +77,4 @@ def avg_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,), cei
     batched = _batched(b, x, rank)
     y = b.op("AveragePool", batched, kernel_shape=kernel, strides=stride, pads=padding + padding,
              count_include_pad=int(bool(count_include_pad)))
-    return b.reshape(y, [int(d) for d in node.meta["val"].shape])
+    return b.reshape(y, list(node.meta["val"].shape))
