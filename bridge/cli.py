@@ -18,6 +18,7 @@ def _convert(args: argparse.Namespace) -> int:
         optim=args.optim,
         loss_options=json.loads(args.loss_options) if args.loss_options else None,
         optim_options=json.loads(args.optim_options) if args.optim_options else None,
+        clip_grad_norm=args.clip_grad_norm,
         output=args.model_output,
         trainable=args.trainable,
         frozen=args.frozen,
@@ -83,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--optim", default="sgd", help="optimizer name (default sgd)")
     convert.add_argument("--loss-options", help="JSON object of torch loss keyword arguments")
     convert.add_argument("--optim-options", help="JSON object of torch.optim keyword arguments (lr, betas, ...)")
+    convert.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM",
+                         help="clip gradients by global L2 norm before the update (torch.nn.utils.clip_grad_norm_)")
     convert.add_argument("--model-output", help="the model output the loss applies to (default: the first)")
     convert.add_argument("--trainable", nargs="*", help="names or glob patterns of the weights to train")
     convert.add_argument("--frozen", nargs="*", help="names or glob patterns of weights not to train")

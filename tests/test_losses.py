@@ -186,3 +186,43 @@ def _picked(out, tgt):
 def test_callable_loss_matches_torch(models, fn, options, kind):
     tm = _run(models, "logits", fn, options, kind, fn)
     assert _loss_ops(tm)
+
+
+DYNAMIC_CASES = [  # one per loss, on a model whose batch dim is symbolic
+    ("mse", {}, "real", F.mse_loss),
+    ("ce", {"weight": WEIGHT, "ignore_index": 1, "label_smoothing": 0.1}, "indices", F.cross_entropy),
+    ("ce", {"label_format": "probabilities"}, "probabilities", F.cross_entropy),
+    ("bce_with_logits", {"pos_weight": WEIGHT}, "unit", F.binary_cross_entropy_with_logits),
+    ("l1", {}, "real", F.l1_loss),
+    ("smooth_l1", {"beta": 0.5}, "real", F.smooth_l1_loss),
+    ("huber", {"delta": 0.5}, "real", F.huber_loss),
+    ("kl_div", {"reduction": "batchmean"}, "probabilities", F.kl_div),
+]
+
+
+@pytest.fixture(scope="module")
+def dynamic_model(tmp_path_factory):
+    torch.manual_seed(0)
+    module = Head()
+    path = tmp_path_factory.mktemp("dynamic") / "head.onnx"
+    torch.onnx.export(module, (torch.randn(5, 6),), str(path), dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return module, str(path)
+
+
+@pytest.mark.parametrize("loss, options, kind, fn", DYNAMIC_CASES, ids=[f"{c[0]}-{len(c[1])}opts" for c in DYNAMIC_CASES])
+def test_losses_with_a_symbolic_batch_match_torch(dynamic_model, loss, options, kind, fn):
+    """One graph, batches of 2, 5 and 7: the mean's 1/N follows the batch."""
+    module, path = dynamic_model
+    tm = bridge.to_training_onnx(path, loss=loss, loss_options=options, optim="sgd", optim_options={"lr": 0.1})
+    rng = np.random.default_rng(11)
+    target_tail = (C,) if kind != "indices" else ()
+    batches = [({"x": rng.standard_normal((n, 6)).astype(np.float32)}, _targets(kind, (n, *target_tail), rng)) for n in (2, 5, 7)]
+    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
+
+    def forward(params, inputs):
+        return torch.func.functional_call(module, params, (inputs["x"],))
+
+    torch_loss = lambda out, tgt: fn(out, tgt, **_torch_options(options))  # noqa: E731
+    want = torch_steps(forward, weights, torch_loss, torch.optim.SGD, {"lr": 0.1}, batches)
+    assert_steps_match(bridge_steps(tm, batches), want)

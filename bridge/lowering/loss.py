@@ -1,4 +1,4 @@
-"""Negative log-likelihood (the core of cross-entropy) with one-hot masks.
+"""Loss lowerings: negative log-likelihood (the core of cross-entropy) with one-hot masks.
 
 torch's own decomposition picks the target's log-probability with gather and builds the
 gradient with scatter; onnx-mlir has no NegativeLogLikelihoodLoss and restricts
@@ -60,3 +60,12 @@ def nll_loss_backward(grad_output, log_probs, target, weight, reduction, ignore_
     scale = grad_output / total_weight if reduction == _MEAN else grad_output
     per_sample = -(weights * scale)
     return torch.where(one_hot, per_sample.unsqueeze(channel), 0.0)
+
+
+@lowers(aten.huber_loss_backward.default)
+def huber_loss_backward(grad_output, input, target, reduction, delta):
+    """torch's formula, with the mean's 1/numel applied to the tensor first: negating a
+    symbolic-batch float (``-1/numel``) has no ONNX emitter, ``x * -delta`` does."""
+    scaled = grad_output * (1.0 / input.numel()) if reduction == _MEAN else grad_output
+    x = input - target
+    return torch.where(x < -delta, scaled * -delta, torch.where(x > delta, scaled * delta, scaled * x))
