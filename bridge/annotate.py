@@ -166,7 +166,8 @@ def name_boundary_values(graph: onnx.GraphProto, source: onnx.GraphProto) -> Non
     """Rename values that cross a layer boundary after what they are (in place).
 
     - The one value that forward layer ``L`` passes to the forward nodes of the layers that
-      consume ``L``'s output (or to the loss) takes the name of that output in the source model.
+      consume ``L``'s output (or to the loss) takes the name of that output in the source model
+      (when ``L`` has one output in use).
     - The one value that the backward nodes of ``L`` (or of the loss) pass to the backward nodes
       of the layer producing ``L``'s single activation input ``v`` is the gradient of ``v``,
       named ``grad_<v>``, when ``L`` is ``v``'s only consumer (so it is the whole gradient).
@@ -199,9 +200,10 @@ def name_boundary_values(graph: onnx.GraphProto, source: onnx.GraphProto) -> Non
         return found[0] if len(found) == 1 else None
 
     for node in source.node:
-        if len([o for o in node.output if o]) != 1:
+        live = [o for o in node.output if source_consumers[o]]
+        if len(live) != 1:
             continue
-        out = node.output[0]
+        out = live[0]
         to = {("loss" if c == LOSS_LAYER else "forward", c) for c in source_consumers[out]}
         value = crossing("forward", node.name, to)
         if value is not None and out not in taken:

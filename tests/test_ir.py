@@ -32,6 +32,15 @@ def _torch_mlp(tmp_path_factory):
     return module, onnx.load(str(path))
 
 
+def _batchnorm_mlp(tmp_path_factory) -> onnx.ModelProto:
+    torch.manual_seed(1)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    path = tmp_path_factory.mktemp("ir") / "bn.onnx"
+    torch.onnx.export(module.train(), (torch.randn(4, 6),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    return onnx.load(str(path))
+
+
 def _branching_unnamed() -> onnx.ModelProto:
     """h feeds two layers (its gradient accumulates); no node has a name."""
     rng = np.random.default_rng(3)
@@ -67,14 +76,19 @@ def cases(tmp_path_factory):
         "branching_unnamed_callable_adam": (_branching_unnamed(), lambda o, t: F.mse_loss(o, t), "adam"),
         "branching_named_fn_sgd": (_branching_unnamed(), _sum_of_squares, "sgd"),
     }
-    return {
+    built = {
         key: (source, bridge.to_training_onnx(source, loss=loss, optim=optim, optim_options={"lr": 0.01}))
         for key, (source, loss, optim) in sources.items()
-    } | {"torch_module": module}
+    }
+    bn = _batchnorm_mlp(tmp_path_factory)
+    built["batchnorm_clip_adamw"] = (bn, bridge.to_training_onnx(bn, loss="ce", optim="adamw", clip_grad_norm=1.0))
+    built["dynamic_batch_mlp_nadam"] = (
+        torch_source, bridge.to_training_onnx(torch_source, loss="mse", optim="nadam", dynamic_batch=True))
+    return built | {"torch_module": module}
 
 
 CASES = ["torch_mlp_ce_adam", "matmul_add_mse_sgd", "gemm_shared_ce_rmsprop", "branching_unnamed_callable_adam",
-         "branching_named_fn_sgd"]
+         "branching_named_fn_sgd", "batchnorm_clip_adamw", "dynamic_batch_mlp_nadam"]
 
 
 def _source_node_names(source: onnx.ModelProto) -> set[str]:
@@ -112,8 +126,8 @@ def test_layers_name_source_nodes_or_weights(cases, case):
             assert layer in source_nodes or layer == "loss", node.name
         elif phase == "loss":
             assert layer == "loss", node.name
-        else:
-            assert layer in tm.weights or layer == "step", node.name
+        else:  # a weight, the step counter, or global-norm gradient clipping
+            assert layer in tm.weights or layer in ("step", "global"), node.name
         if layer == "loss":
             assert tags["bridge.kind"] in (loss_kind, "lambda", "sum_of_squares"), node.name
     assert forward_layers == source_nodes, "every source node is traced, under its own name"
@@ -131,6 +145,8 @@ def _contract_roles(tm: bridge.TrainingModel, source: onnx.ModelProto) -> dict[s
             roles[name] = "target"
         elif name == "lr":
             roles[name] = "hyperparameter"
+        elif name in tm.signature.buffers:
+            roles[name] = "buffer"
         elif name == "step" or any(fnmatch.fnmatch(name, f"{w}.*") and name not in tm.weights for w in tm.weights):
             roles[name] = "optimizer_state"
         elif name in tm.weights:
@@ -208,7 +224,7 @@ def test_weight_to_gradient_to_update(cases, case):
         assert grad.phase == "backward" and grad.layer in readers
         assert grad in g.backward_of(grad.layer)
         users = [n for n in g.consumers(g.gradients[weight]) if n.phase == "optimizer"]
-        assert users and {n.layer for n in users} == {weight}
+        assert users and {n.layer for n in users} <= {weight, "global"}
         update = g.producer(g.updates[weight])
         assert update.phase == "optimizer" and update.layer == weight and update in g.update_of(weight)
         for slot, state in g.state_of(weight).items():
@@ -216,6 +232,17 @@ def test_weight_to_gradient_to_update(cases, case):
             assert g.producer(g.updates[state]).layer == weight
     for layer in g.layers("forward"):
         assert all(n.phase == "backward" and n.layer == layer for n in g.backward_of(layer))
+
+
+def test_running_statistics_are_buffers_updated_by_their_layer(cases):
+    _, tm = cases["batchnorm_clip_adamw"]
+    g = bridge.ir.load(tm)
+    assert g.buffers == ["1.running_mean", "1.running_var"]
+    for buffer in g.buffers:
+        update = g.producer(g.updates[buffer])
+        assert (update.phase, update.layer) == ("forward", "/1/BatchNormalization")
+    clip = list(g.nodes("optimizer", "global"))
+    assert clip and all(n.kind == "clip_grad_norm" for n in clip)
 
 
 def test_gradient_accumulation_and_step_are_tagged(cases):
