@@ -19,7 +19,7 @@ import bridge
 from reference import assert_steps_match, bridge_steps, torch_steps
 
 ELEM = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float64): onnx.TensorProto.DOUBLE,
-        np.dtype(np.int64): onnx.TensorProto.INT64}
+        np.dtype(np.int64): onnx.TensorProto.INT64, np.dtype(np.bool_): onnx.TensorProto.BOOL}
 
 
 def one_node_model(op_type: str, node_inputs: Sequence[str], data: Mapping[str, np.ndarray],

@@ -90,4 +90,4 @@ def fold_symbolic(ctx: NodeContext, args: list) -> list:
             f"{ctx.node.op_type} node '{ctx.name}' computes on the symbolic batch size, which bridge "
             "cannot carry through this op; convert with dynamic_batch=False"
         )
-    return [folder(ctx, *args)]
+    return [np.asarray(folder(ctx, *args), dtype=object)]

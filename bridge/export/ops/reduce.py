@@ -2,6 +2,7 @@
 is emitted that way and followed by a Reshape when torch drops the reduced dims."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..builder import GraphBuilder, Value, emits
@@ -84,3 +85,9 @@ def var(b, node, x, dims=None, correction=None, keepdim=False):
     squares = b.op("ReduceSum", b.op("Mul", centered, centered), b.ints(dims), keepdims=1)
     result = b.op("Div", squares, b.scalar(max(count - correction, 0), x.dtype))
     return result if keepdim else b.reshape(result, list(node.meta["val"].shape))
+
+
+@emits(aten.cumsum.default)
+def cumsum(b, node, x, dim, dtype=None):
+    x = b.cast(x, dtype or node.meta["val"].dtype)
+    return b.op("CumSum", x, b.const(np.int64(dim % x.rank)))

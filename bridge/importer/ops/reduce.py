@@ -69,3 +69,14 @@ def arg_extreme(ctx, x):
         return x.shape[axis] - 1 - fn(flipped, dim=axis, keepdim=keep)
     fn = torch.argmax if ctx.node.op_type == "ArgMax" else torch.argmin
     return fn(x, dim=axis, keepdim=keep)
+
+
+@converter("CumSum", static=(1,))
+def cumsum(ctx, x, axis):
+    axis = ctx.ints(axis)[0] % x.dim()
+    if ctx.attr("reverse", 0):
+        x = torch.flip(x, [axis])
+    y = torch.cumsum(x, axis)
+    if ctx.attr("exclusive", 0):
+        y = y - x
+    return torch.flip(y, [axis]) if ctx.attr("reverse", 0) else y

@@ -1,0 +1,176 @@
+"""Forward semantics of the ONNX converters (elementwise, activations, reductions, shape ops):
+each op alone in a model, run by bridge's importer and by onnxruntime on the same input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bridge
+from bridge.importer.program import OnnxProgram
+from bridge.load import load_model
+from single_op import one_node_model, run_onnxruntime
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+POSITIVE = (np.abs(X) + 0.5).astype(np.float32)
+UNIT = np.clip(X / 4, -0.9, 0.9).astype(np.float32)
+
+
+def _import_and_run(model, feed):
+    program = OnnxProgram(load_model(model))
+    inputs = {k: torch.tensor(v) for k, v in feed.items()}
+    tensors = {n: program.initializer_tensor(n) for n in program.initializers}
+    outputs, _ = program.run(inputs, tensors, training=False)
+    return [o.detach().numpy() for o in outputs]
+
+
+def _check(op, feed, initializers=None, opset=18, out_dtype=None, **attrs):
+    initializers = initializers or {}
+    model = one_node_model(op, list(feed) + list(initializers), feed, initializers, opset, out_dtype=out_dtype, **attrs)
+    got = _import_and_run(model, feed)
+    want = run_onnxruntime(model, feed)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape, f"{op}: shape {g.shape} != {w.shape}"
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=op)
+
+
+UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs", "Floor", "Ceil", "Sign", "Sin", "Cos", "Erf",
+         "Softplus", "Softsign", "HardSwish", "Mish", "Atan", "Sinh", "Cosh", "Asinh"]
+
+
+@pytest.mark.parametrize("op", UNARY)
+def test_unary(op):
+    _check(op, {"x": X})
+
+
+@pytest.mark.parametrize("op", ["Log", "Sqrt", "Reciprocal", "Acosh"])
+def test_unary_positive(op):
+    _check(op, {"x": (POSITIVE + 1).astype(np.float32)})
+
+
+@pytest.mark.parametrize("op", ["Asin", "Acos", "Atanh"])
+def test_unary_unit_interval(op):
+    _check(op, {"x": UNIT})
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("LeakyRelu", {"alpha": 0.3}), ("Elu", {"alpha": 0.7}), ("Celu", {"alpha": 1.3}), ("Selu", {}),
+    ("ThresholdedRelu", {"alpha": 0.2}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+    ("Gelu", {}), ("Gelu", {"approximate": "tanh"}),
+    ("Softmax", {"axis": 1}), ("LogSoftmax", {"axis": -1}), ("Hardmax", {"axis": 2}),
+])
+def test_activation_attributes(op, attrs):
+    _check(op, {"x": X}, opset=20 if op == "Gelu" else 18, **attrs)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_softmax_opset_semantics(opset):
+    """Before opset 13 Softmax flattens to 2-D at axis; from 13 it is per axis."""
+    _check("Softmax", {"x": X}, opset=opset, axis=1)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"])
+def test_binary_broadcast(op):
+    other = (RNG.standard_normal((3, 1)) if op != "Pow" else np.full((3, 1), 2.0)).astype(np.float32)
+    base = POSITIVE if op == "Pow" else X
+    _check(op, {"x": base}, {"other": other})
+
+
+@pytest.mark.parametrize("op", ["Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"])
+def test_comparison(op):
+    _check(op, {"x": np.round(X)}, {"other": np.zeros((4,), np.float32)}, out_dtype=np.bool_)
+
+
+def test_integer_division_truncates():
+    feed = {"x": np.array([-7, 7, -8, 9], np.int64)}
+    _check("Div", feed, {"other": np.array([2, -2, 3, 4], np.int64)})
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
+                                "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reductions(op, keepdims):
+    _check(op, {"x": X}, {"axes": np.array([1, -1], np.int64)}, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum"])
+def test_reduction_axes_attribute_before_opset_18(op):
+    opset = 11
+    model = one_node_model(op, ["x"], {"x": X}, {}, opset, axes=[0, 2], keepdims=0)
+    np.testing.assert_allclose(_import_and_run(model, {"x": X})[0], run_onnxruntime(model, {"x": X})[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("select_last_index", [0, 1])
+def test_arg_extremes(op, select_last_index):
+    ties = np.array([[1, 3, 3, 0], [2, 2, 1, 2]], np.float32)
+    _check(op, {"x": ties}, axis=1, keepdims=0, select_last_index=select_last_index, out_dtype=np.int64)
+
+
+@pytest.mark.parametrize("op, inputs, attrs", [
+    ("Transpose", {}, {"perm": [2, 0, 1]}),
+    ("Flatten", {}, {"axis": 2}),
+    ("Reshape", {"shape": np.array([0, -1], np.int64)}, {}),
+    ("Unsqueeze", {"axes": np.array([0, -1], np.int64)}, {}),
+    ("Expand", {"shape": np.array([2, 2, 3, 4], np.int64)}, {}),
+    ("Tile", {"repeats": np.array([1, 2, 1], np.int64)}, {}),
+    ("Slice", {"starts": np.array([0, 1], np.int64), "ends": np.array([2, 100], np.int64),
+               "axes": np.array([1, 2], np.int64), "steps": np.array([1, 2], np.int64)}, {}),
+    ("Slice", {"starts": np.array([-1], np.int64), "ends": np.array([-100], np.int64),
+               "axes": np.array([2], np.int64), "steps": np.array([-2], np.int64)}, {}),
+    ("Gather", {"indices": np.array([[2, 0], [1, 1]], np.int64)}, {"axis": 1}),
+    ("Gather", {"indices": np.array([-1, 0], np.int64)}, {"axis": 2}),
+    ("GatherElements", {"indices": np.zeros((2, 3, 4), np.int64)}, {"axis": 1}),
+    ("Pad", {"pads": np.array([0, 1, 0, 0, 2, 1], np.int64), "value": np.array(1.5, np.float32)}, {}),
+    ("Pad", {"pads": np.array([0, 1, 1, 0, 1, 2], np.int64)}, {"mode": "reflect"}),
+    ("Pad", {"pads": np.array([0, 0, 1, 0, 0, 2], np.int64)}, {"mode": "edge"}),
+    ("Trilu", {"k": np.array(1, np.int64)}, {"upper": 0}),
+    ("CumSum", {"axis": np.array(1, np.int64)}, {}),
+    ("CumSum", {"axis": np.array(2, np.int64)}, {"exclusive": 1, "reverse": 1}),
+])
+def test_shape_and_data_movement(op, inputs, attrs):
+    _check(op, {"x": X}, inputs, **attrs)
+
+
+def test_split_and_concat_round_trip():
+    model = one_node_model("Split", ["x", "split"], {"x": X}, {"split": np.array([1, 3], np.int64)}, 18, outputs=2, axis=2)
+    got, want = _import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    _check("Concat", {"x": X}, {"other": np.ones((2, 1, 4), np.float32)}, axis=1)
+
+
+def test_shape_ops_fold_before_the_model_runs():
+    """Shape -> Gather -> Concat -> Reshape (the exporters' dynamic flatten) needs no traced ints."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["batch1"]),
+        helper.make_node("Concat", ["batch1", "minus_one"], ["target_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "target_shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "W"], ["y"]),
+    ]
+    inits = {"zero": np.array(0, np.int64), "axes": np.array([0], np.int64), "minus_one": np.array([-1], np.int64),
+             "W": RNG.standard_normal((12, 2)).astype(np.float32)}
+    graph = helper.make_graph(nodes, "dynamic_flatten", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                              [onnx_tensor(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    tm = bridge.to_training_onnx(model, loss="mse")
+    assert tm.weights == ["W"]
+    x = RNG.standard_normal((5, 3, 4)).astype(np.float32)
+    target = np.zeros((5, 2), np.float32)
+    grad = tm.session().step({"x": x}, target)["grad_W"]
+    weight = torch.tensor(inits["W"], requires_grad=True)
+    F.mse_loss(torch.tensor(x).reshape(5, 12) @ weight, torch.tensor(target)).backward()
+    np.testing.assert_allclose(grad, weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def onnx_tensor(value, name):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.asarray(value), name)
