@@ -21,6 +21,7 @@ import onnx
 from .export.builder import node_prefix
 from .losses import Loss
 from .optimizers import Optimizer
+from .runtime import RANDOM_INPUTS
 from .trace import StepSignature
 
 ROLE, PHASE, LAYER, KIND = "bridge.role", "bridge.phase", "bridge.layer", "bridge.kind"
@@ -37,6 +38,7 @@ def input_roles(signature: StepSignature) -> dict[str, str]:
     roles.update({f"{w}.{slot}": "optimizer_state" for w, slot in signature.state})
     roles.update({"step": "optimizer_state", "lr": "hyperparameter", "target": "target"})
     roles.update({name: "input" for name in signature.inputs})
+    roles.update({name: "random" for name in signature.random})
     return roles
 
 
@@ -88,6 +90,7 @@ def annotate_model(
         "bridge.optimizer_options": json.dumps(options, sort_keys=True, default=str),
         "bridge.source_model": source.graph.name,
         "bridge.source_sha256": source_hash,
+        RANDOM_INPUTS: json.dumps(signature.random),
     }
     for key, value in metadata.items():
         _set(model.metadata_props, key, value)

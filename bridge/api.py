@@ -79,9 +79,9 @@ def to_training_onnx(
     weights = select_trainable(differentiable_initializers(program, inputs, output_index), trainable, frozen)
     if not weights:
         raise BridgeError("the model has no trainable weight (no floating-point initializer reaches the output)")
-    buffers = _trained_buffers(program, inputs, weights)
+    buffers, random = _training_forward(program, inputs, weights)
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
-    signature = StepSignature(weights, buffers, state_slots, list(program.input_names))
+    signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random))
 
     tensors = {name: program.initializer_tensor(name) for name in weights + buffers}
     for w in weights:
@@ -91,7 +91,7 @@ def to_training_onnx(
     tensors["lr"] = torch.tensor(optimizer.lr, dtype=torch.float32)
 
     with torch.no_grad():
-        example_output = program.run(inputs, tensors, training=True)[0][output_index]
+        example_output = program.run(inputs, tensors, training=True, random=dict(random))[0][output_index]
     spec = loss_fn.target_spec(example_output)
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
@@ -99,7 +99,7 @@ def to_training_onnx(
     if dynamic_batch is None:
         dynamic_batch = _has_symbolic_batch(source, program)
     graph_module = trace_training_step(
-        program, loss_fn, optimizer, signature, tensors, inputs, target, output_index,
+        program, loss_fn, optimizer, signature, tensors, {**inputs, **random}, target, output_index,
         dynamic_batch=dynamic_batch, max_grad_norm=max_grad_norm,
     )
     training = export_step(graph_module, signature)
@@ -181,11 +181,13 @@ def _output_index(program: OnnxProgram, output: str | int | None) -> int:
     return program.output_names.index(output)
 
 
-def _trained_buffers(program: OnnxProgram, inputs: dict[str, torch.Tensor], weights: list[str]) -> list[str]:
-    """Buffers (running statistics) that a training-mode forward updates."""
-    if not program.buffer_names:
-        return []
+def _training_forward(
+    program: OnnxProgram, inputs: dict[str, torch.Tensor], weights: list[str]
+) -> tuple[list[str], dict[str, torch.Tensor]]:
+    """Buffers (running statistics) that a training-mode forward updates, and the noise inputs
+    (``<node>.noise``, with example values) that its random ops read."""
     tensors = {name: program.initializer_tensor(name) for name in weights + program.buffer_names}
+    random: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        _, updated = program.run(inputs, tensors, training=True)
-    return [name for name in program.buffer_names if name in updated]
+        _, updated = program.run(inputs, tensors, training=True, random=random)
+    return [name for name in program.buffer_names if name in updated], random

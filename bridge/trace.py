@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 import torch
@@ -39,13 +39,14 @@ class StepSignature:
     buffers: list[str]
     state: list[tuple[str, str]]  # (weight, slot)
     inputs: list[str]
+    random: list[str] = field(default_factory=list)  # noise inputs of random ops, drawn every step
 
     def state_names(self) -> list[str]:
         """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``."""
         return self.weights + self.buffers + [f"{w}.{slot}" for w, slot in self.state] + ["step", "lr"]
 
     def input_names(self) -> list[str]:
-        return self.state_names() + self.inputs + ["target"]
+        return self.state_names() + self.inputs + self.random + ["target"]
 
     def output_names(self) -> list[str]:
         updated = [name for name in self.state_names() if name != "lr"]
@@ -141,10 +142,13 @@ def trace_training_step(
         step, lr = flat[n_weights + n_buffers + n_state:n_weights + n_buffers + n_state + 2]
         data = flat[n_weights + n_buffers + n_state + 2:]
         inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
+        random = dict(zip(signature.random, data[len(signature.inputs):-1]))
         if dynamic_batch:
             tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
 
-        outputs, updated_buffers = program.run(inputs, {**weights, **buffers}, training=True, node_scope=tags.forward)
+        outputs, updated_buffers = program.run(
+            inputs, {**weights, **buffers}, training=True, node_scope=tags.forward, random=random
+        )
         with tags.scope("loss", "loss", loss.name):
             loss_value = loss(outputs[output_index], target)
         tags.hook_backward(loss_value)
@@ -173,12 +177,12 @@ def trace_training_step(
         + [tensors[name] for name in signature.buffers]
         + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
         + [tensors["step"], tensors["lr"]]
-        + [example_inputs[name] for name in signature.inputs]
+        + [example_inputs[name] for name in signature.inputs + signature.random]
         + [example_target]
     )
     mode = "real"
     if dynamic_batch:
-        n_data = len(signature.inputs) + 1
+        n_data = len(signature.inputs) + len(signature.random) + 1
         flat_args = _with_symbolic_batch(flat_args, n_data)
         mode = "symbolic"
     with fx_traceback.preserve_node_meta():

@@ -97,20 +97,24 @@ class OnnxProgram:
         tensors: dict[str, torch.Tensor],
         training: bool,
         node_scope: NodeScope = _no_scope,
+        random: dict[str, torch.Tensor] | None = None,
     ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """Evaluate the graph.
 
         ``inputs`` are the graph's data inputs; ``tensors`` are initializers passed as tensors
         (weights and buffers: they become traced values, all other initializers stay
-        constants). Returns the graph outputs and the updated buffers (training mode).
+        constants). ``random`` holds the noise inputs of random ops by name (``<node>.noise``);
+        a missing one is drawn and added to it. Returns the graph outputs and the updated
+        buffers (training mode).
         """
+        random = {} if random is None else random
         env: dict[str, object] = dict(self.initializers)
         env.update(tensors)
         env.update(inputs)
         updated: dict[str, torch.Tensor] = {}
         for node in self.graph.node:
             with node_scope(node):
-                outputs = self._run_node(node, env, training, updated)
+                outputs = self._run_node(node, env, training, updated, random)
             for name, value in zip(node.output, outputs):
                 if name:
                     env[name] = value
@@ -120,9 +124,9 @@ class OnnxProgram:
             results.append(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value)))
         return results, updated
 
-    def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict) -> list:
+    def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict, random: dict) -> list:
         conv = CONVERTERS[node.op_type]
-        ctx = NodeContext(node, self.opset, training, updated)
+        ctx = NodeContext(node, self.opset, training, updated, random)
         args = []
         for index, name in enumerate(node.input):
             if not name:

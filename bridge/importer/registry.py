@@ -58,6 +58,7 @@ class NodeContext:
     opset: int
     training: bool
     updated_buffers: dict[str, Any] = field(default_factory=dict)
+    random_inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -83,6 +84,18 @@ class NodeContext:
     def update_buffer(self, input_index: int, value) -> None:
         """Record the new value of a buffer input (e.g. BatchNorm running mean)."""
         self.updated_buffers[self.input_name(input_index)] = value
+
+    def random_uniform(self, like) -> Any:
+        """Uniform [0, 1) noise shaped like ``like``: the graph input ``<node name>.noise``.
+
+        Randomness enters the training graph as an input, since a compiled random op repeats its
+        seed every step. ``random_inputs`` holds the value when the caller provides one (the
+        traced step), else a fresh draw is recorded there (so a dry run lists the inputs).
+        """
+        name = f"{self.name}.noise"
+        if name not in self.random_inputs:
+            self.random_inputs[name] = torch.rand(like.shape, dtype=like.dtype)
+        return self.random_inputs[name]
 
     def unsupported(self, what: str) -> UnsupportedOpError:
         return UnsupportedOpError(f"{self.node.op_type} node '{self.name}': {what} is not supported")

@@ -248,10 +248,3 @@ def space_to_depth(ctx, x):
     y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
     return y.reshape(n, c * b * b, h // b, w // b)
 
-
-@converter("Dropout")
-def dropout(ctx, x, ratio=None, training_mode=None):
-    outputs = len([o for o in ctx.node.output if o])
-    mask = torch.ones_like(x, dtype=torch.bool)
-    return (x, mask) if outputs > 1 else x
-
