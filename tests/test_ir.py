@@ -292,3 +292,9 @@ def test_load_rejects_what_is_not_a_training_graph(tmp_path):
         bridge.ir.load(_matmul_add_mlp()[0])
     with pytest.raises(ModelLoadError, match="cannot read"):
         bridge.ir.load(tmp_path / "missing.onnx")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_graph_is_clean_for_onnx_mlir(cases, case):
+    _, tm = cases[case]
+    assert bridge.check(tm.model, target="onnx-mlir") == []
