@@ -178,3 +178,23 @@ def test_mean_variance_normalization_matches_onnxruntime_and_torch():
 
     batches = batches_for({"x": shape}, shape, 2, dtype=np.float32)
     train_and_compare(model, {"w_pre": pre}, twin, batches, steps_rtol=1e-5)
+
+
+def test_batch_norm_with_a_symbolic_batch_matches_torch_at_two_batch_sizes():
+    """One training graph (batch dim 'N') used at batch 2 then 5: the unbiased-variance count follows."""
+    channels = 3
+    scale, bias, mean = _params(channels, channels, channels)
+    var = rng.random(channels) + 0.5
+    model = one_node_model("BatchNormalization", ["x", "s", "b", "rm", "rv"], {"x": np.zeros((2, channels, 2))},
+                           {"s": scale, "b": bias, "rm": mean, "rv": var}, 15, out_shape=["N", channels, 2], epsilon=EPS)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    tm = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125})
+    assert bridge.check(tm.model, target="onnx-mlir") == []
+    running = {"rm": torch.tensor(mean), "rv": torch.tensor(var)}
+    session = tm.session()
+    for batch in (2, 5):
+        x, target = rng.standard_normal((batch, channels, 2)), rng.standard_normal((batch, channels, 2))
+        out = session.step({"x": x}, target)
+        F.batch_norm(torch.tensor(x), running["rm"], running["rv"], training=True, momentum=0.1, eps=EPS)
+        np.testing.assert_allclose(out["updated_rm"], running["rm"].numpy(), rtol=RTOL)
+        np.testing.assert_allclose(out["updated_rv"], running["rv"].numpy(), rtol=RTOL)

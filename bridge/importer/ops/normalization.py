@@ -49,7 +49,7 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
         )
     normalized, mean, var = _normalize(x, dims, epsilon)
     y = normalized * _channel(scale, rank) + _channel(bias, rank)
-    batch_mean, batch_var = mean.detach().reshape(-1), var.detach().reshape(-1) * (count / (count - 1))
+    batch_mean, batch_var = mean.detach().reshape(-1), var.detach().reshape(-1) * count / (count - 1)
     new_mean = momentum * running_mean + (1 - momentum) * batch_mean
     new_var = momentum * running_var + (1 - momentum) * batch_var
     ctx.update_buffer(3, new_mean)

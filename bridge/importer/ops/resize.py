@@ -96,7 +96,7 @@ def _interpolate(ctx, x: torch.Tensor, out_shape: list[int], scales: list[float]
                  nearest_mode: str, cubic_a: float = -0.75, exclude_outside: bool = False) -> torch.Tensor:
     """Resize ``x`` to ``out_shape`` with one constant-matrix MatMul per axis whose size or grid changes."""
     for axis, (in_len, out_len, scale) in enumerate(zip(x.shape, out_shape, scales)):
-        if scale == 1 and out_len is in_len:  # every mode maps a unit-scale axis onto itself
+        if scale == 1 and out_len == in_len:  # every mode maps a unit-scale axis onto itself
             continue
         matrix = interpolation_matrix(ctx, mode, coordinate_mode, nearest_mode, in_len, out_len, scale, cubic_a, exclude_outside)
         if out_len == in_len and np.array_equal(matrix, np.eye(in_len)):
