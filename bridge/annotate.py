@@ -26,7 +26,7 @@ from .trace import StepSignature
 
 ROLE, PHASE, LAYER, KIND = "bridge.role", "bridge.phase", "bridge.layer", "bridge.kind"
 PHASES = ("forward", "loss", "backward", "optimizer")
-INPUT_ROLES = ("input", "target", "weight", "buffer", "optimizer_state", "hyperparameter")
+INPUT_ROLES = ("input", "target", "weight", "buffer", "optimizer_state", "hyperparameter", "random")
 OUTPUT_ROLES = ("loss", "gradient", "updated")
 VALUE_ROLES = {"forward": "activation", "loss": "activation", "backward": "gradient", "optimizer": "update"}
 LOSS_LAYER = "loss"

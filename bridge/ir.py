@@ -100,6 +100,11 @@ class TrainingGraph:
         return self._with_role("hyperparameter", self.graph_inputs)
 
     @property
+    def random_inputs(self) -> list[str]:
+        """Noise inputs of random ops (``<node>.noise``), drawn fresh every step by the runner."""
+        return self._with_role("random", self.graph_inputs)
+
+    @property
     def loss(self) -> str:
         return self._with_role("loss", self.outputs)[0]
 

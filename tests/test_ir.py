@@ -41,6 +41,19 @@ def _batchnorm_mlp(tmp_path_factory) -> onnx.ModelProto:
     return onnx.load(str(path))
 
 
+def _small_cnn(tmp_path_factory) -> onnx.ModelProto:
+    """Conv, BatchNorm, ReLU, MaxPool, Dropout, Flatten, Linear (the CNN of examples/traverse_ir.py plus Dropout)."""
+    torch.manual_seed(2)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Dropout(0.25), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 5),
+    )
+    path = tmp_path_factory.mktemp("ir") / "cnn.onnx"
+    torch.onnx.export(module.train(), (torch.randn(2, 1, 8, 8),), str(path), dynamo=False, input_names=["image"],
+                      output_names=["logits"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    return onnx.load(str(path))
+
+
 def _branching_unnamed() -> onnx.ModelProto:
     """h feeds two layers (its gradient accumulates); no node has a name."""
     rng = np.random.default_rng(3)
@@ -84,11 +97,14 @@ def cases(tmp_path_factory):
     built["batchnorm_clip_adamw"] = (bn, bridge.to_training_onnx(bn, loss="ce", optim="adamw", clip_grad_norm=1.0))
     built["dynamic_batch_mlp_nadam"] = (
         torch_source, bridge.to_training_onnx(torch_source, loss="mse", optim="nadam", dynamic_batch=True))
+    cnn = _small_cnn(tmp_path_factory)
+    built["cnn_dropout_ce_sgd_momentum"] = (
+        cnn, bridge.to_training_onnx(cnn, loss="ce", optim="sgd", optim_options={"momentum": 0.9}))
     return built | {"torch_module": module}
 
 
 CASES = ["torch_mlp_ce_adam", "matmul_add_mse_sgd", "gemm_shared_ce_rmsprop", "branching_unnamed_callable_adam",
-         "branching_named_fn_sgd", "batchnorm_clip_adamw", "dynamic_batch_mlp_nadam"]
+         "branching_named_fn_sgd", "batchnorm_clip_adamw", "dynamic_batch_mlp_nadam", "cnn_dropout_ce_sgd_momentum"]
 
 
 def _source_node_names(source: onnx.ModelProto) -> set[str]:
@@ -130,7 +146,8 @@ def test_layers_name_source_nodes_or_weights(cases, case):
             assert layer in tm.weights or layer in ("step", "global"), node.name
         if layer == "loss":
             assert tags["bridge.kind"] in (loss_kind, "lambda", "sum_of_squares"), node.name
-    assert forward_layers == source_nodes, "every source node is traced, under its own name"
+    constants = {n.name for n in source.graph.node if n.op_type == "Constant"}  # folded before the trace
+    assert forward_layers == source_nodes - constants, "every source node is traced, under its own name"
 
 
 def _contract_roles(tm: bridge.TrainingModel, source: onnx.ModelProto) -> dict[str, str]:
@@ -145,6 +162,8 @@ def _contract_roles(tm: bridge.TrainingModel, source: onnx.ModelProto) -> dict[s
             roles[name] = "target"
         elif name == "lr":
             roles[name] = "hyperparameter"
+        elif name.endswith(".noise") and name[: -len(".noise")] in _source_node_names(source):
+            roles[name] = "random"
         elif name in tm.signature.buffers:
             roles[name] = "buffer"
         elif name == "step" or any(fnmatch.fnmatch(name, f"{w}.*") and name not in tm.weights for w in tm.weights):
@@ -190,6 +209,7 @@ def test_api_agrees_with_the_file(cases, case, tmp_path):
     assert g.buffers == by_role("buffer", raw.graph.input)
     assert g.optimizer_state == by_role("optimizer_state", raw.graph.input)
     assert g.hyperparameters == ["lr"]
+    assert g.random_inputs == by_role("random", raw.graph.input)
     assert g.inputs == tm.data_inputs and g.targets == ["target"]
     assert g.outputs == [v.name for v in raw.graph.output] and g.loss == "loss"
     assert g.gradients == {w: f"grad_{w}" for w in tm.weights}
@@ -243,6 +263,18 @@ def test_running_statistics_are_buffers_updated_by_their_layer(cases):
         assert (update.phase, update.layer) == ("forward", "/1/BatchNormalization")
     clip = list(g.nodes("optimizer", "global"))
     assert clip and all(n.kind == "clip_grad_norm" for n in clip)
+
+
+def test_cnn_layers_and_their_backward(cases):
+    source, tm = cases["cnn_dropout_ce_sgd_momentum"]
+    g = bridge.ir.load(tm)
+    conv = next(n.name for n in source.graph.node if n.op_type == "Conv")
+    dropout = next(n.name for n in source.graph.node if n.op_type == "Dropout")
+    assert g.random_inputs == [f"{dropout}.noise"]
+    assert any(n.op_type == "Conv" for n in g.backward_of(conv))
+    assert g.producer("grad_0.weight").layer == conv
+    assert g.state_of("0.weight") == {"momentum_buffer": "0.weight.momentum_buffer"}
+    assert g.role("grad_logits") == "gradient" and g.producer("grad_logits").layer == "loss"
 
 
 def test_gradient_accumulation_and_step_are_tagged(cases):
