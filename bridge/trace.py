@@ -187,6 +187,9 @@ def trace_training_step(
         mode = "symbolic"
     with fx_traceback.preserve_node_meta():
         graph_module = make_fx(train_step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
+    # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
+    graph_module.graph.eliminate_dead_code()
+    graph_module.recompile()
     return graph_module
 
 

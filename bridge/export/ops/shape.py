@@ -142,7 +142,8 @@ def constant_pad(b, node, x, pad, value=0):
     if any(p < 0 for p in begins + ends):
         starts = [max(0, -p) for p in begins]
         stops = [d - max(0, -p) for d, p in zip(x.shape, ends)]
-        x = b.op("Slice", x, b.ints(starts), b.ints(stops), b.ints(list(range(x.rank))))
+        x = b.op("Slice", x, b.ints(starts), b.ints(stops), b.ints(list(range(x.rank))),
+                 shape=[e - s for s, e in zip(starts, stops)], dtype=x.dtype)
         begins, ends = [max(0, p) for p in begins], [max(0, p) for p in ends]
     if not any(begins + ends):
         return x

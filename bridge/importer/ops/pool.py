@@ -88,4 +88,6 @@ def global_average_pool(ctx, x):
 
 @converter("GlobalMaxPool")
 def global_max_pool(ctx, x):
-    return x.amax(dim=list(range(2, x.dim())), keepdim=True)
+    """A max pool over the whole plane: MaxPool forward, first-maximum gradient (no amax tie
+    counting, whose int casts onnx-mlir rejects)."""
+    return _MAX_POOL[x.dim() - 2](x, list(x.shape[2:]))
