@@ -150,7 +150,7 @@ class OnnxProgram:
                 return fold_symbolic(ctx, args)
             with eager():
                 outputs = self._call(conv.fn, ctx, args, conv.static)
-            return [o if isinstance(o, np.ndarray) else o.detach().numpy() for o in outputs]
+            return [_to_numpy(o) for o in outputs]
         return self._call(conv.fn, ctx, args, conv.static)
 
     @staticmethod
@@ -162,6 +162,13 @@ class OnnxProgram:
         ]
         out = fn(ctx, *tensor_args)
         return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _to_numpy(value):
+    """A folded output as numpy (a sequence output, a list, element by element)."""
+    if isinstance(value, list):
+        return [_to_numpy(v) for v in value]
+    return value if isinstance(value, np.ndarray) else value.detach().numpy()
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor:

@@ -20,9 +20,10 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 
 import bridge
-from reference import assert_steps_match, torch_steps
+from reference import torch_steps
 
 LOSS_STEPS = 30
+NOISE = 1e-8  # absolute floor: gradients that are exactly zero in theory (e.g. attention key biases)
 
 
 def torch_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -68,11 +69,33 @@ def check_case(case: Case) -> dict[str, float]:
     session = tm.session()
     first = session.step(case.inputs, case.target)
     want = case.oracle()
-    assert_steps_match([first], [want], rtol=case.rtol)
+    _assert_first_step(case, first, want, tm.initial_state())
     losses = [float(first["loss"])] + [float(session.step(case.inputs, case.target)["loss"]) for _ in range(LOSS_STEPS - 1)]
     assert losses[-1] < 0.9 * losses[0], f"{case.name}: loss did not fall over {LOSS_STEPS} steps: {losses}"
     case.timings.update(convert=convert, total=time.perf_counter() - start)
     return case.timings
+
+
+def _assert_first_step(case: Case, got: dict, want: dict, initial: dict) -> None:
+    """Loss, gradients and running statistics match the oracle; so do updated weights, except
+    where the oracle's gradient is within float noise of zero: Adam's first step moves by
+    ``lr * g / (|g| + eps)``, which turns that noise into any value in [-lr, lr], so there
+    only the bound is checked."""
+    tolerances = {}
+    for key, expected in want.items():
+        assert key in got, f"{case.name}: output {key} missing"
+        scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+        tolerances[key] = case.rtol * scale + NOISE
+    for key, expected in want.items():
+        actual = got[key]
+        grad_key = "grad_" + key[len("updated_"):]
+        if key.startswith("updated_") and grad_key in want:
+            noisy = np.abs(want[grad_key]) <= 10 * tolerances[grad_key]
+            step = np.abs(actual - initial[key[len("updated_"):]])
+            assert np.all(step[noisy] <= case.lr * 1.001), f"{case.name}: {key} moved more than lr"
+            actual, expected = np.where(noisy, 0, actual), np.where(noisy, 0, expected)
+        np.testing.assert_allclose(actual, expected, rtol=case.rtol, atol=tolerances[key],
+                                   err_msg=f"{case.name}: first step, {key}")
 
 
 def twin_oracle(twin, weights: dict[str, np.ndarray], inputs, target, loss: str, lr: float):

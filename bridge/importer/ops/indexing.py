@@ -1,0 +1,33 @@
+"""N-dimensional indexing: GatherND (the dynamo exporter's form of ``tensor[idx0, idx1]``)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..registry import converter
+
+
+@converter("GatherND")
+def gather_nd(ctx, data, indices):
+    """``data[b..., i0, i1, ...]`` for each index tuple in the last dim of ``indices``.
+
+    Written as one flat index into the indexed dims and a single ``index_select``, so the
+    traced graph (and its backward) has one index tensor.
+    """
+    batch_dims = ctx.attr("batch_dims", 0)
+    depth = indices.shape[-1]
+    batch_shape = list(data.shape[:batch_dims])
+    indexed = list(data.shape[batch_dims:batch_dims + depth])
+    rest = list(data.shape[batch_dims + depth:])
+    flat = torch.zeros(indices.shape[:-1], dtype=torch.int64)
+    for k, size in enumerate(indexed):
+        idx = indices[..., k].to(torch.int64)
+        flat = flat * size + torch.where(idx < 0, idx + size, idx)
+    batch = math.prod(batch_shape)
+    if batch_dims:
+        offsets = torch.arange(batch, dtype=torch.int64).reshape(batch_shape + [1] * (flat.dim() - batch_dims))
+        flat = flat + offsets * math.prod(indexed)
+    rows = data.reshape([batch * math.prod(indexed)] + rest)
+    out = rows.index_select(0, flat.reshape(-1))
+    return out.reshape(list(indices.shape[:-1]) + rest)

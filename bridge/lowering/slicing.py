@@ -1,0 +1,35 @@
+"""The backward of slicing and selecting (``slice_scatter`` / ``select_scatter``) without a scatter.
+
+Slicing a weight (the legacy exporter splits an LSTM's weight into gates with Slice) makes
+autograd write the gradient into zeros with ``slice_scatter``, which has no ONNX form that
+onnx-mlir accepts. A unit-step slice is a Concat of the kept parts and the source; any other
+step is a Concat of input and source followed by a Gather with a constant permutation.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import lowers
+
+aten = torch.ops.aten
+
+
+@lowers(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    dim %= x.dim()
+    length = x.shape[dim]
+    start, end, _ = slice(start, end, step).indices(length)
+    end = max(end, start)
+    if step == 1:
+        parts = [x.narrow(dim, 0, start), src, x.narrow(dim, end, length - end)]
+        return torch.cat([p for p in parts if p.shape[dim] > 0], dim)
+    position = {p: length + k for k, p in enumerate(range(start, end, step))}
+    index = torch.tensor([position.get(p, p) for p in range(length)], dtype=torch.int64)
+    return torch.cat([x, src], dim).index_select(dim, index)
+
+
+@lowers(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    dim %= x.dim()
+    index %= x.shape[dim]
+    return slice_scatter(x, src.unsqueeze(dim), dim, index, index + 1, 1)

@@ -1,0 +1,134 @@
+"""Torch models of the zoo, built from tiny configs with random (perturbed) weights.
+
+Each builder returns ``(module, inputs, target, loss)``: ``module(*inputs.values())`` is one
+tensor, ``inputs`` a fixed batch (numpy, in forward-argument order).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .harness import perturb
+
+VOCAB, SEQ, BATCH = 40, 8, 2
+
+Built = tuple[torch.nn.Module, dict[str, np.ndarray], np.ndarray, str]
+
+
+class _HFOutput(torch.nn.Module):
+    """An HF model called with ``input_ids`` and ``attention_mask``, returning its logits."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+
+
+def _text_batch(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((BATCH, SEQ), np.int64)
+    mask[1, SEQ - 3:] = 0  # a padded sequence: the attention mask matters
+    # Token 0 is the padding index: ONNX has no padding_idx, so it would get a gradient torch skips.
+    return {"input_ids": rng.integers(1, VOCAB, (BATCH, SEQ)).astype(np.int64), "attention_mask": mask}
+
+
+def _classes(seed: int, count: int, shape=(BATCH,)) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, count, shape).astype(np.int64)
+
+
+def bert() -> Built:
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=3, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    module = perturb(_HFOutput(BertForSequenceClassification(config)), 0)
+    return module, _text_batch(0), _classes(0, 3), "ce"
+
+
+def distilbert() -> Built:
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    torch.manual_seed(1)
+    config = DistilBertConfig(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=16,
+                              num_labels=3, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
+                              attn_implementation="eager")
+    module = perturb(_HFOutput(DistilBertForSequenceClassification(config)), 1)
+    return module, _text_batch(1), _classes(1, 3), "ce"
+
+
+def gpt2() -> Built:
+    """GPT-2 LM head: tied input/output embeddings (one weight, one gradient)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(2)
+    config = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+    module = perturb(_HFOutput(GPT2LMHeadModel(config)), 2)
+    return module, _text_batch(2), _classes(2, VOCAB, (BATCH, SEQ)), "ce"
+
+
+class _LSTMTagger(torch.nn.Module):
+    """Embedding -> 2-layer bidirectional LSTM (batch first) -> Linear on the last step."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.lstm = torch.nn.LSTM(8, 6, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(12, 3)
+
+    def forward(self, input_ids):
+        out, _ = self.lstm(self.embed(input_ids))
+        return self.head(out[:, -1])
+
+
+def lstm_tagger() -> Built:
+    torch.manual_seed(3)
+    module = perturb(_LSTMTagger(), 3)
+    return module, {"input_ids": _text_batch(3)["input_ids"]}, _classes(3, 3), "ce"
+
+
+def _image_batch(seed: int, size: int = 32) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((BATCH, 3, size, size)).astype(np.float32)}
+
+
+def _vision(factory: Callable[[], torch.nn.Module], seed: int, size: int = 32, classes: int = 10) -> Built:
+    torch.manual_seed(seed)
+    module = perturb(factory(), seed)
+    return module, _image_batch(seed, size), _classes(seed, classes), "ce"
+
+
+def _torchvision(name: str, **kwargs) -> Callable[[], torch.nn.Module]:
+    def factory():
+        import torchvision
+        return getattr(torchvision.models, name)(weights=None, num_classes=10, **kwargs)
+    return factory
+
+
+def _timm(name: str, **kwargs) -> Callable[[], torch.nn.Module]:
+    def factory():
+        import timm
+        return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    return factory
+
+
+TEXT: dict[str, Callable[[], Built]] = {"bert": bert, "distilbert": distilbert, "gpt2": gpt2, "lstm_tagger": lstm_tagger}
+
+VISION: dict[str, Callable[[], Built]] = {
+    "resnet18": lambda: _vision(_torchvision("resnet18"), 10),
+    "mobilenet_v2": lambda: _vision(_torchvision("mobilenet_v2", width_mult=0.25), 11),
+    "squeezenet1_1": lambda: _vision(_torchvision("squeezenet1_1"), 12, size=64),
+    "shufflenet_v2_x0_5": lambda: _vision(_torchvision("shufflenet_v2_x0_5"), 13),
+    "efficientnet_b0": lambda: _vision(_torchvision("efficientnet_b0"), 14),
+    "densenet121": lambda: _vision(_torchvision("densenet121"), 15),
+    "googlenet": lambda: _vision(_torchvision("googlenet", aux_logits=False, init_weights=False), 16),
+    "vgg11_bn": lambda: _vision(_torchvision("vgg11_bn"), 17),
+    "convnext_atto": lambda: _vision(_timm("convnext_atto"), 20),
+    "resnet18d": lambda: _vision(_timm("resnet18d"), 21),
+    "mobilenetv3_small_050": lambda: _vision(_timm("mobilenetv3_small_050"), 22),
+    "regnety_002": lambda: _vision(_timm("regnety_002"), 23),
+    "vit_tiny": lambda: _vision(_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2,
+                                      num_heads=2), 24),
+}
