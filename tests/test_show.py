@@ -88,8 +88,9 @@ def _deep_mlp(depth: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (apt-get install chromium)")
+@pytest.mark.slow
 def test_resnet_sized_picture_renders_headless_coloured_by_phase(tmp_path):
+    assert shutil.which("chromium"), "needs Debian's chromium: `make test` installs it (apt-get install chromium)"
     tm = bridge.to_training_onnx(_deep_mlp(48), loss="mse", optim="sgd")
     graph = bridge.ir.load(tm)
     n_nodes = sum(1 for _ in graph.nodes())
