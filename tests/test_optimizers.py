@@ -1,4 +1,5 @@
-"""Every optimizer, with and without its main options: 20 steps in onnxruntime vs torch.optim.
+"""Every optimizer, with and without its main options, on an MLP and a small CNN: 20 steps in
+onnxruntime vs torch.optim.
 
 The learning rate is halved at step 10 in both (a live ``lr`` input vs the param group's lr),
 and every step's loss, gradients and updated weights must match within 1e-5 relative.
@@ -21,11 +22,14 @@ CLASSES = {
     "nadam": torch.optim.NAdam, "radam": torch.optim.RAdam,
 }
 
+# Learning rates keep the 20 steps from diverging: on a diverging trajectory (gradient ascent with
+# momentum, RMSprop's ~1/(1-momentum) * lr / sqrt(1-alpha) steps) float32 noise (conv gradients summed
+# in another order by onnxruntime and oneDNN, ~2e-7 relative) grows past any fixed tolerance.
 CASES = [
     ("sgd", {"lr": 0.05}),
     ("sgd", {"lr": 0.05, "momentum": 0.9}),
     ("sgd", {"lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}),
-    ("sgd", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "maximize": True}),
+    ("sgd", {"lr": 0.005, "momentum": 0.9, "nesterov": True, "maximize": True}),
     ("adam", {"lr": 0.01}),
     ("adam", {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.01}),
     ("adam", {"lr": 0.01, "amsgrad": True, "maximize": True}),
@@ -36,7 +40,7 @@ CASES = [
     ("adagrad", {"lr": 0.05, "lr_decay": 0.01, "initial_accumulator_value": 0.1, "eps": 1e-8, "weight_decay": 0.01}),
     ("rmsprop", {"lr": 0.01}),
     ("rmsprop", {"lr": 0.01, "alpha": 0.9, "centered": True}),
-    ("rmsprop", {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.01}),
+    ("rmsprop", {"lr": 0.002, "momentum": 0.9, "weight_decay": 0.01}),
     ("rmsprop", {"lr": 0.01, "centered": True, "momentum": 0.5, "maximize": True}),
     ("adadelta", {}),
     ("adadelta", {"lr": 0.5, "rho": 0.8, "eps": 1e-5, "weight_decay": 0.01}),
@@ -65,6 +69,18 @@ def mlp(tmp_path_factory):
     return module, str(path)
 
 
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    """Conv -> MaxPool -> Tanh -> Flatten -> Linear (no ReLU before the pool: no tied maxima)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.MaxPool2d(2), torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(48, 4)
+    )
+    path = tmp_path_factory.mktemp("optim") / "cnn.onnx"
+    torch.onnx.export(module, (torch.randn(3, 2, 8, 8),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    return module, str(path)
+
+
 def _run_both(module, path, optim, options, max_grad_norm=None):
     tm = bridge.to_training_onnx(path, loss="mse", optim=optim, optim_options=options, clip_grad_norm=max_grad_norm)
     batches = random_batches(tm, STEPS, seed=3)
@@ -83,6 +99,13 @@ def _run_both(module, path, optim, options, max_grad_norm=None):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_mlp_20_steps_match_torch_optim(mlp, case):
     got, want, _ = _run_both(*mlp, *case)
+    assert_steps_match(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_cnn_20_steps_match_torch_optim(cnn, case):
+    got, want, _ = _run_both(*cnn, *case)
     assert_steps_match(got, want)
 
 
