@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from .errors import BridgeError, InvalidOptionError, ModelLoadError
+from .runtime import RANDOM_INPUTS
 
 if TYPE_CHECKING:
     from .runtime_iree import IreeTrainingSession
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 BACKENDS = ("iree",)
 INPUTS_KEY = "bridge.inputs"
 OUTPUTS_KEY = "bridge.outputs"
+RANDOM_KEY = "bridge.random_inputs"  # {name: [shape (None: symbolic), dtype]}: noise drawn every step
 _MAX_ERRORS = 5
 # IREE demotes float64 to float32 by default; bridge's optimizer rules compute bias corrections
 # in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
@@ -53,7 +55,8 @@ class CompiledModel:
         path.write_bytes(self.vmfb)
         return path
 
-    def session(self, state: dict[str, np.ndarray] | None = None, driver: str = "local-task") -> IreeTrainingSession:
+    def session(self, state: dict[str, np.ndarray] | None = None, driver: str = "local-task",
+                seed: int | None = None) -> IreeTrainingSession:
         """An IREE session holding ``state`` (default: the TrainingModel's initial state)."""
         from .runtime_iree import IreeTrainingSession
 
@@ -61,7 +64,7 @@ class CompiledModel:
             if self.initial_state is None:
                 raise InvalidOptionError("this module was not compiled from a TrainingModel: pass state=")
             state = {name: value.copy() for name, value in self.initial_state.items()}
-        return IreeTrainingSession(self.vmfb, state, driver=driver)
+        return IreeTrainingSession(self.vmfb, state, driver=driver, seed=seed)
 
 
 def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
@@ -87,6 +90,7 @@ def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
         function.attributes["iree.reflection"] = ir.DictAttr.get({
             INPUTS_KEY: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.input])),
             OUTPUTS_KEY: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.output])),
+            RANDOM_KEY: ir.StringAttr.get(json.dumps(_random_inputs(proto))),
         })
     module.verify()
     return module.get_asm(enable_debug_info=True)
@@ -129,6 +133,19 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     if output is not None:
         compiled.save(output)
     return compiled
+
+
+def _random_inputs(model: onnx.ModelProto) -> dict[str, list]:
+    """The inputs the runner fills with fresh noise each step (``bridge.runtime.RANDOM_INPUTS``)."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    random = set(json.loads(meta.get(RANDOM_INPUTS, "[]")))
+    return {
+        v.name: [
+            [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim],
+            onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+        ]
+        for v in model.graph.input if v.name in random
+    }
 
 
 def _load(model) -> onnx.ModelProto:

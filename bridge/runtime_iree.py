@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .compile import INPUTS_KEY, OUTPUTS_KEY, CompiledModel
+from .compile import INPUTS_KEY, OUTPUTS_KEY, RANDOM_KEY, CompiledModel
 from .errors import InvalidOptionError, ModelLoadError
 from .runtime import StepSession
 
@@ -21,10 +21,10 @@ class IreeTrainingSession(StepSession):
     """Train with a compiled training module: ``session.step(inputs, target)`` -> outputs."""
 
     def __init__(self, module: CompiledModel | bytes | str | os.PathLike, state: Mapping[str, np.ndarray],
-                 driver: str = "local-task"):
+                 driver: str = "local-task", seed: int | None = None):
         import iree.runtime as rt
 
-        super().__init__(state)
+        super().__init__(state, seed)
         if isinstance(module, CompiledModel):
             module = module.vmfb
         elif not isinstance(module, bytes):
@@ -41,6 +41,8 @@ class IreeTrainingSession(StepSession):
         reflection = vm_module.lookup_function(entry).reflection
         self.input_names: list[str] = json.loads(reflection[INPUTS_KEY])
         self.output_names: list[str] = json.loads(reflection[OUTPUTS_KEY])
+        for name, (shape, dtype) in json.loads(reflection.get(RANDOM_KEY, "{}")).items():
+            self.random_inputs[name] = (shape, np.dtype(dtype))
         self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
