@@ -216,4 +216,150 @@ def embedding_meanpool() -> Case:
     return _case("embedding_meanpool", nodes, {"ids": ids}, [2, classes], weights, twin, "ce", 13)
 
 
-CASES = [matmul_add_mlp, gemm_mlp, lstm_classifier, bigru_regressor, layernorm_gelu, shape_ops, embedding_meanpool]
+def conv1d() -> Case:
+    """Conv1d, stride 2, asymmetric pads -> Relu -> ReduceMean over time (opset 18, axes input) -> MatMul."""
+    rng = np.random.default_rng(7)
+    weights = {"W": _w(rng, 4, 3, 3), "B": _w(rng, 4), "Wo": _w(rng, 4, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", strides=[2], pads=[1, 2]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("ReduceMean", ["r", "axis2"], ["m"], name="pool", keepdims=0),
+        helper.make_node("MatMul", ["m", "Wo"], ["y"], name="head"),
+    ]
+
+    def twin(p, i):
+        c = F.relu(F.conv1d(F.pad(i["x"], (1, 2)), p["W"], p["B"], stride=2))
+        return c.mean(2) @ p["Wo"]
+
+    return _case("conv1d", nodes, {"x": _w(rng, 2, 3, 10, scale=1)}, [2, 3], weights, twin, "ce", 18,
+                 constants={"axis2": np.array([2], np.int64)})
+
+
+def conv3d() -> Case:
+    """Conv3d (pads 1, strides 1/2/2) -> GlobalAveragePool -> Flatten -> Gemm, opset 17."""
+    rng = np.random.default_rng(8)
+    weights = {"W": _w(rng, 3, 2, 3, 3, 3, scale=0.3), "B": _w(rng, 3), "Wo": _w(rng, 2, 3), "bo": _w(rng, 2)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", strides=[1, 2, 2], pads=[1] * 6),
+        helper.make_node("Tanh", ["c"], ["t"], name="tanh"),
+        helper.make_node("GlobalAveragePool", ["t"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "Wo", "bo"], ["y"], name="head", transB=1),
+    ]
+
+    def twin(p, i):
+        t = torch.tanh(F.conv3d(i["x"], p["W"], p["B"], stride=(1, 2, 2), padding=1))
+        return F.linear(t.mean((2, 3, 4)), p["Wo"], p["bo"])
+
+    return _case("conv3d", nodes, {"x": _w(rng, 2, 2, 5, 6, 6, scale=1)}, [2, 2], weights, twin, "mse", 17)
+
+
+def conv_transpose_decoder() -> Case:
+    """ConvTranspose (stride 2, pads 1, output_padding 1) then a grouped one -> Sigmoid image, opset 11."""
+    rng = np.random.default_rng(9)
+    weights = {"W1": _w(rng, 4, 4, 3, 3, scale=0.3), "B1": _w(rng, 4), "W2": _w(rng, 4, 1, 2, 2, scale=0.5)}
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "W1", "B1"], ["u"], name="up1", strides=[2, 2], pads=[1, 1, 1, 1],
+                         output_padding=[1, 1]),
+        helper.make_node("Relu", ["u"], ["r"], name="relu"),
+        helper.make_node("ConvTranspose", ["r", "W2"], ["v"], name="up2", group=2, strides=[1, 1]),
+        helper.make_node("Sigmoid", ["v"], ["y"], name="sigmoid"),
+    ]
+
+    def twin(p, i):
+        u = F.relu(F.conv_transpose2d(i["x"], p["W1"], p["B1"], stride=2, padding=1, output_padding=1))
+        return torch.sigmoid(F.conv_transpose2d(u, p["W2"], groups=2))
+
+    return _case("conv_transpose", nodes, {"x": _w(rng, 2, 4, 3, 3, scale=1)}, [2, 2, 7, 7], weights, twin, "mse", 11)
+
+
+def average_pool_pads() -> Case:
+    """Conv -> AveragePool with pads (count_include_pad 0, ceil_mode) and (count_include_pad 1), opset 19."""
+    rng = np.random.default_rng(10)
+    weights = {"W": _w(rng, 4, 3, 3, 3, scale=0.3), "Wo": _w(rng, 4 * 4 * 4 + 4 * 3 * 3, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("AveragePool", ["c"], ["a"], name="pool_excl", kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1], count_include_pad=0, ceil_mode=1),
+        helper.make_node("AveragePool", ["c"], ["b"], name="pool_incl", kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[0, 0, 1, 1], count_include_pad=1),
+        helper.make_node("Flatten", ["a"], ["fa"], name="flat_a"),
+        helper.make_node("Flatten", ["b"], ["fb"], name="flat_b"),
+        helper.make_node("Concat", ["fa", "fb"], ["f"], name="concat", axis=1),
+        helper.make_node("MatMul", ["f", "Wo"], ["y"], name="head"),
+    ]
+
+    def twin(p, i):
+        c = F.conv2d(i["x"], p["W"], padding=1)
+        a = F.avg_pool2d(c, 3, 2, padding=1, ceil_mode=True, count_include_pad=False)
+        b = F.avg_pool2d(F.pad(c, (0, 1, 0, 1)), 3, 2)
+        return torch.cat([a.flatten(1), b.flatten(1)], 1) @ p["Wo"]
+
+    return _case("average_pool_pads", nodes, {"x": _w(rng, 2, 3, 7, 7, scale=1)}, [2, 3], weights, twin, "ce", 19)
+
+
+def depthwise_dilated() -> Case:
+    """Depthwise Conv, dilation 2, asymmetric pads -> pointwise Conv -> GlobalMaxPool -> Flatten, opset 13."""
+    rng = np.random.default_rng(11)
+    weights = {"Wd": _w(rng, 4, 1, 3, 3), "Bd": _w(rng, 4), "Wp": _w(rng, 3, 4, 1, 1), "Bp": _w(rng, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "Wd", "Bd"], ["d"], name="depthwise", group=4, dilations=[2, 2],
+                         pads=[2, 1, 0, 3]),
+        helper.make_node("Relu", ["d"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "Wp", "Bp"], ["c"], name="pointwise"),
+        helper.make_node("GlobalMaxPool", ["c"], ["g"], name="gmp"),
+        helper.make_node("Flatten", ["g"], ["y"], name="flatten"),
+    ]
+
+    def twin(p, i):
+        d = F.relu(F.conv2d(F.pad(i["x"], (1, 3, 2, 0)), p["Wd"], p["Bd"], dilation=2, groups=4))
+        return F.conv2d(d, p["Wp"], p["Bp"]).amax((2, 3))
+
+    return _case("depthwise_dilated", nodes, {"x": _w(rng, 2, 4, 8, 9, scale=1)}, [2, 3], weights, twin, "ce", 13)
+
+
+def odd_sizes_floor() -> Case:
+    """Odd spatial sizes that floor: Conv k3 s2 on 9x11, MaxPool k2 s2 (floor) -> Flatten -> Gemm, opset 12."""
+    rng = np.random.default_rng(12)
+    weights = {"W": _w(rng, 3, 2, 3, 3, scale=0.4), "B": _w(rng, 3), "Wo": _w(rng, 2, 3 * 2 * 2), "bo": _w(rng, 2)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", kernel_shape=[3, 3], strides=[2, 2]),
+        helper.make_node("MaxPool", ["c"], ["m"], name="maxpool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["m"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "Wo", "bo"], ["y"], name="head", transB=1),
+    ]
+
+    def twin(p, i):
+        m = F.max_pool2d(F.conv2d(i["x"], p["W"], p["B"], stride=2), 2, 2)
+        return F.linear(m.flatten(1), p["Wo"], p["bo"])
+
+    return _case("odd_sizes_floor", nodes, {"x": _w(rng, 2, 2, 9, 11, scale=1)}, [2, 2], weights, twin, "ce", 12)
+
+
+def resize_upsampling() -> Case:
+    """Conv -> Resize x2 nearest (scales) and bilinear half-pixel (sizes) -> Add -> Conv, opset 13."""
+    rng = np.random.default_rng(13)
+    weights = {"W1": _w(rng, 3, 2, 3, 3, scale=0.4), "W2": _w(rng, 1, 3, 3, 3, scale=0.4)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Resize", ["c", "", "scales"], ["n"], name="nearest", mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        helper.make_node("Resize", ["c", "", "", "sizes"], ["l"], name="bilinear", mode="linear",
+                         coordinate_transformation_mode="half_pixel"),
+        helper.make_node("Add", ["n", "l"], ["s"], name="add"),
+        helper.make_node("Conv", ["s", "W2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    constants = {"scales": np.array([1, 1, 2, 2], np.float32), "sizes": np.array([2, 3, 10, 10], np.int64)}
+
+    def twin(p, i):
+        c = F.conv2d(i["x"], p["W1"], padding=1)
+        s = F.interpolate(c, scale_factor=2, mode="nearest") + F.interpolate(c, size=(10, 10), mode="bilinear")
+        return F.conv2d(s, p["W2"], padding=1)
+
+    return _case("resize_upsampling", nodes, {"x": _w(rng, 2, 2, 5, 5, scale=1)}, [2, 1, 10, 10], weights, twin,
+                 "mse", 13, constants=constants)
+
+
+CASES = [matmul_add_mlp, gemm_mlp, lstm_classifier, bigru_regressor, layernorm_gelu, shape_ops, embedding_meanpool,
+         conv1d, conv3d, conv_transpose_decoder, average_pool_pads, depthwise_dilated, odd_sizes_floor,
+         resize_upsampling]

@@ -127,7 +127,7 @@ def perturb(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     return module
 
 
-def _dropout_off(module: torch.nn.Module) -> torch.nn.Module:
+def dropout_off(module: torch.nn.Module) -> torch.nn.Module:
     for sub in module.modules():
         if isinstance(sub, torch.nn.modules.dropout._DropoutNd):
             sub.p = 0.0
@@ -176,7 +176,7 @@ def module_oracle(module: torch.nn.Module, mapping, inputs: dict[str, np.ndarray
                   loss: str, lr: float):
     """First training step of ``module`` itself under real Adam, keyed by ONNX names."""
     def oracle():
-        model = _dropout_off(copy.deepcopy(module)).train()
+        model = dropout_off(copy.deepcopy(module)).train()
         params = dict(model.named_parameters())
         tensors = {**dict(model.named_buffers()), **params}
         opt = torch.optim.Adam(params.values(), lr=lr)
