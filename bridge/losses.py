@@ -76,7 +76,37 @@ def _flatten_sequence(output: torch.Tensor, target: torch.Tensor) -> tuple[torch
 
 
 def _cross_entropy(output: torch.Tensor, target: torch.Tensor, **options) -> torch.Tensor:
-    return F.cross_entropy(*_flatten_sequence(output, target), **options)
+    output, target = _flatten_sequence(output, target)
+    if options.get("label_smoothing", 0.0) and not target.is_floating_point():
+        return _smoothed_cross_entropy(output, target, **options)
+    return F.cross_entropy(output, target, **options)
+
+
+def _smoothed_cross_entropy(output, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """torch's cross_entropy with label smoothing on class indices, term for term.
+
+    torch's own composite counts the non-ignored targets as an int64 sum (an int -> float Cast
+    in ONNX, which onnx-mlir lacks) and gathers the class weights; here both are float sums
+    over one-hot masks.
+    """
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise InvalidOptionError(f"loss 'ce': label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    classes = output.shape[1]
+    log_probs = F.log_softmax(output, 1)
+    nll = F.nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
+    keep = target != ignore_index
+    broadcast = [1] * output.dim()
+    broadcast[1] = classes
+    weighted = log_probs if weight is None else log_probs * weight.reshape(broadcast)
+    smooth = torch.where(keep, -weighted.sum(1), 0.0).sum()
+    if reduction == "mean":
+        if weight is None:
+            smooth = smooth / torch.where(keep, 1.0, 0.0).sum()
+        else:
+            one_hot = target.unsqueeze(1) == torch.arange(classes, device=target.device).reshape(broadcast)
+            target_weight = torch.where(one_hot, weight.reshape(broadcast), 0.0).sum(1)
+            smooth = smooth / torch.where(keep, target_weight, 0.0).sum()
+    return (1 - label_smoothing) * nll + smooth * (label_smoothing / classes)
 
 
 def _nll(output: torch.Tensor, target: torch.Tensor, **options) -> torch.Tensor:

@@ -64,6 +64,13 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64)
 
 
+def _lerp(start: torch.Tensor, end: torch.Tensor, weight: float) -> torch.Tensor:
+    """``torch.lerp`` with a Python weight: torch's two formulas, the branch picked while tracing."""
+    if abs(weight) < 0.5:
+        return start + weight * (end - start)
+    return end - (end - start) * (1 - weight)
+
+
 def _direction(grad: torch.Tensor, maximize: bool) -> torch.Tensor:
     return -grad if maximize else grad
 
@@ -92,7 +99,7 @@ def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoup
     beta1, beta2 = betas
     g = _direction(g, maximize)
     p, g = _weight_decay(p, g, lr, weight_decay, decoupled_weight_decay)
-    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    s["exp_avg"] = _lerp(s["exp_avg"], g, 1 - beta1)
     s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
     step64 = _f64(step)
     step_size = (_f64(lr) / (1 - torch.pow(beta1, step64))).to(p.dtype)
@@ -110,7 +117,7 @@ def _rmsprop(p, g, s, step, lr, alpha, eps, weight_decay, momentum, centered, ma
     p, g = _weight_decay(p, g, lr, weight_decay)
     s["square_avg"] = s["square_avg"] * alpha + (1 - alpha) * g * g
     if centered:
-        s["grad_avg"] = torch.lerp(s["grad_avg"], g, 1 - alpha)
+        s["grad_avg"] = _lerp(s["grad_avg"], g, 1 - alpha)
         avg = torch.sqrt(s["square_avg"] - s["grad_avg"] * s["grad_avg"]) + eps
     else:
         avg = torch.sqrt(s["square_avg"]) + eps
@@ -142,7 +149,7 @@ def _adamax(p, g, s, step, lr, betas, eps, weight_decay, maximize, **_):
     beta1, beta2 = betas
     g = _direction(g, maximize)
     p, g = _weight_decay(p, g, lr, weight_decay)
-    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    s["exp_avg"] = _lerp(s["exp_avg"], g, 1 - beta1)
     s["exp_inf"] = torch.maximum(s["exp_inf"] * beta2, torch.abs(g) + eps)
     clr = (_f64(lr) / (1 - torch.pow(beta1, _f64(step)))).to(p.dtype)
     return p - clr * (s["exp_avg"] / s["exp_inf"]), s
@@ -159,7 +166,7 @@ def _nadam(p, g, s, step, lr, betas, eps, weight_decay, momentum_decay, decouple
     # torch keeps mu_product as a float32 tensor and reads it back as a Python float.
     s["mu_product"] = s["mu_product"] * mu.to(s["mu_product"].dtype)
     mu_product = _f64(s["mu_product"])
-    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    s["exp_avg"] = _lerp(s["exp_avg"], g, 1 - beta1)
     s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
     denom = torch.sqrt(s["exp_avg_sq"] / bias_correction2.to(p.dtype)) + eps
     grad_coef = (-lr64 * (1.0 - mu) / (1.0 - mu_product)).to(p.dtype)
@@ -173,7 +180,7 @@ def _radam(p, g, s, step, lr, betas, eps, weight_decay, decoupled_weight_decay, 
     g = _direction(g, maximize)
     step64 = _f64(step)
     p, g = _weight_decay(p, g, lr, weight_decay, decoupled_weight_decay)
-    s["exp_avg"] = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    s["exp_avg"] = _lerp(s["exp_avg"], g, 1 - beta1)
     s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
     bias_correction1 = 1 - torch.pow(beta1, step64)
     bias_correction2 = 1 - torch.pow(beta2, step64)

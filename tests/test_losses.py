@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import bridge
+from bridge.check import check
 from bridge.losses import available_losses
+from bridge.lowering.loss import xlogy
 from reference import assert_steps_match, bridge_steps, torch_steps
 
 C = 4
@@ -149,6 +151,7 @@ def test_loss_and_gradients_match_torch(models, case):
     assert not ops & {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}
     assert _loss_ops(tm), "the loss is tagged phase 'loss'"
     assert all(node.domain in ("", "ai.onnx") for node in tm.model.graph.node)
+    assert not check(tm.model), "onnx-mlir accepts every op"
 
 
 def test_every_loss_is_covered():
@@ -226,3 +229,9 @@ def test_losses_with_a_symbolic_batch_match_torch(dynamic_model, loss, options, 
     torch_loss = lambda out, tgt: fn(out, tgt, **_torch_options(options))  # noqa: E731
     want = torch_steps(forward, weights, torch_loss, torch.optim.SGD, {"lr": 0.1}, batches)
     assert_steps_match(bridge_steps(tm, batches), want)
+
+
+def test_xlogy_lowering_matches_torch():
+    x = torch.tensor([0.0, 0.0, 2.0, 0.5, 0.0, 1.0])
+    y = torch.tensor([0.0, 3.0, 0.5, float("nan"), float("nan"), 0.0])
+    torch.testing.assert_close(xlogy(x, y), torch.xlogy(x, y), equal_nan=True)

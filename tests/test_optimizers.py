@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
+from bridge.check import check
 from bridge.optimizers import available_optimizers, make_optimizer
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
@@ -98,8 +99,9 @@ def _run_both(module, path, optim, options, max_grad_norm=None):
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_mlp_20_steps_match_torch_optim(mlp, case):
-    got, want, _ = _run_both(*mlp, *case)
+    got, want, tm = _run_both(*mlp, *case)
     assert_steps_match(got, want)
+    assert not check(tm.model), "onnx-mlir accepts every op"
 
 
 @pytest.mark.slow

@@ -69,3 +69,14 @@ def huber_loss_backward(grad_output, input, target, reduction, delta):
     scaled = grad_output * (1.0 / input.numel()) if reduction == _MEAN else grad_output
     x = input - target
     return torch.where(x < -delta, scaled * -delta, torch.where(x > delta, scaled * delta, scaled * x))
+
+
+@lowers(aten.xlogy.Tensor)
+def xlogy(x, y):
+    """``x * log(y)``, 0 where x == 0, NaN where y is NaN (kl_div's ``target * log(target)``).
+
+    torch's decomposition tests NaN with IsNaN, which onnx-mlir accepts only from opset 20;
+    ``y != y`` is the same test in Equal/Not.
+    """
+    zeroed = torch.where(x == 0, 0.0, x * torch.log(y))
+    return torch.where(y != y, y, zeroed)
