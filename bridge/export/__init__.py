@@ -88,7 +88,7 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
 def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
     tags = _tags(node)
     if node.target is operator.getitem:
-        return env[node.args[0]][node.args[1]]
+        return _with_meta(env[node.args[0]][node.args[1]], node)
     emitter = EMITTERS.get(node.target)
     if emitter is None and not isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat)) and node.target is not torch.sym_float:
         raise LoweringError(
@@ -106,7 +106,11 @@ def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
         return b.op(_FLOAT_SIZE_OPS[node.target], lhs, rhs, shape=[], dtype=torch.float32)
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
-    result = emitter(b, node, *args, **kwargs)
+    return _with_meta(emitter(b, node, *args, **kwargs), node)
+
+
+def _with_meta(result, node: torch.fx.Node):
+    """Give an emitted value the traced shape and dtype of its FX node."""
     val = node.meta.get("val")
     if isinstance(result, Value) and isinstance(val, torch.Tensor):
         result.shape, result.dtype = Value("", val.shape).shape, val.dtype

@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from ..errors import ShapeError, UnsupportedOpError
 from ..load import default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
-from .shape_folding import fold_symbolic, is_symbolic
+from .shape_folding import FOLDERS, fold_symbolic, is_symbolic
 
 NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
 
@@ -147,10 +147,11 @@ class OnnxProgram:
         )
         if foldable and node.input:
             if any(is_symbolic(a) for a in args):
-                return fold_symbolic(ctx, args)
+                if node.op_type in FOLDERS:
+                    return fold_symbolic(ctx, args)
+                return self._call(conv.fn, ctx, args, conv.static)  # traced: sizes stay symbolic
             with eager():
-                outputs = self._call(conv.fn, ctx, args, conv.static)
-            return [_to_numpy(o) for o in outputs]
+                return [_to_numpy(o) for o in self._call(conv.fn, ctx, args, conv.static)]
         return self._call(conv.fn, ctx, args, conv.static)
 
     @staticmethod
@@ -172,5 +173,8 @@ def _to_numpy(value):
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor:
+    if is_symbolic(array):  # sizes that involve the symbolic batch, used as tensor data
+        items = [torch.scalar_tensor(v, dtype=torch.int64) for v in array.reshape(-1)]
+        return torch.stack(items).reshape(array.shape) if items else torch.zeros(array.shape, dtype=torch.int64)
     return torch.from_numpy(np.array(array, copy=True))
 

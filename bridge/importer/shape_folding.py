@@ -11,6 +11,8 @@ import operator
 from typing import Callable
 
 import numpy as np
+import onnx
+import torch
 
 from ..errors import ShapeError
 from .registry import NodeContext
@@ -90,4 +92,16 @@ def fold_symbolic(ctx: NodeContext, args: list) -> list:
             f"{ctx.node.op_type} node '{ctx.name}' computes on the symbolic batch size, which bridge "
             "cannot carry through this op; convert with dynamic_batch=False"
         )
-    return [np.asarray(folder(ctx, *args), dtype=object)]
+    result = np.asarray(folder(ctx, *args), dtype=object)
+    if not any(isinstance(v, (torch.SymInt, torch.SymBool)) for v in result.reshape(-1)):
+        return [_concrete(ctx, result)]  # e.g. a static dim picked out of a symbolic shape
+    return [result]
+
+
+def _concrete(ctx: NodeContext, values: np.ndarray) -> np.ndarray:
+    """Object array without symbols -> a plain numpy array of the node's output type."""
+    if ctx.node.op_type == "Cast":
+        return values.astype(onnx.helper.tensor_dtype_to_np_dtype(ctx.attr("to")))
+    if all(isinstance(v, (bool, np.bool_)) for v in values.reshape(-1)) and values.size:
+        return values.astype(np.bool_)
+    return values.astype(np.int64)

@@ -100,7 +100,8 @@ _UNARY = {
 
 
 def _unary(onnx_op: str):
-    return lambda b, node, x: b.op(onnx_op, x)
+    """Unary op; an integer input of a float op (sqrt of a size) is cast to the result type first."""
+    return lambda b, node, x: b.op(onnx_op, b.cast(x, _out_dtype(node)) if _out_dtype(node).is_floating_point else x)
 
 
 for _target, _op in _UNARY.items():

@@ -26,12 +26,32 @@ def convolution(b: GraphBuilder, node, x, weight, bias, stride, padding, dilatio
     if transposed:
         raise LoweringError(f"aten.convolution with transposed=True reached export at {_where(node)}; it must be lowered")
     rank = weight.rank - 2
-    padding = per_dim(padding, rank)
+    padding, stride, dilation = per_dim(padding, rank), per_dim(stride, rank), per_dim(dilation, rank)
+    x = _crop_unread_tail(b, x, weight.shape[2:], stride, padding, dilation)
     inputs = [x, weight] + ([bias] if bias is not None else [])
     return b.op(
-        "Conv", *inputs, kernel_shape=list(weight.shape[2:]), strides=per_dim(stride, rank),
-        pads=padding + padding, dilations=per_dim(dilation, rank), group=groups,
+        "Conv", *inputs, kernel_shape=list(weight.shape[2:]), strides=stride,
+        pads=padding + padding, dilations=dilation, group=groups,
     )
+
+
+def _crop_unread_tail(b: GraphBuilder, x: Value, kernel, stride, padding, dilation) -> Value:
+    """Slice off the input elements past the end padding that no window reads.
+
+    Same result; it avoids an IREE defect (a strided Conv whose windows leave input elements
+    unread fails to compile, e.g. x [2,4,4,4], W [6,4,3,3], stride 2, no pads).
+    """
+    ends = []
+    for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation):
+        total = size + 2 * p
+        windows = (total - d * (k - 1) - 1) // s + 1
+        unread_input = total - ((windows - 1) * s + d * (k - 1) + 1) - p
+        ends.append(size - max(unread_input, 0))
+    if ends == list(x.shape[2:]):
+        return x
+    axes = list(range(2, x.rank))
+    return b.op("Slice", x, b.ints([0] * len(axes)), b.ints(ends), b.ints(axes),
+                shape=list(x.shape[:2]) + ends, dtype=x.dtype)
 
 
 def _indices_used(node) -> bool:
