@@ -103,6 +103,7 @@ CASES = [
     ("logits", "huber", {"delta": 0.5, "reduction": "sum"}, "real", F.huber_loss),
     ("logprobs", "nll", {}, "indices", F.nll_loss),
     ("logprobs", "nll", {"weight": WEIGHT, "ignore_index": 1, "reduction": "sum"}, "indices", F.nll_loss),
+    ("sequence", "nll", {}, "indices", _sequence_last(F.nll_loss)),
     ("logprobs", "kl_div", {"reduction": "batchmean"}, "probabilities", F.kl_div),
     ("logprobs", "kl_div", {"reduction": "sum"}, "probabilities", F.kl_div),
     ("logprobs", "kl_div", {}, "probabilities", F.kl_div),
@@ -235,3 +236,31 @@ def test_xlogy_lowering_matches_torch():
     x = torch.tensor([0.0, 0.0, 2.0, 0.5, 0.0, 1.0])
     y = torch.tensor([0.0, 3.0, 0.5, float("nan"), float("nan"), 0.0])
     torch.testing.assert_close(xlogy(x, y), torch.xlogy(x, y), equal_nan=True)
+
+
+def test_inplace_op_with_a_stale_alias_is_refused():
+    """An in-place op is emitted as its out-of-place twin only when no older alias is read after it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from bridge.errors import LoweringError
+    from bridge.export.ops.inplace import _check_mutation_is_visible
+
+    def fresh(x):
+        y = x * 2
+        y.div_(3)
+        return y + 1
+
+    def stale(x):
+        y = x * 2
+        view = y.view(-1)
+        y.div_(3)
+        return view + 1
+
+    for fn, refused in ((fresh, False), (stale, True)):
+        graph = make_fx(fn)(torch.randn(2, 3)).graph
+        node = next(n for n in graph.nodes if n.target in (torch.ops.aten.div_.Scalar, torch.ops.aten.div_.Tensor))
+        if refused:
+            with pytest.raises(LoweringError, match="div_"):
+                _check_mutation_is_visible(node)
+        else:
+            _check_mutation_is_visible(node)
