@@ -186,7 +186,14 @@ def _picked(out, tgt):
     return -out.gather(1, tgt.unsqueeze(1)).mean()
 
 
-@pytest.mark.parametrize("fn, options, kind", [(_quartic, {}, "real"), (_picked, {"label_format": "indices"}, "indices")], ids=["float_target", "indices"])
+def _smoothed(out, tgt):
+    """torch's composite: its masked_fill_ traces to copy_ (the in-place emitter)."""
+    return F.cross_entropy(out, tgt, label_smoothing=0.2)
+
+
+@pytest.mark.parametrize("fn, options, kind", [
+    (_quartic, {}, "real"), (_picked, {"label_format": "indices"}, "indices"), (_smoothed, {"label_format": "indices"}, "indices"),
+], ids=["float_target", "indices", "inplace_copy"])
 def test_callable_loss_matches_torch(models, fn, options, kind):
     tm = _run(models, "logits", fn, options, kind, fn)
     assert _loss_ops(tm)

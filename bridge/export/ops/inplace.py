@@ -26,6 +26,7 @@ _TWINS = {
     aten.add_.Tensor: aten.add.Tensor,
     aten.sub_.Scalar: aten.sub.Scalar,
     aten.sub_.Tensor: aten.sub.Tensor,
+    aten.logical_and_.default: aten.logical_and.default,  # hardsigmoid_backward's mask
 }
 
 
@@ -72,8 +73,7 @@ for _inplace, _twin in _TWINS.items():
 
 @emits(aten.copy_.default)
 def copy_(b, node, x, src, non_blocking=False):
+    """``src`` cast to ``x``'s dtype and broadcast to its shape (symbolic sizes included)."""
     _check_mutation_is_visible(node)
     value = b.cast(src, node.meta["val"].dtype)
-    if tuple(src.shape) != tuple(x.shape):
-        value = b.op("Expand", value, b.ints(list(x.shape)))
-    return value
+    return EMITTERS[aten.expand.default](b, node, value, list(node.meta["val"].shape))
