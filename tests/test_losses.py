@@ -271,3 +271,17 @@ def test_inplace_op_with_a_stale_alias_is_refused():
                 _check_mutation_is_visible(node)
         else:
             _check_mutation_is_visible(node)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] != "spatial"], ids=_case_id)
+def test_compiled_loss_matches_onnxruntime(models, case):
+    """Compiled by IREE (llvm-cpu), an MLIR compiler like onnx-mlir, the step trains as in onnxruntime."""
+    model, loss, options, kind, _ = case
+    tm = bridge.to_training_onnx(models[model][1], loss=loss, loss_options=options, optim="sgd", optim_options={"lr": 0.1})
+    rng = np.random.default_rng(3)
+    batches = [({"x": rng.standard_normal(MODELS[model][1]).astype(np.float32)}, _targets(kind, tm.target_shape, rng))
+               for _ in range(2)]
+    iree = bridge.compile(tm).session()
+    ort = tm.session()
+    assert_steps_match([iree.step(*b) for b in batches], [ort.step(*b) for b in batches])

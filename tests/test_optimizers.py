@@ -156,3 +156,19 @@ def test_converted_model_carries_the_slots(mlp):
     state = tm.initial_state()
     assert [k for k in state if k.startswith("0.weight.")] == [f"0.weight.{s}" for s in ("mu_product", "exp_avg", "exp_avg_sq")]
     assert state["0.weight.mu_product"].shape == () and state["0.weight.mu_product"] == 1.0
+
+
+# The richest configuration of each optimizer (and clipping): compiled by IREE (llvm-cpu), an
+# MLIR compiler like onnx-mlir, the step must train as in onnxruntime.
+COMPILED = [max((c for c in CASES if c[0] == name), key=lambda c: len(c[1])) for name in CLASSES]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", COMPILED, ids=_case_id)
+def test_compiled_update_matches_onnxruntime(mlp, case):
+    name, options = case
+    tm = bridge.to_training_onnx(mlp[1], loss="mse", optim=name, optim_options=options, clip_grad_norm=1.0)
+    batches = random_batches(tm, 3, seed=5)
+    iree = bridge.compile(tm).session()
+    ort = tm.session()
+    assert_steps_match([iree.step(*b) for b in batches], [ort.step(*b) for b in batches])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..builder import GraphBuilder, Value, emits
+from ..builder import GraphBuilder, Value, emits, is_static
 
 aten = torch.ops.aten
 
@@ -15,7 +15,14 @@ def _reduce(b: GraphBuilder, node, onnx_op: str, x: Value, dims, keepdim: bool, 
     if x.rank == 0:
         return x
     dims = list(range(x.rank)) if dims is None or len(dims) == 0 else [d % x.rank for d in dims]
-    kept = [1 if i in dims else d for i, d in enumerate(x.shape)]
+    if len(set(dims)) == x.rank > 1:
+        # Over every axis: flatten first. IREE miscompiles Mul-by-a-broadcast-vector followed by
+        # a ReduceSum over all axes (e.g. a class-weighted loss summed): a 0-d vector.contract.
+        size = [int(np.prod(x.shape))] if is_static(x.shape) else None
+        x = b.op("Reshape", x, b.ints([-1]), shape=size, dtype=x.dtype)
+        dims, kept = [0], [1]
+    else:
+        kept = [1 if i in dims else d for i, d in enumerate(x.shape)]
     reduced = b.op(onnx_op, x, b.ints(dims), keepdims=1, shape=kept, dtype=x.dtype)
     return reduced if keepdim else b.reshape(reduced, list(node.meta["val"].shape))
 
