@@ -24,6 +24,7 @@ from reference import torch_steps
 
 LOSS_STEPS = 30
 NOISE = 1e-8  # absolute floor: gradients that are exactly zero in theory (e.g. attention key biases)
+NOISE_FACTOR = 4  # bridge (float32) may be this many times further from float64 than torch's float32 is
 
 
 def torch_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -49,9 +50,12 @@ class Case:
     target: np.ndarray
     loss: str
     trainable: set[str]  # ONNX initializer names a torch user would train
-    oracle: Callable[[], dict[str, np.ndarray]]  # first-step record: loss, grad_*, updated_*
+    # first-step record (loss, grad_*, updated_*) and the oracle's own float32 error per key
+    oracle: Callable[[], tuple[dict[str, np.ndarray], dict[str, float]]]
     lr: float = 1e-3
     rtol: float = 1e-5
+    # fraction of a tensor's elements that may miss the tolerance (documented per model)
+    allowed_mismatch: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -68,24 +72,25 @@ def check_case(case: Case) -> dict[str, float]:
     )
     session = tm.session()
     first = session.step(case.inputs, case.target)
-    want = case.oracle()
-    _assert_first_step(case, first, want, tm.initial_state())
+    want, noise = case.oracle()
+    _assert_first_step(case, first, want, noise, tm.initial_state())
     losses = [float(first["loss"])] + [float(session.step(case.inputs, case.target)["loss"]) for _ in range(LOSS_STEPS - 1)]
     assert losses[-1] < 0.9 * losses[0], f"{case.name}: loss did not fall over {LOSS_STEPS} steps: {losses}"
     case.timings.update(convert=convert, total=time.perf_counter() - start)
     return case.timings
 
 
-def _assert_first_step(case: Case, got: dict, want: dict, initial: dict) -> None:
-    """Loss, gradients and running statistics match the oracle; so do updated weights, except
-    where the oracle's gradient is within float noise of zero: Adam's first step moves by
-    ``lr * g / (|g| + eps)``, which turns that noise into any value in [-lr, lr], so there
+def _assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: dict) -> None:
+    """Loss, gradients and running statistics match the oracle within ``rtol`` of each tensor's
+    scale plus ``NOISE_FACTOR`` times the oracle's own float32 error; so do updated weights,
+    except where the oracle's gradient is within that tolerance of zero: Adam's first step
+    moves by ``lr * g / (|g| + eps)``, which turns noise into any value in [-lr, lr], so there
     only the bound is checked."""
     tolerances = {}
     for key, expected in want.items():
         assert key in got, f"{case.name}: output {key} missing"
         scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-        tolerances[key] = case.rtol * scale + NOISE
+        tolerances[key] = case.rtol * scale + NOISE + NOISE_FACTOR * noise.get(key, 0.0)
     for key, expected in want.items():
         actual = got[key]
         grad_key = "grad_" + key[len("updated_"):]
@@ -94,14 +99,18 @@ def _assert_first_step(case: Case, got: dict, want: dict, initial: dict) -> None
             step = np.abs(actual - initial[key[len("updated_"):]])
             assert np.all(step[noisy] <= case.lr * 1.001), f"{case.name}: {key} moved more than lr"
             actual, expected = np.where(noisy, 0, actual), np.where(noisy, 0, expected)
-        np.testing.assert_allclose(actual, expected, rtol=case.rtol, atol=tolerances[key],
-                                   err_msg=f"{case.name}: first step, {key}")
+        if case.allowed_mismatch:
+            off = np.abs(actual - expected) > tolerances[key] + case.rtol * np.abs(expected)
+            assert off.mean() <= case.allowed_mismatch, f"{case.name}: {key}: {off.mean():.2%} of elements mismatch"
+        else:
+            np.testing.assert_allclose(actual, expected, rtol=case.rtol, atol=tolerances[key],
+                                       err_msg=f"{case.name}: first step, {key}")
 
 
 def twin_oracle(twin, weights: dict[str, np.ndarray], inputs, target, loss: str, lr: float):
     """First step of an independent torch twin ``twin(params, inputs)`` under real Adam."""
     def oracle():
-        return torch_steps(twin, weights, torch_loss(loss), torch.optim.Adam, {"lr": lr}, [(inputs, target)])[0]
+        return torch_steps(twin, weights, torch_loss(loss), torch.optim.Adam, {"lr": lr}, [(inputs, target)])[0], {}
 
     return oracle
 
@@ -128,11 +137,13 @@ def perturb(module: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def dropout_off(module: torch.nn.Module) -> torch.nn.Module:
+    """Turn off random regularisers (dropout, stochastic depth / drop path), in place."""
     for sub in module.modules():
-        if isinstance(sub, torch.nn.modules.dropout._DropoutNd):
+        if isinstance(sub, torch.nn.modules.dropout._DropoutNd) or type(sub).__name__ == "StochasticDepth":
             sub.p = 0.0
-        if hasattr(sub, "drop_rate") and isinstance(sub.drop_rate, float):
-            sub.drop_rate = 0.0
+        for attr in ("drop_rate", "drop_prob"):
+            if isinstance(getattr(sub, attr, None), float):
+                setattr(sub, attr, 0.0)
     return module
 
 
@@ -172,37 +183,49 @@ def name_map(module: torch.nn.Module, model: onnx.ModelProto | str) -> tuple[dic
     return mapping, missing
 
 
+def _module_step(module: torch.nn.Module, mapping, inputs, target, loss: str, lr: float, dtype) -> dict[str, np.ndarray]:
+    model = dropout_off(copy.deepcopy(module)).train().to(dtype)
+    params = dict(model.named_parameters())
+    tensors = {**dict(model.named_buffers()), **params}
+    opt = torch.optim.Adam(params.values(), lr=lr)
+    args = [torch.from_numpy(v).to(dtype) if v.dtype.kind == "f" else torch.from_numpy(v) for v in inputs.values()]
+    value = torch_loss(loss)(model(*args), torch.from_numpy(target))
+    value.backward()
+    record = {"loss": value.detach().numpy()}
+    for onnx_name, (tname, transposed) in mapping.items():
+        if tname in params:
+            grad = params[tname].grad.numpy()
+            record[f"grad_{onnx_name}"] = grad.T if transposed else grad.copy()
+    opt.step()
+    for onnx_name, (tname, transposed) in mapping.items():
+        value = tensors[tname].detach().numpy()
+        record[f"updated_{onnx_name}"] = value.T if transposed else value.copy()
+    return record
+
+
 def module_oracle(module: torch.nn.Module, mapping, inputs: dict[str, np.ndarray], target: np.ndarray,
                   loss: str, lr: float):
-    """First training step of ``module`` itself under real Adam, keyed by ONNX names."""
+    """First training step of ``module`` itself under real Adam, keyed by ONNX names.
+
+    Run in float64 (the expected values) and float32: the float32 run's distance from float64
+    is torch's own rounding noise on this model, which bounds what float32 bridge can match
+    (deep BatchNorm nets at small sizes, biases whose gradient is zero in theory).
+    """
     def oracle():
-        model = dropout_off(copy.deepcopy(module)).train()
-        params = dict(model.named_parameters())
-        tensors = {**dict(model.named_buffers()), **params}
-        opt = torch.optim.Adam(params.values(), lr=lr)
-        output = model(*[torch.from_numpy(v) for v in inputs.values()])
-        value = torch_loss(loss)(output, torch.from_numpy(target))
-        value.backward()
-        record = {"loss": value.detach().numpy()}
-        for onnx_name, (tname, transposed) in mapping.items():
-            if tname in params:
-                grad = params[tname].grad.numpy()
-                record[f"grad_{onnx_name}"] = grad.T if transposed else grad.copy()
-        opt.step()
-        for onnx_name, (tname, transposed) in mapping.items():
-            value = tensors[tname].detach().numpy()
-            record[f"updated_{onnx_name}"] = value.T if transposed else value.copy()
-        return record
+        want = _module_step(module, mapping, inputs, target, loss, lr, torch.float64)
+        single = _module_step(module, mapping, inputs, target, loss, lr, torch.float32)
+        noise = {k: float(np.max(np.abs(single[k] - want[k]))) if want[k].size else 0.0 for k in want}
+        return want, noise
 
     return oracle
 
 
 def module_case(name: str, module: torch.nn.Module, path: str, inputs: dict[str, np.ndarray], target: np.ndarray,
-                loss: str, lr: float = 1e-3, rtol: float = 1e-5) -> Case:
+                loss: str, lr: float = 1e-3, rtol: float = 1e-5, allowed_mismatch: float = 0.0) -> Case:
     """A zoo case for a torch module exported to ``path``: its oracle is the module itself."""
     mapping, missing = name_map(module, path)
     assert not missing, f"{name}: torch parameters with no ONNX initializer (folded by the exporter): {missing}"
     params = {n for n, _ in module.named_parameters()}
     trainable = {o for o, (t, _) in mapping.items() if t in params}
     return Case(name, path, inputs, target, loss, trainable, module_oracle(module, mapping, inputs, target, loss, lr),
-                lr=lr, rtol=rtol)
+                lr=lr, rtol=rtol, allowed_mismatch=allowed_mismatch)
