@@ -13,7 +13,7 @@ from zoo.torch_models import TEXT
 # (model, exporter, external data). GPT-2 is not exported with constant folding: it unties the
 # embedding from the LM head (see docs/models.md).
 MATRIX = [
-    ("bert", "legacy13_fold", False), ("bert", "legacy17", False), ("bert", "dynamo18_noopt", False),
+    ("bert", "legacy11", False), ("bert", "legacy13_fold", False), ("bert", "legacy17", False), ("bert", "dynamo18_noopt", False),
     ("distilbert", "legacy13", False), ("distilbert", "legacy17_fold", False), ("distilbert", "dynamo18_noopt", True),
     ("gpt2", "legacy13", False), ("gpt2", "legacy17", False), ("gpt2", "dynamo20_noopt", False),
     ("lstm_tagger", "legacy13", False), ("lstm_tagger", "legacy17", False),

@@ -1,7 +1,9 @@
 """The ways a torch model becomes ONNX, as real users export it.
 
 ``legacy<opset>`` is ``torch.onnx.export(dynamo=False)`` without constant folding;
-``legacy<opset>_fold`` with it (models with BatchNorm are then exported in training mode:
+``legacy<opset>_functions`` exports each Linear, LayerNorm and Conv2d as a model-local ONNX
+function (bridge inlines them);
+``legacy<opset>_fold`` uses constant folding (models with BatchNorm are then exported in training mode:
 eval-mode folding fuses BatchNorm into the preceding Conv, after which its weights no longer
 exist to be trained). ``dynamo<opset>`` is the dynamo exporter. ``external`` re-saves an
 export with every tensor in an external data file. ``dynamo<opset>_noopt`` skips the dynamo
@@ -17,7 +19,9 @@ import numpy as np
 import onnx
 import torch
 
-LEGACY = {"legacy13": (13, False), "legacy13_fold": (13, True), "legacy17": (17, False), "legacy17_fold": (17, True)}
+LEGACY = {"legacy11": (11, False), "legacy13": (13, False), "legacy13_fold": (13, True), "legacy17": (17, False),
+          "legacy17_fold": (17, True), "legacy17_functions": (17, False)}
+FUNCTION_MODULES = {torch.nn.Linear, torch.nn.LayerNorm, torch.nn.Conv2d}
 DYNAMO = {"dynamo18": (18, True), "dynamo20": (20, True), "dynamo18_noopt": (18, False), "dynamo20_noopt": (20, False)}
 
 
@@ -36,7 +40,8 @@ def export(module: torch.nn.Module, inputs: dict[str, np.ndarray], how: str, pat
             opset, fold = LEGACY[how]
             mode = torch.onnx.TrainingMode.TRAINING if fold and _has_batchnorm(module) else torch.onnx.TrainingMode.EVAL
             torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset, do_constant_folding=fold,
-                              training=mode, input_names=names, output_names=["y"])
+                              training=mode, input_names=names, output_names=["y"],
+                              export_modules_as_functions=FUNCTION_MODULES if how.endswith("_functions") else False)
         elif how in DYNAMO:
             opset, optimize = DYNAMO[how]
             torch.onnx.export(module, args, str(path), dynamo=True, opset_version=opset, optimize=optimize,
