@@ -15,7 +15,9 @@ from zoo.torch_models import VISION
 # Elements allowed to miss the tolerance. googlenet: a MaxPool window (channel 97 of maxpool3's
 # input) holds two values 1.7e-6 apart (relative), below float32 resolution after 20 layers, so
 # which one is the max (and gets the gradient) depends on rounding; measured 0.18% of one
-# tensor. densenet121: 9 of 36864 elements of one tensor (one output channel), not yet explained.
+# tensor. densenet121: an ill-conditioned tensor (denseblock2.denselayer1.conv2.weight: torch's
+# own float32 result is 0.43% of its max away from float64; eager bridge-import float32 matches
+# torch float32 to 2e-5); the onnxruntime run is up to 2.6% away on 9 of 36864 elements.
 ALLOWED_MISMATCH = {"googlenet": 0.005, "densenet121": 0.005}
 MATRIX = [
     ("resnet18", "legacy11", 1e-2), ("resnet18", "legacy13_fold", 1e-2), ("resnet18", "legacy17_functions", 1e-2), ("mobilenet_v2", "dynamo18_noopt", 1e-2), ("squeezenet1_1", "legacy17", 1e-3),
