@@ -185,7 +185,11 @@ def trace_training_step(
         n_data = len(signature.inputs) + len(signature.random) + 1
         flat_args = _with_symbolic_batch(flat_args, n_data)
         mode = "symbolic"
-    with fx_traceback.preserve_node_meta():
+    # Real-mode make_fx records each value's metadata as a fake tensor, by default in a new
+    # FakeTensorMode per value; one shared mode gives the same graph in half the time (measured).
+    shared_fakes = (torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
+                    if mode == "real" else contextlib.nullcontext())
+    with fx_traceback.preserve_node_meta(), shared_fakes:
         graph_module = make_fx(train_step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
     graph_module.graph.eliminate_dead_code()
