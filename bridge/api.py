@@ -76,7 +76,9 @@ def to_training_onnx(
     inputs = _example_inputs(source, program, batch_size, input_shapes or {})
     output_index = _output_index(program, output)
 
-    weights = select_trainable(differentiable_initializers(program, inputs, output_index), trainable, frozen)
+    candidates = differentiable_initializers(program, inputs, output_index)
+    scalars = [name for name in candidates if program.initializers[name].ndim == 0]
+    weights = select_trainable(candidates, trainable, frozen, scalars)
     if not weights:
         raise BridgeError("the model has no trainable weight (no floating-point initializer reaches the output)")
     buffers, random = _training_forward(program, inputs, weights)

@@ -132,3 +132,22 @@ def test_output_selects_the_loss_output():
     second = bridge.to_training_onnx(model, output="second").session().step({"x": x}, target)["loss"]
     assert float(first) == pytest.approx(((x @ w) ** 2).mean())
     assert float(second) == pytest.approx(0.0)
+
+
+def test_scalar_initializers_are_constants_unless_named():
+    """0-d float initializers (exporter-made constants such as Gelu's 0.5) are not trained by
+    default; trainable= can still name them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="fc"), helper.make_node("Mul", ["h", "half"], ["y"], name="scale")],
+        "scalar_constant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "half")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert bridge.to_training_onnx(model).weights == ["W"]
+    assert "half" not in {i.name for i in bridge.to_training_onnx(model).model.graph.input}
+    assert bridge.to_training_onnx(model, trainable=["W", "half"]).weights == ["W", "half"]

@@ -47,13 +47,21 @@ def _matches(patterns: Iterable[str], names: list[str], argument: str) -> set[st
 
 
 def select_trainable(
-    candidates: list[str], trainable: Iterable[str] | str | None, frozen: Iterable[str] | str | None
+    candidates: list[str],
+    trainable: Iterable[str] | str | None,
+    frozen: Iterable[str] | str | None,
+    scalars: Iterable[str] = (),
 ) -> list[str]:
-    """Apply ``trainable=`` (keep only these) and ``frozen=`` (drop these); order is preserved."""
+    """Apply ``trainable=`` (keep only these) and ``frozen=`` (drop these); order is preserved.
+
+    Without ``trainable=``, 0-d ``scalars`` are not trained: exporters make them from constants
+    (the dynamo exporter's optimizer turns Gelu's 0.5 and sqrt(2), a mask's zeros into 0-d
+    initializers), and torch parameters are never 0-d in practice; ``trainable=`` can name them.
+    """
     if isinstance(trainable, str):
         trainable = [trainable]
     if isinstance(frozen, str):
         frozen = [frozen]
-    keep = set(candidates) if trainable is None else _matches(trainable, candidates, "trainable=")
+    keep = set(candidates) - set(scalars) if trainable is None else _matches(trainable, candidates, "trainable=")
     drop = set() if frozen is None else _matches(frozen, candidates, "frozen=")
     return [name for name in candidates if name in keep and name not in drop]
