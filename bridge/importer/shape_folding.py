@@ -57,6 +57,12 @@ def _slice(ctx, data, starts, ends, axes=None, steps=None):
     return data[tuple(index)]
 
 
+def _reshape(ctx, data, shape):
+    """ONNX Reshape (0 copies the input dim, -1 is inferred) on a shape array."""
+    dims = [data.shape[i] if d == 0 and not ctx.attr("allowzero", 0) else d for i, d in enumerate(ctx.ints(shape))]
+    return np.reshape(data, dims)
+
+
 def _elementwise(fn: Callable) -> Callable:
     return lambda ctx, a, b: np.asarray(fn(np.asarray(a, dtype=object), np.asarray(b, dtype=object)), dtype=object)
 
@@ -67,6 +73,9 @@ def _where(ctx, cond, a, b):
 
 FOLDERS: dict[str, Callable] = {
     "Identity": lambda ctx, x: x,
+    "Shape": lambda ctx, x: np.asarray(np.shape(x), dtype=np.int64)[ctx.attr("start", 0):ctx.attr("end", None)],
+    "Size": lambda ctx, x: np.asarray(np.size(x), dtype=np.int64),
+    "Reshape": _reshape,
     "Cast": lambda ctx, x: x,
     "Gather": _gather,
     "Concat": _concat,

@@ -73,14 +73,14 @@ def check_case(case: Case) -> dict[str, float]:
     session = tm.session()
     first = session.step(case.inputs, case.target)
     want, noise = case.oracle()
-    _assert_first_step(case, first, want, noise, tm.initial_state())
+    assert_first_step(case, first, want, noise, tm.initial_state())
     losses = [float(first["loss"])] + [float(session.step(case.inputs, case.target)["loss"]) for _ in range(LOSS_STEPS - 1)]
     assert losses[-1] < 0.9 * losses[0], f"{case.name}: loss did not fall over {LOSS_STEPS} steps: {losses}"
     case.timings.update(convert=convert, total=time.perf_counter() - start)
     return case.timings
 
 
-def _assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: dict) -> None:
+def assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: dict) -> None:
     """Loss, gradients and running statistics match the oracle within ``rtol`` of each tensor's
     scale plus ``NOISE_FACTOR`` times the oracle's own float32 error; so do updated weights,
     except where the oracle's gradient is within that tolerance of zero: Adam's first step

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..builder import TORCH_TO_NUMPY, emits, is_static
+from ..builder import TORCH_TO_NUMPY, Value, emits, is_static
 
 aten = torch.ops.aten
 
@@ -49,7 +49,11 @@ def scalar_tensor(b, node, value, **_):
 
 @emits(aten.arange.start_step, aten.arange.default, aten.arange.start)
 def arange(b, node, *args, **kwargs):
+    """A constant, or ONNX Range when a bound is a symbolic size (e.g. positions 0..batch)."""
     val = node.meta["val"]
-    numbers = [a for a in args if isinstance(a, (int, float))]
-    start, end, step = (0, numbers[0], 1) if len(numbers) == 1 else (numbers + [1])[:3]
-    return b.const(np.arange(start, end, step, dtype=TORCH_TO_NUMPY[val.dtype]))
+    bounds = [a for a in args if isinstance(a, (int, float, Value, torch.SymInt))]
+    start, end, step = (0, bounds[0], 1) if len(bounds) == 1 else (bounds + [1])[:3]
+    if is_static([start, end, step]):
+        return b.const(np.arange(start, end, step, dtype=TORCH_TO_NUMPY[val.dtype]))
+    start, end, step = (b.operand(v, val.dtype) for v in (start, end, step))
+    return b.op("Range", start, end, step)
