@@ -143,13 +143,6 @@ def test_cli_rejects_bad_clip_grad_norm(tmp_path, capsys):
 @pytest.mark.slow
 def test_docs_op_tables_are_current():
     """docs/losses_and_optimizers.md's tables are what docs/op_tables.py derives from conversions."""
-    import importlib.util
-    from pathlib import Path
+    from generated_docs import assert_generated_block_current
 
-    root = Path(__file__).parent.parent
-    spec = importlib.util.spec_from_file_location("op_tables", root / "docs" / "op_tables.py")
-    op_tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(op_tables)
-    doc = (root / "docs" / "losses_and_optimizers.md").read_text()
-    start, end = doc.index(op_tables.BEGIN), doc.index(op_tables.END) + len(op_tables.END)
-    assert doc[start:end] == op_tables.tables()
+    assert_generated_block_current("op_tables.py", "losses_and_optimizers.md", "tables")
