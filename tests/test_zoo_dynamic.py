@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import bridge
-from zoo.harness import Case, assert_first_step, module_oracle, name_map
+from zoo.harness import Case, assert_first_step, assert_onnx_mlir_clean, module_oracle, name_map
 from zoo.torch_models import TEXT, VISION
 
 BATCHES = (1, 3, 16)
@@ -61,6 +61,7 @@ def test_one_file_trains_at_batch_1_3_16(name, tmp_path):
     batch_dims = {i.name: i.type.tensor_type.shape.dim[0].dim_param for i in tm.model.graph.input
                   if i.name in [*inputs, "target"]}
     assert set(batch_dims.values()) == {"batch"}, batch_dims
+    assert_onnx_mlir_clean(tm, name)
     mapping, missing = name_map(module, path)
     assert not missing
     has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
