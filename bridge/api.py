@@ -11,7 +11,7 @@ import torch
 
 from . import __version__
 from .annotate import annotate_model
-from .errors import BridgeError, InvalidOptionError, ModelLoadError
+from .errors import BridgeError, InvalidOptionError
 from .export import export_step
 from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..builder import GraphBuilder, Value, emits, is_static
+from ..builder import GraphBuilder, emits, is_static
 
 aten = torch.ops.aten
 
