@@ -13,6 +13,7 @@ from . import __version__
 from .annotate import annotate_model
 from .errors import BridgeError, InvalidOptionError
 from .export import export_step
+from .export.builder import TORCH_TO_NUMPY
 from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable
 from .load import load_model
@@ -117,7 +118,7 @@ def to_training_onnx(
     onnx.checker.check_model(training, full_check=True)
 
     initial = {name: tensors[name].detach().numpy().copy() for name in signature.state_names()}
-    result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(str(spec.dtype).replace("torch.", "")))
+    result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]))
     if output_path is not None:
         result.save(output_path)
     return result
