@@ -1,0 +1,213 @@
+"""Independent oracles for one training step of an ONNX model.
+
+The gradient oracle is float64 central finite differences of the mse loss of the *source*
+model, evaluated by ONNX's own reference evaluator (``onnx.reference``): neither bridge's
+importer nor torch is involved. Tolerances are multiples of measured noise:
+
+- the finite-difference noise of each weight is measured by differencing with two step sizes
+  (``h`` and ``2h``); the float64 training graph must agree within ``FD_NOISE_FACTOR`` times it
+  (plus a floor of ``FLOAT64_FLOOR`` of the gradient's scale);
+- the float32 training graph (what users run) must agree with the float64 one within
+  ``FLOAT32_ULPS`` float32 unit roundoffs of the gradient's scale.
+
+``check_training_step`` runs the whole path (convert, onnx-mlir check, one SGD step in float64
+and in float32) and returns a ``StepCheck`` whose ``failures()`` lists every disagreement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import bridge
+
+FD_NOISE_FACTOR = 20.0
+FLOAT64_FLOOR = 1e-9
+FLOAT32_ULPS = 2.0**10  # of float32 unit roundoff (2**-24): 6e-5 of the gradient's scale
+FLOAT32_EPS = 2.0**-24
+LR = 0.125  # a power of two: the lr input is float32 even in a float64 graph
+
+
+def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same model computing in float64: float32 initializers, inputs, outputs, ``Cast``/
+    ``Constant``/``ConstantOfShape``/``CastLike`` targets become double."""
+    model64 = onnx.ModelProto()
+    model64.CopyFrom(model)
+    graph = model64.graph
+    del graph.value_info[:]
+    for value in list(graph.input) + list(graph.output):
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
+            value.type.tensor_type.elem_type = TensorProto.DOUBLE
+    for index, init in enumerate(graph.initializer):
+        if init.data_type == TensorProto.FLOAT:
+            graph.initializer[index].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float64), init.name))
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT:
+                attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float64), attribute.t.name))
+            elif attribute.name in ("to", "dtype") and attribute.type == onnx.AttributeProto.INT and attribute.i == TensorProto.FLOAT:
+                attribute.i = TensorProto.DOUBLE
+    return model64
+
+
+def weights_as_inputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """``model`` with the initializers ``names`` turned into graph inputs (so an evaluator can be
+    fed perturbed weights without being rebuilt)."""
+    moved = onnx.ModelProto()
+    moved.CopyFrom(model)
+    keep = [init for init in moved.graph.initializer if init.name not in names]
+    inputs = [helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+              for init in moved.graph.initializer if init.name in names]
+    del moved.graph.initializer[:]
+    moved.graph.initializer.extend(keep)
+    existing = {i.name for i in moved.graph.input}
+    moved.graph.input.extend(i for i in inputs if i.name not in existing)
+    return moved
+
+
+def mse(output: np.ndarray, target: np.ndarray) -> float:
+    return float(np.mean((np.asarray(output, np.float64) - target) ** 2))
+
+
+def finite_difference_gradients(
+    model64: onnx.ModelProto, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+    target: np.ndarray, *, output_index: int = 0, max_elements: int = 24, seed: int = 0, h: float = 1e-6,
+) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+    """Per weight: (flat indices sampled, central-difference gradient there, measured FD noise).
+
+    The noise is ``max |FD(h) - FD(2h)|`` over the sampled elements: the truncation and rounding
+    error of the difference quotient, measured rather than assumed.
+    """
+    evaluator = ReferenceEvaluator(weights_as_inputs(model64, list(weights)))
+    base = {**{k: np.asarray(v) for k, v in feeds.items()}, **{k: np.array(v, np.float64) for k, v in weights.items()}}
+
+    def loss(feed) -> float:
+        return mse(evaluator.run(None, feed)[output_index], target)
+
+    rng = np.random.default_rng(seed)
+    result = {}
+    for name, value in weights.items():
+        count = min(value.size, max_elements)
+        indices = np.sort(rng.choice(value.size, size=count, replace=False)) if value.size else np.zeros(0, int)
+        grads, noise = np.zeros(count), 0.0
+        for k, flat in enumerate(indices):
+            quotients = []
+            for step in (h, 2 * h):
+                scaled = step * max(1.0, abs(float(value.reshape(-1)[flat])))
+                plus, minus = dict(base), dict(base)
+                plus[name] = base[name].copy()
+                minus[name] = base[name].copy()
+                plus[name].reshape(-1)[flat] += scaled
+                minus[name].reshape(-1)[flat] -= scaled
+                quotients.append((loss(plus) - loss(minus)) / (2 * scaled))
+            grads[k] = quotients[0]
+            noise = max(noise, abs(quotients[0] - quotients[1]))
+        result[name] = (indices, grads, noise)
+    return result
+
+
+def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """``model`` run by ONNX's reference evaluator."""
+    return ReferenceEvaluator(model).run(None, dict(feeds))
+
+
+def step_outputs(tm: bridge.TrainingModel, inputs: Mapping[str, np.ndarray], target: np.ndarray,
+                 noise: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """One training step of ``tm`` in onnxruntime; where onnxruntime has no kernel for a dtype
+    (float64 is partly covered), in ONNX's reference evaluator."""
+    feed = {**tm.initial_state(), **dict(inputs), **dict(noise or {}), "target": target}
+    try:
+        session = tm.session()
+    except Exception as exc:  # onnxruntime: NOT_IMPLEMENTED kernel for this dtype
+        if "NOT_IMPLEMENTED" not in str(exc) and "Could not find an implementation" not in str(exc):
+            raise
+        names = [o.name for o in tm.model.graph.output]
+        return dict(zip(names, run_reference(tm.model, feed)))
+    return session._run(feed)
+
+
+@dataclass
+class StepCheck:
+    """Scale-relative errors of one training step against the oracles, and their bounds."""
+
+    weights: list[str]
+    errors: dict[str, float] = field(default_factory=dict)
+    bounds: dict[str, float] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    def record(self, key: str, error: float, bound: float) -> None:
+        self.errors[key], self.bounds[key] = error, bound
+
+    def failures(self) -> list[str]:
+        bad = [f"{k}: error {self.errors[k]:.3g} > bound {self.bounds[k]:.3g}"
+               for k in self.errors if not self.errors[k] <= self.bounds[k]]
+        return bad + [f"onnx-mlir: {v}" for v in self.violations]
+
+
+def _scale(array: np.ndarray) -> float:
+    return float(np.max(np.abs(array))) if np.size(array) else 0.0
+
+
+def _random_noise(tm: bridge.TrainingModel, inputs: Mapping[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """Values for the per-step noise inputs (``<node>.noise``) of random ops."""
+    rng = np.random.default_rng(seed)
+    by_name = {i.name: i for i in tm.model.graph.input}
+    noise = {}
+    for name in tm.signature.random:
+        dims = [d.dim_value for d in by_name[name].type.tensor_type.shape.dim]
+        elem = by_name[name].type.tensor_type.elem_type
+        noise[name] = rng.random(dims).astype(np.float64 if elem == TensorProto.DOUBLE else np.float32)
+    return noise
+
+
+def check_training_step(
+    model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *, output_index: int = 0,
+    max_elements: int = 24, seed: int = 0, float32: bool = True, **convert_options,
+) -> StepCheck:
+    """Convert ``model`` (mse, SGD), run one step in float64 and (``float32``) float32, compare.
+
+    Checks: the float64 step's loss equals the reference evaluator's, its gradients equal
+    float64 finite differences of the source model, its update is ``w - lr * grad``; the float32
+    training graph checks clean for onnx-mlir and its gradients equal the float64 ones.
+    """
+    model64 = as_float64(model)
+    inputs64 = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in inputs.items()}
+    options = dict(loss="mse", optim="sgd", optim_options={"lr": LR}, output=output_index, **convert_options)
+    tm64 = bridge.to_training_onnx(model64, **options)
+    rng = np.random.default_rng(seed)
+    out_shape = run_reference(model64, inputs64)[output_index].shape
+    target = rng.standard_normal(out_shape)
+    noise64 = _random_noise(tm64, inputs64, seed)
+    got64 = step_outputs(tm64, inputs64, target, noise64)
+    result = StepCheck(list(tm64.weights))
+
+    state = tm64.initial_state()
+    if not noise64:
+        reference_loss = mse(run_reference(model64, {**inputs64, **{w: state[w] for w in tm64.weights}})[output_index], target)
+        result.record("loss", abs(float(got64["loss"]) - reference_loss), 1e-12 * max(1.0, abs(reference_loss)))
+        fd = finite_difference_gradients(model64, inputs64, {w: state[w] for w in tm64.weights}, target,
+                                         output_index=output_index, max_elements=max_elements, seed=seed)
+        for w, (indices, grads, fd_noise) in fd.items():
+            got = np.asarray(got64[f"grad_{w}"], np.float64).reshape(-1)[indices]
+            scale = max(_scale(grads), _scale(got64[f"grad_{w}"]))
+            result.record(f"grad_{w} vs finite differences", float(np.max(np.abs(got - grads), initial=0.0)),
+                          FD_NOISE_FACTOR * fd_noise + FLOAT64_FLOOR * max(scale, 1.0))
+    for w in tm64.weights:
+        want = state[w] - LR * got64[f"grad_{w}"]
+        result.record(f"updated_{w}", float(np.max(np.abs(got64[f"updated_{w}"] - want), initial=0.0)),
+                      4 * np.finfo(np.float64).eps * max(_scale(want), 1.0))
+
+    if float32:
+        tm32 = bridge.to_training_onnx(model, **options)
+        result.violations = list(bridge.check(tm32.model, target="onnx-mlir"))
+        noise32 = {k: v.astype(np.float32) for k, v in noise64.items()}
+        got32 = step_outputs(tm32, inputs, target.astype(np.float32), noise32)
+        for w in tm64.weights:
+            want = np.asarray(got64[f"grad_{w}"])
+            error = float(np.max(np.abs(np.asarray(got32[f"grad_{w}"], np.float64) - want), initial=0.0))
+            result.record(f"grad_{w} float32", error, FLOAT32_ULPS * FLOAT32_EPS * max(_scale(want), 1e-30) + 1e-30)
+    return result
