@@ -116,30 +116,38 @@ def split(ctx, x, sizes=None):
 
 @converter("Slice", static=(1, 2, 3, 4))
 def slice_(ctx, x, starts=None, ends=None, axes=None, steps=None):
+    """One ``aten.slice`` per sliced axis (a negative step: flip, then slice forward); axes kept
+    whole trace nothing, so a symbolic batch axis is never compared with a number."""
     if ctx.opset < 10:
         starts, ends, axes = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes")
     starts, ends = ctx.ints(starts), ctx.ints(ends)
     axes = ctx.ints(axes) if axes is not None else list(range(len(starts)))
     steps = ctx.ints(steps) if steps is not None else [1] * len(starts)
-    index = [slice(None)] * x.dim()
-    flips = []
     for start, end, axis, step in zip(starts, ends, axes, steps):
         axis %= x.dim()
         length = x.shape[axis]
+        if _whole_axis(start, end, step, length):
+            continue
         if step > 0:
             start = min(max(start + length if start < 0 else start, 0), length)
             end = min(max(end + length if end < 0 else end, 0), length)
-            index[axis] = slice(start, max(end, start), step)
+            x = torch.ops.aten.slice(x, axis, start, max(end, start), step)
         else:
-            # Negative step: flip, then slice forward.
             start = min(max(start + length if start < 0 else start, -1), length - 1)
             end = min(max(end + length if end < 0 else end, -1), length - 1)
-            flips.append(axis)
             first, last = length - 1 - start, length - 1 - end
-            index[axis] = slice(first, max(last, first), -step)
-    if flips:
-        x = torch.flip(x, flips)
-    return x[tuple(index)]
+            x = torch.ops.aten.slice(torch.flip(x, [axis]), axis, first, max(last, first), -step)
+    return x
+
+
+def _whole_axis(start: int, end: int, step: int, length) -> bool:
+    """True when a Slice keeps the whole axis (no op is traced then). A symbolic length (the batch)
+    is never compared with a number, which would fix it: only ``0:<int32 max or more>`` qualifies."""
+    if step != 1:
+        return False
+    if isinstance(length, torch.SymInt):
+        return start == 0 and end >= 2**31 - 1
+    return (start == 0 or start <= -length) and end >= length
 
 
 @converter("Gather")
