@@ -182,24 +182,29 @@ def test_flatten_axis_trains_like_torch(axis):
 
 # -- Sequences -------------------------------------------------------------------------------
 
+def _sequence_model(nodes: list, x_shape: tuple, inits: dict, opset: int = 18) -> onnx.ModelProto:
+    """``Mul(x, w_pre) -> pre`` then ``nodes`` (ending in ``y``), float64."""
+    weight = np.abs(rng.standard_normal(x_shape)) + 0.5
+    nodes = [onnx.helper.make_node("Mul", ["x", "w_pre"], ["pre"])] + nodes
+    inits = {"w_pre": weight, **inits}
+    graph = onnx.helper.make_graph(
+        nodes, "sequence", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, x_shape)],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)],
+        [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = onnx.shape_inference.infer_shapes(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)]))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def test_identity_of_a_sequence_keeps_every_tensor():
     """SplitToSequence -> Identity -> ConcatFromSequence(new_axis=1): the stacked halves."""
-    x = np.zeros((2, 3, 4))
-    nodes = [
-        onnx.helper.make_node("Mul", ["x", "w_pre"], ["pre"]),
+    shape = (2, 3, 4)
+    model = _sequence_model([
         onnx.helper.make_node("SplitToSequence", ["pre", "split"], ["seq"], axis=2),
         onnx.helper.make_node("Identity", ["seq"], ["same"]),
         onnx.helper.make_node("ConcatFromSequence", ["same"], ["y"], axis=1, new_axis=1),
-    ]
-    weight = rng.standard_normal(x.shape)
-    graph = onnx.helper.make_graph(
-        nodes, "sequence_identity", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, x.shape)],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, (2, 2, 3, 2))],
-        [onnx.numpy_helper.from_array(weight, "w_pre"), onnx.numpy_helper.from_array(_ints(2, 2), "split")])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
-    onnx.checker.check_model(model, full_check=True)
-    twin = lambda p, i: torch.stack(torch.split(p["w_pre"] * i["x"], 2, dim=2), dim=1)  # noqa: E731
-    train_and_compare(model, {"w_pre": weight}, twin, batches_for({"x": x.shape}, (2, 2, 3, 2), 2), steps_rtol=RTOL)
+    ], shape, {"split": _ints(2, 2)})
+    _train_prescaled(model, shape, lambda t: torch.stack(torch.split(t, 2, dim=2), dim=1))
 
 
 # -- BatchNormalization with training_mode=1 --------------------------------------------------
@@ -274,3 +279,75 @@ def test_shifted_lm_trains_like_torch_at_any_batch(shifted_lm, batch):
     twin = lambda p, i: torch.func.functional_call(module, p, (i["x"],))  # noqa: E731
     want = torch_steps(twin, weights, loss, torch.optim.SGD, {"lr": 0.5}, batches)
     assert_steps_match(bridge_steps(tm, batches), want, rtol=RTOL)
+
+
+# -- Every op of importer/ops/{tensor,sequence,indexing}.py behind a trainable weight -----------
+
+X = rng.standard_normal((2, 3, 4, 5))
+NODE_CASES = [  # id, op, x, initializers, attributes
+    ("reshape", "Reshape", X, {"shape": _ints(0, -1, 5)}, {}),
+    ("transpose", "Transpose", X, {}, {"perm": [3, 1, 0, 2]}),
+    ("concat", "Concat", X, {"other": rng.standard_normal((2, 1, 4, 5))}, {"axis": 1}),
+    ("squeeze", "Squeeze", X[:, :1], {"axes": _ints(1)}, {}),
+    ("unsqueeze", "Unsqueeze", X, {"axes": _ints(0, -1)}, {}),
+    ("expand", "Expand", X[:, :1], {"shape": _ints(2, 3, 4, 5)}, {}),
+    ("tile", "Tile", X, {"repeats": _ints(1, 2, 1, 3)}, {}),
+    ("slice", "Slice", X, {"starts": _ints(1, -4), "ends": _ints(3, 2**62), "axes": _ints(1, 3), "steps": _ints(1, 3)}, {}),
+    ("slice-negative-steps", "Slice", X, {"starts": _ints(3, 4), "ends": _ints(0, -100), "axes": _ints(2, 3),
+                                          "steps": _ints(-2, -3)}, {}),
+    ("gather", "Gather", X, {"indices": _ints(2, 0, 2)}, {"axis": 2}),
+    ("gather-negative", "Gather", X, {"indices": np.array([[-1, 0], [1, 1]], np.int64)}, {"axis": 1}),
+    ("gather-scalar", "Gather", X, {"indices": np.array(1, np.int64)}, {"axis": 1}),
+    ("gather-elements", "GatherElements", X, {"indices": rng.integers(-3, 3, (2, 3, 4, 5))}, {"axis": 1}),
+    ("gather-nd", "GatherND", X, {"indices": np.array([[0, 1], [1, -1]], np.int64)}, {}),
+    ("gather-nd-batch", "GatherND", X, {"indices": np.array([[1, 2], [0, 0]], np.int64)}, {"batch_dims": 1}),
+    ("depth-to-space-dcr", "DepthToSpace", rng.standard_normal((2, 8, 2, 3)), {}, {"blocksize": 2}),
+    ("depth-to-space-crd", "DepthToSpace", rng.standard_normal((2, 8, 2, 3)), {}, {"blocksize": 2, "mode": "CRD"}),
+    ("space-to-depth", "SpaceToDepth", X[:, :, :, :4], {}, {"blocksize": 2}),
+    ("trilu", "Trilu", X, {"k": np.array(1, np.int64)}, {"upper": 0}),
+    ("identity", "Identity", X, {}, {}),
+    ("flatten", "Flatten", X, {}, {"axis": -2}),
+    ("pad-constant", "Pad", X, {"pads": _ints(0, 1, 1, 2, 0, 0, 2, -1), "value": np.array(0.5)}, {}),
+]
+
+
+@pytest.mark.parametrize("op, x, inits, attrs", [pytest.param(*c[1:], id=c[0]) for c in NODE_CASES])
+def test_op_behind_a_weight_matches_finite_differences(op, x, inits, attrs):
+    _check_against_finite_differences(_prescaled(op, x, inits, **attrs), x)
+
+
+@pytest.mark.parametrize("inits, attrs", [({"split": _ints(1, 2)}, {"axis": 1}), ({}, {"axis": 3, "num_outputs": 2})],
+                         ids=["sizes", "num_outputs"])
+def test_split_behind_a_weight_matches_finite_differences(inits, attrs):
+    """Two outputs; the loss is on the first, so the second part gets no gradient."""
+    _check_against_finite_differences(_prescaled("Split", X, inits, outputs=2, **attrs), X)
+
+
+SEQUENCE_CASES = {
+    "split-to-sequence-at": ([
+        onnx.helper.make_node("SplitToSequence", ["pre", "split"], ["seq"], axis=3),
+        onnx.helper.make_node("SequenceAt", ["seq", "one"], ["y"]),
+    ], {"split": _ints(2, 3), "one": np.array(1, np.int64)}),
+    "construct-length-concat": ([
+        onnx.helper.make_node("SequenceConstruct", ["pre", "pre"], ["seq"]),
+        onnx.helper.make_node("SequenceLength", ["seq"], ["count"]),
+        onnx.helper.make_node("ConcatFromSequence", ["seq"], ["both"], axis=0),
+        onnx.helper.make_node("Reshape", ["both", "count_by_rest"], ["y"]),
+    ], {"count_by_rest": _ints(2, -1)}),
+    "unit-split-stack": ([
+        onnx.helper.make_node("SplitToSequence", ["pre"], ["seq"], axis=1, keepdims=0),
+        onnx.helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=-1, new_axis=1),
+    ], {}),
+}
+
+
+@pytest.mark.parametrize("name", SEQUENCE_CASES)
+def test_sequence_ops_behind_a_weight_match_finite_differences(name):
+    nodes, inits = SEQUENCE_CASES[name]
+    _check_against_finite_differences(_sequence_model(nodes, X.shape, inits), X)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="Clip's converter (importer/ops/elementwise.py, outside this branch) calls torch.clamp(x, None, None)")
+def test_clip_without_bounds_is_the_identity():
+    _check_against_finite_differences(_prescaled("Clip", X, {}), X)
