@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+
 def pad_axis(x: torch.Tensor, axis: int, begin: int, end: int, mode: str) -> torch.Tensor:
     """``x`` with ``begin`` / ``end`` elements added along ``axis`` in ``mode`` (ONNX Pad's
     reflect / edge / wrap); a negative count removes elements from that side first."""

@@ -219,16 +219,18 @@ def pad(ctx, x, pads=None, value=None, axes=None):
     if mode not in ("reflect", "edge", "wrap"):
         raise ctx.unsupported(f"mode={mode!r}")
     for axis in range(rank):
-        _check_pad_fits(ctx, x, axis, begins[axis], ends[axis], mode)
-        x = padding.pad_axis(x, axis, begins[axis], ends[axis], mode)
+        if begins[axis] or ends[axis]:
+            _check_pad_fits(ctx, x, axis, begins[axis], ends[axis], mode)
+            x = padding.pad_axis(x, axis, begins[axis], ends[axis], mode)
     return x
 
 
 def _check_pad_fits(ctx, x, axis: int, begin: int, end: int, mode: str) -> None:
-    """reflect pads at most length - 1 elements per side, edge and wrap need a non-empty axis."""
+    """Crops leave a non-empty axis; reflect pads at most length - 1 elements per side, edge and
+    wrap need at least one element."""
     length = x.shape[axis] + min(begin, 0) + min(end, 0)
     limit = length - 1 if mode == "reflect" else (None if length > 0 else 0)
-    if limit is not None and max(begin, end) > limit:
+    if length <= 0 or (limit is not None and max(begin, end) > limit):
         raise ShapeError(
             f"Pad node '{ctx.name}': mode={mode} pads axis {axis} of length {length} by ({begin}, {end}); "
             f"at most {limit} per side is possible (as in onnxruntime and torch)"
