@@ -174,3 +174,40 @@ def onnx_tensor(value, name):
     from onnx import numpy_helper
 
     return numpy_helper.from_array(np.asarray(value), name)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads, axes", [([1, 0, 2, 1, 0, 1], None), ([2, -1], [-1]), ([-1, 1, 1, -1], [1, 2])],
+                         ids=["every-axis", "axes-crop-end", "crop-and-pad"])
+def test_pad_modes_on_any_axis(mode, pads, axes):
+    inputs = {"pads": np.array(pads, np.int64)}
+    if axes is not None:
+        inputs.update(value=np.array(0.0, np.float32), axes=np.array(axes, np.int64))
+    _check("Pad", {"x": X}, inputs, opset=19, mode=mode)
+
+
+@pytest.mark.parametrize("axis", [-1, -2, -3, 0, 3])
+def test_flatten_negative_axis_counts_from_the_rank(axis):
+    _check("Flatten", {"x": X}, axis=axis)
+
+
+@pytest.mark.parametrize("starts, ends, steps", [([10], [-10], [-2]), ([2], [-100], [-3]), ([-1], [0], [-4])])
+def test_slice_negative_steps_with_clamped_bounds(starts, ends, steps):
+    inputs = {"starts": np.array(starts, np.int64), "ends": np.array(ends, np.int64),
+              "axes": np.array([2], np.int64), "steps": np.array(steps, np.int64)}
+    _check("Slice", {"x": X}, inputs)
+
+
+@pytest.mark.parametrize("opset", [14, 15])
+def test_batch_norm_training_mode_outputs_running_statistics(opset):
+    """training_mode=1: batch statistics, and running_mean / running_var outputs (biased batch
+    variance) as the ONNX spec and onnxruntime define them."""
+    channels = X.shape[1]
+    inits = {"s": RNG.standard_normal(channels).astype(np.float32), "b": RNG.standard_normal(channels).astype(np.float32),
+             "m": RNG.standard_normal(channels).astype(np.float32), "v": (RNG.random(channels) + 0.5).astype(np.float32)}
+    model = one_node_model("BatchNormalization", ["x", *inits], {"x": X}, inits, opset, outputs=3, momentum=0.7,
+                           training_mode=1)
+    got, want = _import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

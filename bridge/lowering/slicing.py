@@ -8,6 +8,7 @@ step is a Concat of input and source followed by a Gather with a constant permut
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import lowers
 
@@ -17,6 +18,8 @@ aten = torch.ops.aten
 @lowers(aten.slice_scatter.default)
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     dim %= x.dim()
+    if _whole_axis(x, dim, start, end, step):
+        return src
     length = x.shape[dim]
     start, end, _ = slice(start, end, step).indices(length)
     end = max(end, start)
@@ -26,6 +29,12 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     position = {p: length + k for k, p in enumerate(range(start, end, step))}
     index = torch.tensor([position.get(p, p) for p in range(length)], dtype=torch.int64)
     return torch.cat([x, src], dim).index_select(dim, index)
+
+
+def _whole_axis(x, dim: int, start, end, step: int) -> bool:
+    """The slice keeps all of ``dim``, known without fixing a symbolic size (the batch) to a number."""
+    return step == 1 and (start is None or statically_known_true(start == 0)) and (
+        end is None or statically_known_true(end >= x.shape[dim]))
 
 
 @lowers(aten.select_scatter.default)

@@ -27,6 +27,7 @@ _TWINS = {
     aten.sub_.Scalar: aten.sub.Scalar,
     aten.sub_.Tensor: aten.sub.Tensor,
     aten.logical_and_.default: aten.logical_and.default,  # hardsigmoid_backward's mask
+    aten.detach_.default: aten.detach.default,  # torch.tensor(...) in a lowering (slice_scatter's index)
 }
 
 

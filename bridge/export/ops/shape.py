@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...errors import LoweringError
 from ..builder import GraphBuilder, emits, is_static
 
 aten = torch.ops.aten
@@ -120,7 +121,10 @@ def index(b, node, x, indices):
     """Advanced indexing with one index tensor (the others None) -> Gather."""
     used = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(used) != 1:
-        raise NotImplementedError("aten.index with several index tensors")
+        raise LoweringError(
+            f"aten.index with {len(used)} index tensors (FX node '{node.name}') has no ONNX emitter; "
+            "index one dim at a time (index_select) or with a flat index"
+        )
     dim, idx = used[0]
     return b.op("Gather", x, idx, axis=dim)
 
@@ -134,16 +138,18 @@ def flip(b, node, x, dims):
 
 @emits(aten.constant_pad_nd.default)
 def constant_pad(b, node, x, pad, value=0):
-    """torch pads (last dim first, [begin, end] pairs) -> ONNX Pad (negative pads crop via Slice)."""
+    """torch pads (last dim first, [begin, end] pairs) -> ONNX Pad; negative pads crop with a Slice
+    whose ends count from the end of each axis, so symbolic sizes need no value."""
     begins, ends = [0] * x.rank, [0] * x.rank
     for k in range(len(pad) // 2):
         dim = x.rank - 1 - k
         begins[dim], ends[dim] = pad[2 * k], pad[2 * k + 1]
-    if any(p < 0 for p in begins + ends):
-        starts = [max(0, -p) for p in begins]
-        stops = [d - max(0, -p) for d, p in zip(x.shape, ends)]
-        x = b.op("Slice", x, b.ints(starts), b.ints(stops), b.ints(list(range(x.rank))),
-                 shape=[e - s for s, e in zip(starts, stops)], dtype=x.dtype)
+    crops = [d for d in range(x.rank) if min(begins[d], ends[d]) < 0]
+    if crops:
+        big = np.iinfo(np.int64).max
+        starts = [max(0, -begins[d]) for d in crops]
+        stops = [ends[d] if ends[d] < 0 else big for d in crops]
+        x = b.op("Slice", x, b.ints(starts), b.ints(stops), b.ints(crops), dtype=x.dtype)
         begins, ends = [max(0, p) for p in begins], [max(0, p) for p in ends]
     if not any(begins + ends):
         return x

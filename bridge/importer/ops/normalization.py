@@ -28,39 +28,51 @@ def _channel(param: torch.Tensor, rank: int) -> torch.Tensor:
 
 @converter("BatchNormalization", buffers=(3, 4))
 def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
-    """Training: batch statistics; the running ones move by ONNX ``momentum`` (torch's 1 - momentum).
+    """Batch statistics when bridge trains or the node asks for them (``training_mode=1`` from
+    opset 14, extra outputs before); running statistics otherwise.
 
-    ``running = momentum * running + (1 - momentum) * batch``, with the unbiased batch variance
-    in the running variance as torch's BatchNorm does; normalization uses the biased one.
+    With batch statistics the running ones move by ONNX ``momentum`` (torch's 1 - momentum):
+    ``running = momentum * running + (1 - momentum) * batch``. The buffers bridge updates take
+    the unbiased batch variance, as torch's BatchNorm does; the node's own running-variance
+    output takes the biased one, as the ONNX spec (and onnxruntime) define it. Normalization
+    uses the biased one.
     """
     epsilon, momentum = ctx.attr("epsilon", 1e-5), ctx.attr("momentum", 0.9)
     if ctx.opset < 9 and ctx.attr("spatial", 1) == 0:
         raise ctx.unsupported("spatial=0 (per-element statistics)")
     rank = x.dim()
-    if not ctx.training:
+    node_training = ctx.attr("training_mode", 0) if ctx.opset >= 14 else len(ctx.node.output) > 1
+    if not (ctx.training or node_training):
         y = (x - _channel(running_mean, rank)) * torch.rsqrt(_channel(running_var, rank) + epsilon)
         return y * _channel(scale, rank) + _channel(bias, rank)
-    dims = [0] + list(range(2, rank))
     count = x.numel() // x.shape[1]
     if count <= 1:
         raise ShapeError(
             f"BatchNormalization node '{ctx.name}': training needs more than 1 value per channel, "
             f"got input shape {list(x.shape)} (as torch's batch_norm)"
         )
-    # Statistics in float64, as torch's CPU kernel accumulates them (at::acc_type<float> is
-    # double): a BatchNorm followed by global pooling cancels heavily in its backward, and in
-    # float32 the gradients upstream drift by percents (measured on resnet18d at batch 16).
-    wide = torch.float64 if x.dtype == torch.float32 else x.dtype
-    normalized, mean, var = _normalize(x.to(wide), dims, epsilon)
-    normalized, mean, var = normalized.to(x.dtype), mean.to(x.dtype), var.to(x.dtype)
+    normalized, mean, var = _batch_statistics(x, epsilon)
     y = normalized * _channel(scale, rank) + _channel(bias, rank)
-    batch_mean, batch_var = mean.detach().reshape(-1), var.detach().reshape(-1) * count / (count - 1)
+    batch_mean, batch_var = mean.detach().reshape(-1), var.detach().reshape(-1)
     new_mean = momentum * running_mean + (1 - momentum) * batch_mean
-    new_var = momentum * running_var + (1 - momentum) * batch_var
-    ctx.update_buffer(3, new_mean)
-    ctx.update_buffer(4, new_var)
-    extra = [new_mean, new_var, mean.reshape(-1), var.reshape(-1)]
+    if ctx.training:
+        ctx.update_buffer(3, new_mean)
+        ctx.update_buffer(4, momentum * running_var + (1 - momentum) * batch_var * count / (count - 1))
+    spec_var = momentum * running_var + (1 - momentum) * batch_var
+    extra = [new_mean, spec_var] if ctx.opset >= 14 else [new_mean, spec_var, mean.reshape(-1), var.reshape(-1)]
     return (y, *extra[:len(ctx.node.output) - 1])
+
+
+def _batch_statistics(x: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Normalized ``x``, batch mean and biased batch variance per channel (keepdim shapes).
+
+    Statistics in float64, as torch's CPU kernel accumulates them (at::acc_type<float> is
+    double): a BatchNorm followed by global pooling cancels heavily in its backward, and in
+    float32 the gradients upstream drift by percents (measured on resnet18d at batch 16).
+    """
+    wide = torch.float64 if x.dtype == torch.float32 else x.dtype
+    normalized, mean, var = _normalize(x.to(wide), [0] + list(range(2, x.dim())), epsilon)
+    return normalized.to(x.dtype), mean.to(x.dtype), var.to(x.dtype)
 
 
 @converter("LayerNormalization")

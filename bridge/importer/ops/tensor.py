@@ -7,12 +7,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...errors import ShapeError
+from ...lowering import padding
 from ..registry import converter
 
 
 @converter("Identity")
 def identity(ctx, x):
-    return x
+    """A tensor or a whole sequence (a list, returned as the node's one output)."""
+    return (x,) if isinstance(x, list) else x
 
 
 @converter("Constant")
@@ -55,7 +58,9 @@ def reshape(ctx, x, shape):
 
 @converter("Flatten")
 def flatten(ctx, x):
-    axis = ctx.attr("axis", 1) % (x.dim() + 1) if x.dim() else 0
+    """[d0 * ... * d(axis-1), d(axis) * ... * d(r-1)]; a negative axis counts from the rank r."""
+    axis = ctx.attr("axis", 1)
+    axis = axis + x.dim() if axis < 0 else axis
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
@@ -111,30 +116,38 @@ def split(ctx, x, sizes=None):
 
 @converter("Slice", static=(1, 2, 3, 4))
 def slice_(ctx, x, starts=None, ends=None, axes=None, steps=None):
+    """One ``aten.slice`` per sliced axis (a negative step: flip, then slice forward); axes kept
+    whole trace nothing, so a symbolic batch axis is never compared with a number."""
     if ctx.opset < 10:
         starts, ends, axes = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes")
     starts, ends = ctx.ints(starts), ctx.ints(ends)
     axes = ctx.ints(axes) if axes is not None else list(range(len(starts)))
     steps = ctx.ints(steps) if steps is not None else [1] * len(starts)
-    index = [slice(None)] * x.dim()
-    flips = []
     for start, end, axis, step in zip(starts, ends, axes, steps):
         axis %= x.dim()
         length = x.shape[axis]
+        if _whole_axis(start, end, step, length):
+            continue
         if step > 0:
             start = min(max(start + length if start < 0 else start, 0), length)
             end = min(max(end + length if end < 0 else end, 0), length)
-            index[axis] = slice(start, max(end, start), step)
+            x = torch.ops.aten.slice(x, axis, start, max(end, start), step)
         else:
-            # Negative step: flip, then slice forward.
             start = min(max(start + length if start < 0 else start, -1), length - 1)
             end = min(max(end + length if end < 0 else end, -1), length - 1)
-            flips.append(axis)
             first, last = length - 1 - start, length - 1 - end
-            index[axis] = slice(first, max(last, first), -step)
-    if flips:
-        x = torch.flip(x, flips)
-    return x[tuple(index)]
+            x = torch.ops.aten.slice(torch.flip(x, [axis]), axis, first, max(last, first), -step)
+    return x
+
+
+def _whole_axis(start: int, end: int, step: int, length) -> bool:
+    """True when a Slice keeps the whole axis (no op is traced then). A symbolic length (the batch)
+    is never compared with a number, which would fix it: only ``0:<int32 max or more>`` qualifies."""
+    if step != 1:
+        return False
+    if isinstance(length, torch.SymInt):
+        return start == 0 and end >= 2**31 - 1
+    return (start == 0 or start <= -length) and end >= length
 
 
 @converter("Gather")
@@ -187,30 +200,41 @@ def range_(ctx, start, limit, delta):
 
 @converter("Pad", static=(1, 2, 3))
 def pad(ctx, x, pads=None, value=None, axes=None):
+    """constant mode with ``F.pad``; reflect / edge / wrap axis by axis with Slice + Concat forms
+    (``bridge.lowering.padding``), whose forward and backward export to ops onnx-mlir accepts."""
     if ctx.opset < 11:
         pads, value = ctx.attr("pads"), ctx.attr("value", 0.0)
     pads = ctx.ints(pads)
-    fill = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0]) if np.asarray(value).size else 0.0
-    axes = ctx.ints(axes) if axes is not None else list(range(x.dim()))
+    rank = x.dim()
+    axes = [a % rank for a in ctx.ints(axes)] if axes is not None else list(range(rank))
     half = len(pads) // 2
-    torch_pads: list[int] = []
-    for axis in reversed(range(x.dim())):
-        if axis in [a % x.dim() for a in axes]:
-            k = [a % x.dim() for a in axes].index(axis)
-            torch_pads += [pads[k], pads[k + half]]
-        else:
-            torch_pads += [0, 0]
+    begins, ends = [0] * rank, [0] * rank
+    for k, axis in enumerate(axes):
+        begins[axis], ends[axis] = pads[k], pads[k + half]
     mode = ctx.attr("mode", "constant")
     if mode == "constant":
+        fill = float(np.asarray(value).reshape(-1)[0]) if value is not None and np.asarray(value).size else 0.0
+        torch_pads = [p for axis in reversed(range(rank)) for p in (begins[axis], ends[axis])]
         return F.pad(x, torch_pads, value=fill)
-    return F.pad(x, _trim_outer(torch_pads, x.dim()), mode={"edge": "replicate", "reflect": "reflect", "wrap": "circular"}[mode])
+    if mode not in ("reflect", "edge", "wrap"):
+        raise ctx.unsupported(f"mode={mode!r}")
+    for axis in range(rank):
+        if begins[axis] or ends[axis]:
+            _check_pad_fits(ctx, x, axis, begins[axis], ends[axis], mode)
+            x = padding.pad_axis(x, axis, begins[axis], ends[axis], mode)
+    return x
 
 
-def _trim_outer(torch_pads: list[int], rank: int) -> list[int]:
-    """torch's non-constant padding modes pad only trailing dims: drop zero pads of leading dims."""
-    while len(torch_pads) > 2 and torch_pads[-2:] == [0, 0]:
-        torch_pads = torch_pads[:-2]
-    return torch_pads
+def _check_pad_fits(ctx, x, axis: int, begin: int, end: int, mode: str) -> None:
+    """Crops leave a non-empty axis; reflect pads at most length - 1 elements per side, edge and
+    wrap need at least one element."""
+    length = x.shape[axis] + min(begin, 0) + min(end, 0)
+    limit = length - 1 if mode == "reflect" else (None if length > 0 else 0)
+    if length <= 0 or (limit is not None and max(begin, end) > limit):
+        raise ShapeError(
+            f"Pad node '{ctx.name}': mode={mode} pads axis {axis} of length {length} by ({begin}, {end}); "
+            f"at most {limit} per side is possible (as in onnxruntime and torch)"
+        )
 
 
 @converter("Trilu", static=(1,))
