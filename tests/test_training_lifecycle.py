@@ -1,0 +1,119 @@
+"""The training lifecycle around the step: the eval graph, extra outputs of the step, step-time
+checks, checkpoints and the way back to an inference model. torch is the oracle throughout."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bridge
+from bridge.annotate import PHASE, ROLE, props
+from bridge.training_model import eval_path
+from lifecycle_models import assert_close_to_float64, batch, load_state, small_cnn
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    module, model = small_cnn()
+    tm = bridge.to_training_onnx(model, loss="ce", optim="adam", optim_options={"lr": 0.01}, extra_outputs=True)
+    return module, model, tm
+
+
+def _torch_eval(module: torch.nn.Module, inputs: dict, target: np.ndarray, dtype: torch.dtype):
+    """torch ``model.eval()``: the logits and the cross-entropy, in ``dtype``."""
+    module = copy.deepcopy(module).to(dtype).eval()
+    with torch.no_grad():
+        logits = module(torch.from_numpy(inputs["x"]).to(dtype))
+        loss = F.cross_entropy(logits, torch.from_numpy(target))
+    return logits.numpy(), loss.numpy()
+
+
+def _assert_eval_matches_torch(session, module, inputs, target):
+    got = session.evaluate(inputs, target)
+    (y32, loss32), (y64, loss64) = (_torch_eval(module, inputs, target, d) for d in (torch.float32, torch.float64))
+    assert_close_to_float64(got["output_y"], y32, y64)
+    assert_close_to_float64(got["loss"], loss32, loss64)
+
+
+# -- 1. eval graph -------------------------------------------------------------------------------
+
+def test_eval_graph_matches_torch_eval_mode_before_and_after_training(cnn):
+    module, _, tm = cnn
+    session = tm.session(seed=0)
+    inputs, target = batch(7, seed=1)
+    _assert_eval_matches_torch(session, module, inputs, target)
+    for step in range(3):
+        session.step(*batch(6, seed=10 + step))
+    assert not np.allclose(session.state["bn.running_mean"], tm.initial_values["bn.running_mean"])
+    trained = load_state(copy.deepcopy(module), session.state)
+    _assert_eval_matches_torch(session, trained, inputs, target)
+
+
+def test_eval_graph_is_inference_only_annotated_and_onnx_mlir_clean(cnn):
+    _, _, tm = cnn
+    graph = tm.eval_model.graph
+    assert {props(n.metadata_props)[PHASE] for n in graph.node} == {"forward", "loss"}
+    roles = {v.name: props(v.metadata_props)[ROLE] for v in list(graph.input) + list(graph.output)}
+    assert roles == {**{w: "weight" for w in tm.weights}, "bn.running_mean": "buffer", "bn.running_var": "buffer",
+                     "x": "input", "target": "target", "loss": "loss", "output_y": "output"}
+    assert bridge.check(tm.eval_model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.ir.load(tm.eval_model).loss == "loss"
+
+
+def test_eval_graph_is_deterministic_dropout_off(cnn):
+    _, _, tm = cnn
+    session = tm.session()
+    inputs, target = batch(4, seed=2)
+    first, second = session.evaluate(inputs, target), session.evaluate(inputs, target)
+    np.testing.assert_array_equal(first["output_y"], second["output_y"])
+
+
+def test_save_writes_the_eval_graph_beside_the_training_graph(cnn, tmp_path):
+    _, _, tm = cnn
+    path = tm.save(tmp_path / "cnn.onnx")
+    assert eval_path(path) == tmp_path / "cnn.eval.onnx"
+    assert onnx.load(str(eval_path(path))).SerializeToString() == tm.eval_model.SerializeToString()
+
+
+# -- 2. extra outputs ----------------------------------------------------------------------------
+
+def test_extra_output_is_the_training_mode_forward_of_torch(cnn):
+    module, _, tm = cnn
+    (noise_name,) = tm.signature.random
+    inputs, target = batch(6, seed=3)
+    noise = np.random.default_rng(4).random((6, module.fc.in_features)).astype(np.float32)
+    got = tm.session().step({**inputs, noise_name: noise}, target)
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        twin = copy.deepcopy(module).to(dtype).train()
+        twin.mask = torch.from_numpy(noise >= 0.5).to(dtype)
+        with torch.no_grad():
+            logits = twin(torch.from_numpy(inputs["x"]).to(dtype))
+        results[dtype] = (logits.numpy(), F.cross_entropy(logits, torch.from_numpy(target)).numpy())
+    assert_close_to_float64(got["output_y"], results[torch.float32][0], results[torch.float64][0])
+    assert_close_to_float64(got["loss"], results[torch.float32][1], results[torch.float64][1])
+    assert [o.name for o in tm.model.graph.output][-1] == "output_y"
+
+
+@pytest.mark.parametrize("extra", [["y"], [0], "y", 0])
+def test_extra_outputs_by_name_or_index(extra):
+    _, model = small_cnn(dynamic=False)
+    tm = bridge.to_training_onnx(model, loss="ce", extra_outputs=extra)
+    assert tm.signature.outputs == ["y"]
+    assert "output_y" in [o.name for o in tm.model.graph.output]
+
+
+def test_no_extra_outputs_by_default_and_unknown_ones_rejected(cnn):
+    _, model, _ = cnn
+    tm = bridge.to_training_onnx(model, loss="ce")
+    assert not [o.name for o in tm.model.graph.output if o.name.startswith("output_")]
+    assert [o.name for o in tm.eval_model.graph.output] == ["loss", "output_y"]
+    with pytest.raises(bridge.InvalidOptionError, match="extra_outputs='logits' is not a model output"):
+        bridge.to_training_onnx(model, loss="ce", extra_outputs=["logits"])
+    with pytest.raises(bridge.InvalidOptionError, match="extra_outputs=3 is out of range"):
+        bridge.to_training_onnx(model, loss="ce", extra_outputs=3)
