@@ -117,3 +117,124 @@ def test_no_extra_outputs_by_default_and_unknown_ones_rejected(cnn):
         bridge.to_training_onnx(model, loss="ce", extra_outputs=["logits"])
     with pytest.raises(bridge.InvalidOptionError, match="extra_outputs=3 is out of range"):
         bridge.to_training_onnx(model, loss="ce", extra_outputs=3)
+
+
+# -- 3. step-time checks -------------------------------------------------------------------------
+
+def _bad_batches():
+    inputs, target = batch(4, seed=5)
+    nan = inputs["x"].copy()
+    nan[1, 0, 2, 3] = np.nan
+    return {
+        "class 5 of 5": (inputs, np.array([0, 5, 1, 2]), r"class indices outside \[0, 5\) \(e.g. 5"),
+        "negative class": (inputs, np.array([0, -1, 1, 2]), r"outside \[0, 5\)"),
+        "float64 x": ({"x": inputs["x"].astype(np.float64)}, target, r"'x' has dtype float64.*astype\(np.float32\)"),
+        "int32 target": (inputs, target.astype(np.int32), "'target' has dtype int32"),
+        "wrong image size": ({"x": inputs["x"][:, :, :6]}, target, r"'x' has shape \[4, 1, 6, 8\]"),
+        "batch mismatch": (inputs, target[:3], "dim 'batch' is 4 in 'x' but 3 in 'target'"),
+        "NaN input": ({"x": nan}, target, "'x' holds 1 NaN/inf"),
+        "missing x": ({}, target, r"lacks inputs \['x'\]"),
+        "typo": ({**inputs, "X": inputs["x"]}, target, r"unknown inputs \['X'\]"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_batches()))
+def test_bad_batch_raises_before_running_and_leaves_the_state(cnn, case):
+    _, _, tm = cnn
+    session = tm.session()
+    before = copy.deepcopy(session.state)
+    inputs, target, message = _bad_batches()[case]
+    with pytest.raises(bridge.StepInputError, match=message):
+        session.step(inputs, target)
+    assert session.state.keys() == before.keys()
+    assert all(np.array_equal(session.state[k], before[k]) for k in before)
+    with pytest.raises(bridge.StepInputError, match=message):
+        session.evaluate(inputs, target)
+
+
+def test_ignore_index_is_a_valid_target(cnn):
+    _, _, tm = cnn
+    inputs, _ = batch(4, seed=6)
+    loss = tm.session().step(inputs, np.array([0, -100, 4, -100]))["loss"]
+    assert np.isfinite(loss)
+
+
+def _diverging(tm, policy: str):
+    """A session whose next step overflows (lr = inf), and the state before it."""
+    session = tm.session(on_nonfinite=policy)
+    session.step(*batch(4, seed=7))
+    session.lr = np.inf
+    return session, copy.deepcopy(session.state)
+
+
+def test_nonfinite_step_raises_and_leaves_the_state(cnn):
+    session, before = _diverging(cnn[2], "raise")
+    with pytest.raises(bridge.NonFiniteError, match=r"step 1 produced NaN/inf in \['updated_conv.weight'"):
+        session.step(*batch(4, seed=8))
+    assert all(np.array_equal(session.state[k], before[k]) for k in before)
+
+
+def test_nonfinite_step_skipped_or_ignored_on_request(cnn):
+    session, before = _diverging(cnn[2], "skip")
+    session.step(*batch(4, seed=8))
+    assert session.skipped_steps == 1
+    assert all(np.array_equal(session.state[k], before[k]) for k in before)
+    session, before = _diverging(cnn[2], "ignore")
+    session.step(*batch(4, seed=8))
+    assert not np.isfinite(session.state["conv.weight"]).all()
+    assert int(session.state["step"]) == 2
+    with pytest.raises(bridge.InvalidOptionError, match="on_nonfinite='retry'"):
+        cnn[2].session(on_nonfinite="retry")
+
+
+# -- 4. checkpoints ------------------------------------------------------------------------------
+
+def _run(session, seeds) -> list[dict]:
+    return [session.step(*batch(5, seed=s)) for s in seeds]
+
+
+def test_resume_from_checkpoint_is_bit_identical(cnn, tmp_path):
+    _, _, tm = cnn
+    session = tm.session(seed=1)
+    _run(session, [20, 21])
+    session.lr = 0.003
+    path = session.save_checkpoint(tmp_path / "ckpt.npz", extra={"epoch": 2, "schedule": [0.01, 0.003]})
+    want = _run(session, [22, 23, 24])
+    resumed = tm.session(seed=99)
+    assert resumed.load_checkpoint(path) == {"epoch": 2, "schedule": [0.01, 0.003]}
+    assert resumed.lr == np.float32(0.003) and int(resumed.state["step"]) == 2
+    got = _run(resumed, [22, 23, 24])
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        assert all(np.array_equal(g[k], w[k]) for k in w)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.npz"]
+
+
+def test_checkpoint_of_another_graph_or_damaged_is_refused(cnn, tmp_path):
+    _, model, tm = cnn
+    path = tm.session().save_checkpoint(tmp_path / "ckpt.npz")
+    other = bridge.to_training_onnx(model, loss="ce", optim="adam", optim_options={"lr": 0.02}, extra_outputs=True)
+    with pytest.raises(bridge.CheckpointError, match="written for another training graph"):
+        other.session().load_checkpoint(path)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(bridge.CheckpointError, match="is not a bridge checkpoint"):
+        tm.session().load_checkpoint(tmp_path / "bad.npz")
+    with pytest.raises(bridge.CheckpointError, match="no checkpoint at"):
+        tm.session().load_checkpoint(tmp_path / "missing.npz")
+
+
+def test_failed_checkpoint_write_keeps_the_previous_file(cnn, tmp_path, monkeypatch):
+    _, _, tm = cnn
+    session = tm.session()
+    path = session.save_checkpoint(tmp_path / "ckpt.npz")
+    before = path.read_bytes()
+    session.step(*batch(5, seed=30))
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", fail)
+    with pytest.raises(OSError, match="disk full"):
+        session.save_checkpoint(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.npz"]
