@@ -1,4 +1,11 @@
-"""Back to inference: the source model with trained values in its initializers."""
+"""Back to inference: the source model with trained values in its initializers.
+
+A model exported in training mode (torch's ``TrainingMode.TRAINING`` keeps BatchNormalization
+and Dropout as nodes) is put in inference mode without changing its ops: BatchNormalization's
+``training_mode`` becomes 0 (its unused running-statistic outputs are dropped) and Dropout's
+``training_mode`` input is removed (the default: off). That is the form bridge's eval graph
+computes, so the exported model gives the eval graph's outputs.
+"""
 from __future__ import annotations
 
 from typing import Mapping
@@ -13,7 +20,7 @@ TRAINED_SUFFIX = ".trained"
 
 
 def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """A copy of ``source`` whose initializers hold ``values`` (by name).
+    """A copy of ``source`` in inference mode whose initializers hold ``values`` (by name).
 
     Inputs, outputs, nodes and value names are kept. A name that is not an initializer of
     ``source`` but the output of ``Identity(initializer)`` (a running statistic that a legacy
@@ -37,7 +44,26 @@ def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray
         else:
             raise BridgeError(f"trained value '{name}' is neither an initializer of the source model "
                               "nor an Identity of one; cannot write it back")
+    inference_mode(model)
     return model
+
+
+def inference_mode(model: onnx.ModelProto) -> None:
+    """Turn BatchNormalization and Dropout nodes to inference mode (in place); see the module doc."""
+    graph = model.graph
+    used = {name for node in graph.node for name in node.input} | {out.name for out in graph.output}
+    for node in graph.node:
+        if node.op_type == "BatchNormalization":
+            extra = [name for name in node.output[1:] if name]
+            if any(name in used for name in extra):
+                raise BridgeError(f"BatchNormalization node '{node.name}': its batch statistics {extra} are read by "
+                                  "the model, so it cannot be written back in inference mode")
+            del node.output[1:]
+            for attribute in node.attribute:
+                if attribute.name == "training_mode":
+                    attribute.i = 0
+        elif node.op_type == "Dropout" and len(node.input) > 2:
+            del node.input[2:]
 
 
 def _tensor(value: np.ndarray, like: onnx.TensorProto, name: str) -> onnx.TensorProto:

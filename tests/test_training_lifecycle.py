@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import bridge
 from bridge.annotate import PHASE, ROLE, props
+from bridge.runtime import OrtGraph
 from bridge.training_model import eval_path
 from lifecycle_models import assert_close_to_float64, batch, load_state, small_cnn
 
@@ -238,3 +239,58 @@ def test_failed_checkpoint_write_keeps_the_previous_file(cnn, tmp_path, monkeypa
         session.save_checkpoint(path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.npz"]
+
+
+# -- 5. back to inference ------------------------------------------------------------------------
+
+def test_export_inference_is_the_source_model_with_trained_values(cnn, tmp_path):
+    _, model, tm = cnn
+    session = tm.session(seed=2)
+    _run(session, [40, 41, 42])
+    path = tm.export_inference(tmp_path / "trained.onnx", session.state)
+    exported = onnx.load(str(path))
+    onnx.checker.check_model(exported, full_check=True)
+    assert exported.graph.input == model.graph.input and exported.graph.output == model.graph.output
+    assert [(n.name, n.op_type) for n in exported.graph.node] == [(n.name, n.op_type) for n in model.graph.node]
+    modes = {n.op_type: n for n in exported.graph.node if n.op_type in ("BatchNormalization", "Dropout")}
+    assert onnx.helper.get_attribute_value(modes["BatchNormalization"].attribute[-1]) == 0  # was 1 (training)
+    assert len(modes["BatchNormalization"].output) == 1 and len(modes["Dropout"].input) == 2
+    assert [i.name for i in exported.graph.initializer] == [i.name for i in model.graph.initializer]
+    trained = {i.name: onnx.numpy_helper.to_array(i) for i in exported.graph.initializer}
+    for name in tm.weights + tm.signature.buffers:
+        np.testing.assert_array_equal(trained[name], session.state[name])
+    inputs, target = batch(6, seed=43)
+    (y,) = OrtGraph(exported)(inputs).values()
+    np.testing.assert_allclose(y, session.evaluate(inputs, target)["output_y"], rtol=1e-5, atol=1e-6)
+
+
+def test_export_inference_gives_a_shared_running_statistic_its_own_initializer():
+    """Two BatchNorms whose running variances a legacy exporter de-duplicated into one tensor (read
+    by one of them through an Identity): bridge trains them apart and writes them back apart."""
+    from onnx import TensorProto, helper
+
+    tensors = {name: np.full(3, value, np.float32) for name, value in
+               {"ones": 1.0, "s": 1.5, "b": 0.5, "mean_a": 0.0, "mean_b": 0.1}.items()}
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["ones"], ["var_b"], name="share"),
+         helper.make_node("BatchNormalization", ["x", "s", "b", "mean_a", "ones"], ["h"], name="bn_a"),
+         helper.make_node("BatchNormalization", ["h", "s", "b", "mean_b", "var_b"], ["y"], name="bn_b")],
+        "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+        [onnx.numpy_helper.from_array(value, name) for name, value in tensors.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    tm = bridge.to_training_onnx(model, loss="mse")
+    assert "var_b" in tm.signature.buffers
+    session = tm.session()
+    session.step({"x": np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32) * 3},
+                 np.zeros((4, 3), np.float32))
+    exported = tm.inference_model(session.state)
+    values = {i.name: onnx.numpy_helper.to_array(i) for i in exported.graph.initializer}
+    share = next(n for n in exported.graph.node if n.name == "share")
+    assert share.input[0] == "var_b.trained"
+    np.testing.assert_array_equal(values["var_b.trained"], session.state["var_b"])
+    assert not np.array_equal(values["var_b.trained"], np.ones(3, np.float32))
+    inputs = {"x": np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)}
+    (y,) = OrtGraph(exported)(inputs).values()
+    np.testing.assert_allclose(y, session.evaluate(inputs, np.zeros((4, 3), np.float32))["output_y"], rtol=1e-5,
+                               atol=1e-6)
