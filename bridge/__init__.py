@@ -19,6 +19,7 @@ from . import ir  # noqa: E402
 from .check import Violation, check  # noqa: E402
 from .checks import NonFiniteError, StepInputError  # noqa: E402
 from .checkpoint import CheckpointError  # noqa: E402
+from .trainer import History, Trainer  # noqa: E402
 
 __all__ = [
     "BridgeError",
@@ -29,8 +30,10 @@ __all__ = [
     "LoweringError",
     "NonFiniteError",
     "ModelLoadError",
+    "History",
     "ShapeError",
     "StepInputError",
+    "Trainer",
     "TrainingModel",
     "TrainingSession",
     "UnsupportedOpError",

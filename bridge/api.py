@@ -12,7 +12,7 @@ import torch
 
 from . import __version__
 from .annotate import annotate_model
-from .checks import CLASSES
+from .checks import CLASSES, LOSS_OUTPUT
 from .errors import BridgeError, InvalidOptionError
 from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
@@ -117,9 +117,12 @@ def to_training_onnx(
     eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index,
                                   dynamic_batch=dynamic_batch)
     source_hash = hashlib.sha256(source.SerializeToString()).hexdigest()
+    metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)
+    if classes is not None:
+        metadata[CLASSES] = json.dumps(classes)
     training, evaluation = (
-        _export(module, sig, source, source_hash, loss_fn, optimizer, classes)
+        _export(module, sig, source, source_hash, loss_fn, optimizer, metadata)
         for module, sig in ((graph_module, signature), (eval_module, eval_signature))
     )
 
@@ -132,14 +135,14 @@ def to_training_onnx(
 
 
 def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, source_hash: str,
-            loss: Loss, optimizer: Optimizer, classes: dict | None) -> onnx.ModelProto:
+            loss: Loss, optimizer: Optimizer, metadata: dict[str, str]) -> onnx.ModelProto:
     """Export, annotate and check one traced graph (the training step or the eval step)."""
     model = export_step(graph_module, signature)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
-    if classes is not None:
+    for key, value in metadata.items():
         entry = model.metadata_props.add()
-        entry.key, entry.value = CLASSES, json.dumps(classes)
+        entry.key, entry.value = key, value
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -149,8 +152,9 @@ def _class_targets(loss: Loss, output: torch.Tensor) -> dict | None:
     (what ``bridge.checks.StepChecks`` checks targets against)."""
     if loss.name not in ("ce", "nll") or loss.label_format != INDICES or output.dim() == 0:
         return None
-    axis = -1 if output.dim() == 3 else min(1, output.dim() - 1)  # [N, T, V] sequences, [N, C, ...], [C]
-    return {"classes": int(output.shape[axis]), "ignore_index": int(loss.options.get("ignore_index", -100))}
+    axis = 2 if output.dim() == 3 else min(1, output.dim() - 1)  # [N, T, V] sequences, [N, C, ...], [C]
+    return {"classes": int(output.shape[axis]), "ignore_index": int(loss.options.get("ignore_index", -100)),
+            "axis": axis}
 
 
 def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:

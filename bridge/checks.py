@@ -16,7 +16,8 @@ import onnx
 
 from .errors import BridgeError, InvalidOptionError
 
-CLASSES = "bridge.target_classes"  # model metadata: JSON {"classes": C, "ignore_index": i} for class-index targets
+CLASSES = "bridge.target_classes"  # model metadata: JSON {"classes", "ignore_index", "axis"} of class-index targets
+LOSS_OUTPUT = "bridge.loss_output"  # model metadata: the model output the loss applies to
 NONFINITE_POLICIES = ("raise", "skip", "ignore")
 
 Shape = list  # ints, or a str for a symbolic dim

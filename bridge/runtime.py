@@ -36,7 +36,8 @@ class StepSession(ABC):
     """
 
     def __init__(self, state: Mapping[str, np.ndarray], seed: int | None = None, *,
-                 checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = ""):
+                 checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = "",
+                 eval_model: onnx.ModelProto | None = None):
         self.state = {name: np.asarray(value) for name, value in state.items()}
         self.random_inputs: dict[str, tuple[list, np.dtype]] = {}  # name -> (shape, dtype); None dims = batch
         self._rng = np.random.default_rng(seed)
@@ -44,6 +45,7 @@ class StepSession(ABC):
         self.on_nonfinite = check_policy(on_nonfinite)
         self.skipped_steps = 0
         self.graph_hash = graph_hash
+        self.eval_graph = None if eval_model is None else EvalGraph(eval_model)
 
     @property
     def lr(self) -> float:
@@ -95,8 +97,12 @@ class StepSession(ABC):
         return meta["extra"]
 
     def evaluate(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
-        """Run the eval graph (inference-mode forward + loss) on the current weights and buffers."""
-        raise BridgeError(f"{type(self).__name__} has no eval graph (give it eval_model=)")
+        """Run the eval graph (inference-mode forward + loss, in onnxruntime) on the current weights
+        and buffers: ``loss`` and ``output_<name>`` for every model output."""
+        if self.eval_graph is None:
+            raise BridgeError(f"this {type(self).__name__} has no eval graph: create it with "
+                              "eval_model=TrainingModel.eval_model (TrainingModel.session() does)")
+        return self.eval_graph(self.state, inputs, target)
 
     @abstractmethod
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -127,6 +133,19 @@ class OrtGraph:
         return dict(zip(self.output_names, self.session.run(self.output_names, feed)))
 
 
+class EvalGraph:
+    """The eval graph in onnxruntime, fed with a session's weights and buffers and a checked batch."""
+
+    def __init__(self, model: onnx.ModelProto, providers=None):
+        self.graph = OrtGraph(model, providers)
+        self.checks = StepChecks.from_model(model)
+
+    def __call__(self, state: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray],
+                 target: np.ndarray) -> dict[str, np.ndarray]:
+        self.checks.check(inputs, target)
+        return self.graph({**state, **inputs, "target": target})
+
+
 class TrainingSession(StepSession):
     """Train with a training ONNX model in onnxruntime: ``session.step(inputs, target)`` -> outputs.
 
@@ -138,7 +157,7 @@ class TrainingSession(StepSession):
         if not isinstance(model, onnx.ModelProto):
             model = onnx.load(str(model))
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
-                         graph_hash=graph_hash(model))
+                         graph_hash=graph_hash(model), eval_model=eval_model)
         self._graph = OrtGraph(model, providers)
         self.output_names = self._graph.output_names
         random = json.loads({p.key: p.value for p in model.metadata_props}.get(RANDOM_INPUTS, "[]"))
@@ -146,14 +165,6 @@ class TrainingSession(StepSession):
             if value.name in random:
                 shape = [d if isinstance(d, int) else None for d in value.shape]
                 self.random_inputs[value.name] = (shape, np.float64 if value.type == "tensor(double)" else np.float32)
-        self._eval = None if eval_model is None else (OrtGraph(eval_model, providers), StepChecks.from_model(eval_model))
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._graph(feed)
-
-    def evaluate(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
-        if self._eval is None:
-            return super().evaluate(inputs, target)
-        graph, checks = self._eval
-        checks.check(inputs, target)
-        return graph({**self.state, **inputs, "target": target})

@@ -67,3 +67,21 @@ def assert_close_to_float64(got: np.ndarray, want32: np.ndarray, want64: np.ndar
     scale = float(np.max(np.abs(want64)))
     error = float(np.max(np.abs(got - want64)))
     assert error <= factor * noise + np.finfo(np.float32).eps * scale, f"error {error:.3g}, float32 noise {noise:.3g}"
+
+
+def small_mlp(seed: int = 0) -> tuple[torch.nn.Module, onnx.ModelProto]:
+    """A deterministic classifier (no Dropout, no BatchNorm): 6 features -> CLASSES logits, dynamic batch."""
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, CLASSES))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.randn(4, 6),), buffer, dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    return module, onnx.load_from_string(buffer.getvalue())
+
+
+def features(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random feature rows for ``small_mlp`` and class indices."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((count, 6)).astype(np.float32), rng.integers(0, CLASSES, count).astype(np.int64)
