@@ -8,6 +8,7 @@ computes, so the exported model gives the eval graph's outputs.
 """
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 import numpy as np
@@ -46,6 +47,18 @@ def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray
                               "nor an Identity of one; cannot write it back")
     inference_mode(model)
     return model
+
+
+def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoint: str | os.PathLike) -> onnx.ModelProto:
+    """``source`` with the weights and buffers of a checkpoint of the training graph ``training``
+    (refused if the checkpoint belongs to another graph)."""
+    from .checkpoint import read_checkpoint
+    from .runtime import graph_hash
+
+    roles = {v.name: {p.key: p.value for p in v.metadata_props}.get("bridge.role") for v in training.graph.input}
+    state_names = {name for name, role in roles.items() if role in ("weight", "buffer", "optimizer_state", "hyperparameter")}
+    state, _ = read_checkpoint(checkpoint, graph_hash(training), state_names)
+    return with_trained_values(source, {name: state[name] for name, role in roles.items() if role in ("weight", "buffer")})
 
 
 def inference_mode(model: onnx.ModelProto) -> None:

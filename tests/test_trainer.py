@@ -151,3 +151,33 @@ def test_trainer_from_files_and_export(mlp, tmp_path):
     exported = in_memory.export_inference(tmp_path / "mlp.trained.onnx")
     (y,) = OrtGraph(onnx.load(str(exported)))({"x": data[0]}).values()
     np.testing.assert_allclose(y, in_memory.session.evaluate({"x": data[0]}, data[1])["output_y"], rtol=1e-6)
+
+
+def test_cli_train_resume_and_export_inference(tmp_path):
+    from bridge.cli import main
+
+    _, model = small_mlp()
+    source = tmp_path / "mlp.onnx"
+    onnx.save(model, str(source))
+    train = tmp_path / "train.onnx"
+    assert main(["convert", str(source), "-o", str(train), "--loss", "ce", "--optim", "sgd",
+                 "--optim-options", '{"lr": 0.1}']) == 0
+    x, y = features(SAMPLES, seed=9)
+    np.savez(tmp_path / "data.npz", x=x, target=y)
+    common = ["--data", str(tmp_path / "data.npz"), "--batch-size", str(BATCH), "--schedule", "step",
+              "--schedule-options", '{"step_size": 1, "gamma": 0.5}']
+    assert main(["train", str(train), *common, "--epochs", "1", "--checkpoint", str(tmp_path / "one.npz")]) == 0
+    assert main(["train", str(train), *common, "--epochs", "1", "--resume", str(tmp_path / "one.npz"),
+                 "--checkpoint", str(tmp_path / "two.npz")]) == 0
+    straight = bridge.Trainer(train, schedule="step", schedule_options={"step_size": 1, "gamma": 0.5})
+    straight.fit((x, y), epochs=2, batch_size=BATCH)
+    resumed = bridge.Trainer(train, schedule="step", schedule_options={"step_size": 1, "gamma": 0.5})
+    resumed.load_checkpoint(tmp_path / "two.npz")
+    assert resumed.history.steps == straight.history.steps
+    out = tmp_path / "trained.onnx"
+    assert main(["export-inference", str(source), "--train", str(train), "--checkpoint", str(tmp_path / "two.npz"),
+                 "-o", str(out)]) == 0
+    (got,) = OrtGraph(onnx.load(str(out)))({"x": x}).values()
+    np.testing.assert_allclose(got, straight.session.evaluate({"x": x}, y)["output_y"], rtol=1e-6)
+    assert main(["export-inference", str(source), "--train", str(tmp_path / "train.eval.onnx"),
+                 "--checkpoint", str(tmp_path / "two.npz"), "-o", str(out)]) == 2
