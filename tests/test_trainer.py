@@ -181,3 +181,15 @@ def test_cli_train_resume_and_export_inference(tmp_path):
     np.testing.assert_allclose(got, straight.session.evaluate({"x": x}, y)["output_y"], rtol=1e-6)
     assert main(["export-inference", str(source), "--train", str(tmp_path / "train.eval.onnx"),
                  "--checkpoint", str(tmp_path / "two.npz"), "-o", str(out)]) == 2
+
+
+def test_skipped_nonfinite_steps_are_counted_and_change_nothing(mlp, capsys):
+    _, tm = mlp
+    trainer = bridge.Trainer(tm, schedule=lambda epoch: float("inf") if epoch == 1 else LR, on_nonfinite="skip",
+                             progress=True)
+    history = trainer.fit(features(SAMPLES, seed=10), epochs=1, batch_size=BATCH)
+    after_first = trainer.state()
+    history = trainer.fit(features(SAMPLES, seed=10), epochs=1, batch_size=BATCH)
+    assert history["skipped"] == [0, 4]  # the forward ran (its loss counts), the updates were dropped
+    assert all(np.array_equal(trainer.state()[k], v) for k, v in after_first.items() if k != "lr")
+    assert "epoch=2" in capsys.readouterr().err
