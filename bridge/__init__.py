@@ -17,15 +17,23 @@ from .runtime import TrainingSession  # noqa: E402
 from .training_model import TrainingModel  # noqa: E402
 from . import ir  # noqa: E402
 from .check import Violation, check  # noqa: E402
+from .checks import NonFiniteError, StepInputError  # noqa: E402
+from .checkpoint import CheckpointError  # noqa: E402
+from .trainer import History, Trainer  # noqa: E402
 
 __all__ = [
     "BridgeError",
+    "CheckpointError",
     "CompileError",
     "CompiledModel",
     "InvalidOptionError",
     "LoweringError",
+    "NonFiniteError",
     "ModelLoadError",
+    "History",
     "ShapeError",
+    "StepInputError",
+    "Trainer",
     "TrainingModel",
     "TrainingSession",
     "UnsupportedOpError",

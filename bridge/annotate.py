@@ -22,12 +22,12 @@ from .export.builder import node_prefix
 from .losses import Loss
 from .optimizers import Optimizer
 from .runtime import RANDOM_INPUTS
-from .trace import StepSignature
+from .trace import StepSignature, output_name
 
 ROLE, PHASE, LAYER, KIND = "bridge.role", "bridge.phase", "bridge.layer", "bridge.kind"
 PHASES = ("forward", "loss", "backward", "optimizer")
 INPUT_ROLES = ("input", "target", "weight", "buffer", "optimizer_state", "hyperparameter", "random")
-OUTPUT_ROLES = ("loss", "gradient", "updated")
+OUTPUT_ROLES = ("loss", "gradient", "updated", "output")
 VALUE_ROLES = {"forward": "activation", "loss": "activation", "backward": "gradient", "optimizer": "update"}
 LOSS_LAYER = "loss"
 
@@ -46,6 +46,7 @@ def output_roles(signature: StepSignature) -> dict[str, str]:
     roles = {"loss": "loss"}
     roles.update({f"grad_{w}": "gradient" for w in signature.weights})
     roles.update({name: "updated" for name in signature.output_names() if name.startswith("updated_")})
+    roles.update({output_name(name): "output" for name in signature.outputs})
     return roles
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any, Callable, Iterable, Mapping
 
@@ -11,15 +12,16 @@ import torch
 
 from . import __version__
 from .annotate import annotate_model
+from .checks import CLASSES, LOSS_OUTPUT
 from .errors import BridgeError, InvalidOptionError
 from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
 from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable
 from .load import load_model
-from .losses import make_loss
-from .optimizers import check_max_norm, make_optimizer
-from .trace import StepSignature, trace_training_step
+from .losses import INDICES, Loss, make_loss
+from .optimizers import Optimizer, check_max_norm, make_optimizer
+from .trace import StepSignature, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
 _ONNX_TO_TORCH = {
@@ -41,6 +43,7 @@ def to_training_onnx(
     optim_options: Mapping[str, Any] | None = None,
     clip_grad_norm: float | None = None,
     output: str | int | None = None,
+    extra_outputs: bool | str | int | Iterable[str | int] | None = None,
     trainable: Iterable[str] | str | None = None,
     frozen: Iterable[str] | str | None = None,
     batch_size: int | None = None,
@@ -61,6 +64,9 @@ def to_training_onnx(
         clip_grad_norm: clip the gradients by global L2 norm to this value before the update,
             as ``torch.nn.utils.clip_grad_norm_`` does.
         output: the model output the loss applies to (name or index; default the first).
+        extra_outputs: model outputs (names or indices, or True for all) that the training step
+            also returns, as ``output_<name>`` (e.g. the logits, for metrics without a second pass).
+            The eval graph (``TrainingModel.eval_model``) always returns every model output.
         trainable / frozen: names or glob patterns of weights to train / not to train.
         batch_size: the batch size to trace with, and of the graph when it is static (default:
             the model's own, or 2 for a symbolic batch).
@@ -73,6 +79,7 @@ def to_training_onnx(
     optimizer = make_optimizer(optim, dict(optim_options or {}))
     max_grad_norm = check_max_norm(clip_grad_norm)
     source = load_model(model)
+    original = _original(model)
     program = OnnxProgram(source)
     inputs = _example_inputs(source, program, batch_size, input_shapes or {})
     output_index = _output_index(program, output)
@@ -84,7 +91,8 @@ def to_training_onnx(
         raise BridgeError("the model has no trainable weight (no floating-point initializer reaches the output)")
     buffers, random = _training_forward(program, inputs, weights)
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
-    signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random))
+    signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
+                              outputs=_extra_outputs(program, extra_outputs))
 
     tensors = {name: program.initializer_tensor(name) for name in weights + buffers}
     for w in weights:
@@ -105,23 +113,69 @@ def to_training_onnx(
         program, loss_fn, optimizer, signature, tensors, {**inputs, **random}, target, output_index,
         dynamic_batch=dynamic_batch, max_grad_norm=max_grad_norm,
     )
-    training = export_step(graph_module, signature)
-    annotate_model(
-        training,
-        signature,
-        source=source,
-        source_hash=hashlib.sha256(source.SerializeToString()).hexdigest(),
-        loss=loss_fn,
-        optimizer=optimizer,
-        version=__version__,
+    eval_signature = signature.for_eval(list(program.output_names))
+    eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index,
+                                  dynamic_batch=dynamic_batch)
+    source_hash = hashlib.sha256(source.SerializeToString()).hexdigest()
+    metadata = {LOSS_OUTPUT: program.output_names[output_index]}
+    classes = _class_targets(loss_fn, example_output)
+    if classes is not None:
+        metadata[CLASSES] = json.dumps(classes)
+    training, evaluation = (
+        _export(module, sig, source, source_hash, loss_fn, optimizer, metadata)
+        for module, sig in ((graph_module, signature), (eval_module, eval_signature))
     )
-    onnx.checker.check_model(training, full_check=True)
 
     initial = {name: tensors[name].detach().numpy().copy() for name in signature.state_names()}
-    result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]))
+    result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]),
+                           eval_model=evaluation, eval_signature=eval_signature, source=original)
     if output_path is not None:
         result.save(output_path)
     return result
+
+
+def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, source_hash: str,
+            loss: Loss, optimizer: Optimizer, metadata: dict[str, str]) -> onnx.ModelProto:
+    """Export, annotate and check one traced graph (the training step or the eval step)."""
+    model = export_step(graph_module, signature)
+    annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
+                   version=__version__)
+    for key, value in metadata.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _class_targets(loss: Loss, output: torch.Tensor) -> dict | None:
+    """For a loss on class indices: the class count of ``output`` and the ignored index
+    (what ``bridge.checks.StepChecks`` checks targets against)."""
+    if loss.name not in ("ce", "nll") or loss.label_format != INDICES or output.dim() == 0:
+        return None
+    axis = 2 if output.dim() == 3 else min(1, output.dim() - 1)  # [N, T, V] sequences, [N, C, ...], [C]
+    return {"classes": int(output.shape[axis]), "ignore_index": int(loss.options.get("ignore_index", -100)),
+            "axis": axis}
+
+
+def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """The inference model as given (before load's clean-up), kept for ``export_inference``."""
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy
+    return onnx.load(str(model), load_external_data=True)
+
+
+def _extra_outputs(program: OnnxProgram, extra: bool | str | int | Iterable[str | int] | None) -> list[str]:
+    """Names of the model outputs that ``extra_outputs=`` selects."""
+    if extra is None or extra is False:
+        return []
+    if extra is True:
+        return list(program.output_names)
+    if isinstance(extra, (str, int)):
+        extra = [extra]
+    names = [program.output_names[_output_index(program, item, "extra_outputs")] for item in extra]
+    return list(dict.fromkeys(names))
 
 
 def _example_inputs(
@@ -172,15 +226,15 @@ def _has_symbolic_batch(model: onnx.ModelProto, program: OnnxProgram) -> bool:
     return False
 
 
-def _output_index(program: OnnxProgram, output: str | int | None) -> int:
+def _output_index(program: OnnxProgram, output: str | int | None, option: str = "output") -> int:
     if output is None:
         return 0
-    if isinstance(output, int):
+    if isinstance(output, int) and not isinstance(output, bool):
         if not 0 <= output < len(program.output_names):
-            raise InvalidOptionError(f"output={output} is out of range; the model has {len(program.output_names)} outputs")
+            raise InvalidOptionError(f"{option}={output} is out of range; the model has {len(program.output_names)} outputs")
         return output
     if output not in program.output_names:
-        raise InvalidOptionError(f"output='{output}' is not a model output; outputs: {program.output_names}")
+        raise InvalidOptionError(f"{option}='{output}' is not a model output; outputs: {program.output_names}")
     return program.output_names.index(output)
 
 

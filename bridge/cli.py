@@ -6,7 +6,7 @@ import json
 import sys
 
 from .compile import BACKENDS
-from .errors import BridgeError
+from .errors import BridgeError, InvalidOptionError
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -73,6 +73,39 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if violations else 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .trainer import Trainer
+
+    trainer = Trainer(args.model, backend=args.backend, schedule=args.schedule,
+                      schedule_options=json.loads(args.schedule_options) if args.schedule_options else None,
+                      seed=args.seed, progress=True)
+    if args.resume:
+        trainer.load_checkpoint(args.resume)
+    with np.load(args.data) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    if "target" not in arrays:
+        raise InvalidOptionError(f"{args.data} has no 'target' array (it holds {sorted(arrays)})")
+    target = arrays.pop("target")
+    trainer.fit((arrays, target), epochs=args.epochs, batch_size=args.batch_size)
+    trainer.save_checkpoint(args.checkpoint)
+    print(f"wrote {args.checkpoint} (epoch {trainer.epoch}, loss {trainer.history['loss'][-1]:.4g})")
+    return 0
+
+
+def _export_inference(args: argparse.Namespace) -> int:
+    import onnx
+
+    from .inference import from_checkpoint
+    from .training_model import save_atomically
+
+    model = from_checkpoint(onnx.load(args.source), onnx.load(args.train), args.checkpoint)
+    save_atomically(model, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bridge", description="Inference ONNX -> training-step ONNX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +147,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("model", help=".onnx file")
     check.add_argument("--target", default="onnx-mlir", choices=["onnx-mlir"], help="compiler (default onnx-mlir)")
     check.set_defaults(run=_check)
+
+    train = commands.add_parser("train", help="train a converted model on arrays from an .npz (docs/training.md)")
+    train.add_argument("model", help="training .onnx file (its .state.npz and .eval.onnx beside it)")
+    train.add_argument("--data", required=True, help=".npz with one array per data input (by name) and 'target'")
+    train.add_argument("--epochs", type=int, default=1)
+    train.add_argument("--batch-size", type=int, help="default: the graph's (static) or 32 (dynamic batch)")
+    train.add_argument("--schedule", help="lr schedule: step, multistep, exponential, cosine, linear_warmup, onecycle")
+    train.add_argument("--schedule-options", help="JSON object of the torch lr_scheduler's keyword arguments")
+    train.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "iree"])
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--resume", help="checkpoint (.npz) to continue from")
+    train.add_argument("--checkpoint", required=True, help="where to write the checkpoint at the end (.npz)")
+    train.set_defaults(run=_train)
+
+    export = commands.add_parser("export-inference", help="the source model with the trained weights of a checkpoint")
+    export.add_argument("source", help="the inference .onnx that was converted")
+    export.add_argument("--train", required=True, help="the training .onnx the checkpoint belongs to")
+    export.add_argument("--checkpoint", required=True, help="checkpoint .npz (bridge train, save_checkpoint)")
+    export.add_argument("-o", "--output", required=True, help="output inference .onnx")
+    export.set_defaults(run=_export_inference)
     return parser
 
 

@@ -3,27 +3,49 @@
 ``StepSession`` keeps the state (weights, buffers, optimizer state, ``step``, ``lr``),
 feeds it with a batch, and feeds every ``updated_<x>`` output back as ``<x>``; a backend
 only says how to run one step (``TrainingSession``: onnxruntime; ``bridge.runtime_iree``: IREE).
+
+Before a step the batch is checked (``bridge.checks.StepChecks``: names, dtypes, shapes,
+NaN/inf, class indices); after it, a non-finite loss or updated value raises
+``NonFiniteError`` with the state unchanged, unless ``on_nonfinite`` is ``"skip"`` (state
+unchanged, ``skipped_steps`` counts it) or ``"ignore"`` (the values are kept).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from abc import ABC, abstractmethod
-from typing import Mapping
+from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 import onnx
+
+from .checks import NonFiniteError, StepChecks, check_policy, nonfinite_outputs
+from .errors import BridgeError
 
 UPDATED = "updated_"
 RANDOM_INPUTS = "bridge.random_inputs"  # model metadata: JSON list of the noise inputs drawn every step
 
 
 class StepSession(ABC):
-    """Training state plus ``step(inputs, target)``; subclasses implement ``_run``."""
+    """Training state plus ``step(inputs, target)``; subclasses implement ``_run``.
 
-    def __init__(self, state: Mapping[str, np.ndarray], seed: int | None = None):
+    ``graph_hash`` identifies the training graph (sha256 of the ONNX model), so a checkpoint
+    is only loaded into a session of the graph that wrote it.
+    """
+
+    def __init__(self, state: Mapping[str, np.ndarray], seed: int | None = None, *,
+                 checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = "",
+                 eval_model: onnx.ModelProto | None = None):
         self.state = {name: np.asarray(value) for name, value in state.items()}
         self.random_inputs: dict[str, tuple[list, np.dtype]] = {}  # name -> (shape, dtype); None dims = batch
         self._rng = np.random.default_rng(seed)
+        self.checks = checks
+        self.on_nonfinite = check_policy(on_nonfinite)
+        self.skipped_steps = 0
+        self.graph_hash = graph_hash
+        self.eval_graph = None if eval_model is None else EvalGraph(eval_model)
 
     @property
     def lr(self) -> float:
@@ -34,7 +56,9 @@ class StepSession(ABC):
         self.state["lr"] = np.asarray(value, dtype=self.state["lr"].dtype)
 
     def step(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
-        """Run one training step; returns every output (loss, grad_*, updated_*)."""
+        """Run one training step; returns every output (loss, grad_*, updated_*, output_*)."""
+        if self.checks is not None:
+            self.checks.check(inputs, target)
         feed = dict(self.state)
         for name, (shape, dtype) in self.random_inputs.items():
             if name not in inputs:  # uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step
@@ -42,34 +66,105 @@ class StepSession(ABC):
         feed.update(inputs)
         feed["target"] = target
         results = self._run(feed)
-        for name, value in results.items():
-            if name.startswith(UPDATED):
-                self.state[name[len(UPDATED):]] = value
+        updated = [name for name in results if name.startswith(UPDATED)]
+        bad = nonfinite_outputs(results, ["loss"] + updated) if self.on_nonfinite != "ignore" else []
+        if bad:
+            if self.on_nonfinite == "raise":
+                raise NonFiniteError(f"step {int(self.state.get('step', 0))} produced NaN/inf in {bad}; the state "
+                                     "is unchanged (lower the lr, clip gradients, or on_nonfinite='skip')")
+            self.skipped_steps += 1
+            return results
+        for name in updated:
+            self.state[name[len(UPDATED):]] = results[name]
         return results
+
+    def save_checkpoint(self, path: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> Path:
+        """Write the state, the noise generator and ``extra`` (JSON-able) atomically to an ``.npz``."""
+        from .checkpoint import write_checkpoint
+
+        meta = {"graph_hash": self.graph_hash, "rng": self._rng.bit_generator.state,
+                "skipped_steps": self.skipped_steps, "extra": dict(extra or {})}
+        return write_checkpoint(path, self.state, meta)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Restore what ``save_checkpoint`` wrote (refused for another graph); returns its ``extra``."""
+        from .checkpoint import read_checkpoint
+
+        state, meta = read_checkpoint(path, self.graph_hash, set(self.state))
+        self.state = state
+        self._rng.bit_generator.state = meta["rng"]
+        self.skipped_steps = meta["skipped_steps"]
+        return meta["extra"]
+
+    def evaluate(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
+        """Run the eval graph (inference-mode forward + loss, in onnxruntime) on the current weights
+        and buffers: ``loss`` and ``output_<name>`` for every model output."""
+        if self.eval_graph is None:
+            raise BridgeError(f"this {type(self).__name__} has no eval graph: create it with "
+                              "eval_model=TrainingModel.eval_model (TrainingModel.session() does)")
+        return self.eval_graph(self.state, inputs, target)
 
     @abstractmethod
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the training graph on ``feed`` (every graph input by name); outputs by name."""
 
 
-class TrainingSession(StepSession):
-    """Train with a training ONNX model in onnxruntime: ``session.step(inputs, target)`` -> outputs."""
+def graph_hash(model: onnx.ModelProto | bytes) -> str:
+    """The identity of a training graph: sha256 of its serialized ONNX model."""
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    return hashlib.sha256(data).hexdigest()
 
-    def __init__(self, model: onnx.ModelProto | str, state: Mapping[str, np.ndarray], providers=None,
-                 seed: int | None = None):
+
+class OrtGraph:
+    """One ONNX graph in onnxruntime, run by input name."""
+
+    def __init__(self, model: onnx.ModelProto, providers=None):
         import onnxruntime as ort
 
-        super().__init__(state, seed)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-        self._session = ort.InferenceSession(source, options, providers=providers or ["CPUExecutionProvider"])
-        self.output_names = [o.name for o in self._session.get_outputs()]
-        random = json.loads(self._session.get_modelmeta().custom_metadata_map.get(RANDOM_INPUTS, "[]"))
-        for value in self._session.get_inputs():
+        self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                            providers=providers or ["CPUExecutionProvider"])
+        self.input_names = [value.name for value in self.session.get_inputs()]
+        self.output_names = [value.name for value in self.session.get_outputs()]
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {name: feed[name] for name in self.input_names}
+        return dict(zip(self.output_names, self.session.run(self.output_names, feed)))
+
+
+class EvalGraph:
+    """The eval graph in onnxruntime, fed with a session's weights and buffers and a checked batch."""
+
+    def __init__(self, model: onnx.ModelProto, providers=None):
+        self.graph = OrtGraph(model, providers)
+        self.checks = StepChecks.from_model(model)
+
+    def __call__(self, state: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray],
+                 target: np.ndarray) -> dict[str, np.ndarray]:
+        self.checks.check(inputs, target)
+        return self.graph({**state, **inputs, "target": target})
+
+
+class TrainingSession(StepSession):
+    """Train with a training ONNX model in onnxruntime: ``session.step(inputs, target)`` -> outputs.
+
+    With ``eval_model`` (``TrainingModel.eval_model``), ``evaluate(inputs, target)`` runs it.
+    """
+
+    def __init__(self, model: onnx.ModelProto | str | os.PathLike, state: Mapping[str, np.ndarray], providers=None,
+                 seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise"):
+        if not isinstance(model, onnx.ModelProto):
+            model = onnx.load(str(model))
+        super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
+                         graph_hash=graph_hash(model), eval_model=eval_model)
+        self._graph = OrtGraph(model, providers)
+        self.output_names = self._graph.output_names
+        random = json.loads({p.key: p.value for p in model.metadata_props}.get(RANDOM_INPUTS, "[]"))
+        for value in self._graph.session.get_inputs():
             if value.name in random:
                 shape = [d if isinstance(d, int) else None for d in value.shape]
                 self.random_inputs[value.name] = (shape, np.float64 if value.type == "tensor(double)" else np.float32)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self._session.run(self.output_names, feed)))
+        return self._graph(feed)

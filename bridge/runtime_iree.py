@@ -11,20 +11,26 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+import onnx
 
 from .compile import INPUTS_KEY, OUTPUTS_KEY, RANDOM_KEY, CompiledModel
 from .errors import InvalidOptionError, ModelLoadError
-from .runtime import StepSession
+from .checks import StepChecks
+from .runtime import StepSession, graph_hash
 
 
 class IreeTrainingSession(StepSession):
     """Train with a compiled training module: ``session.step(inputs, target)`` -> outputs."""
 
     def __init__(self, module: CompiledModel | bytes | str | os.PathLike, state: Mapping[str, np.ndarray],
-                 driver: str = "local-task", seed: int | None = None):
+                 driver: str = "local-task", seed: int | None = None, *,
+                 training_model: onnx.ModelProto | None = None, eval_model: onnx.ModelProto | None = None,
+                 on_nonfinite: str = "raise"):
+        """``training_model``, the ONNX graph the module was compiled from, enables the batch checks
+        and makes checkpoints interchangeable with onnxruntime sessions of that graph (same hash);
+        ``eval_model`` enables ``evaluate`` (run in onnxruntime on this session's state)."""
         import iree.runtime as rt
 
-        super().__init__(state, seed)
         if isinstance(module, CompiledModel):
             module = module.vmfb
         elif not isinstance(module, bytes):
@@ -32,6 +38,10 @@ class IreeTrainingSession(StepSession):
             if not path.is_file():
                 raise ModelLoadError(f"no such compiled module: {path}")
             module = path.read_bytes()
+        checks = None if training_model is None else StepChecks.from_model(training_model)
+        super().__init__(state, seed, checks=checks, on_nonfinite=on_nonfinite,
+                         graph_hash=graph_hash(module if training_model is None else training_model),
+                         eval_model=eval_model)
         self._config = rt.Config(driver)
         try:
             vm_module = rt.VmModule.copy_buffer(self._config.vm_instance, module)

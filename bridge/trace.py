@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 import torch
@@ -40,17 +40,35 @@ class StepSignature:
     state: list[tuple[str, str]]  # (weight, slot)
     inputs: list[str]
     random: list[str] = field(default_factory=list)  # noise inputs of random ops, drawn every step
+    outputs: list[str] = field(default_factory=list)  # model outputs returned as ``output_<name>``
+    training: bool = True  # False: the eval graph (forward + loss, no update)
 
     def state_names(self) -> list[str]:
-        """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``."""
+        """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``.
+
+        The eval graph reads only the weights and buffers."""
+        if not self.training:
+            return self.weights + self.buffers
         return self.weights + self.buffers + [f"{w}.{slot}" for w, slot in self.state] + ["step", "lr"]
 
     def input_names(self) -> list[str]:
         return self.state_names() + self.inputs + self.random + ["target"]
 
     def output_names(self) -> list[str]:
+        extra = [output_name(name) for name in self.outputs]
+        if not self.training:
+            return ["loss"] + extra
         updated = [name for name in self.state_names() if name != "lr"]
-        return ["loss"] + [f"grad_{w}" for w in self.weights] + [f"updated_{n}" for n in updated]
+        return ["loss"] + [f"grad_{w}" for w in self.weights] + [f"updated_{n}" for n in updated] + extra
+
+    def for_eval(self, outputs: list[str]) -> "StepSignature":
+        """The signature of the eval graph: weights, buffers, inputs, target -> loss, ``outputs``."""
+        return replace(self, state=[], random=[], outputs=list(outputs), training=False)
+
+
+def output_name(model_output: str) -> str:
+    """The step output that carries the model output ``model_output``."""
+    return f"output_{model_output}"
 
 
 class _LayerTags:
@@ -170,7 +188,8 @@ def trace_training_step(
             new_weights.append(new_param)
             new_state.extend(new_slots[slot] for w, slot in signature.state if w == name)
         new_buffers = [updated_buffers.get(name, buffers[name]) for name in signature.buffers]
-        return (loss_value, *grads, *new_weights, *new_buffers, *new_state, new_step)
+        extra = [outputs[program.output_names.index(name)] for name in signature.outputs]
+        return (loss_value, *grads, *new_weights, *new_buffers, *new_state, new_step, *extra)
 
     flat_args = (
         [tensors[name].detach().requires_grad_(True) for name in signature.weights]
@@ -180,9 +199,49 @@ def trace_training_step(
         + [example_inputs[name] for name in signature.inputs + signature.random]
         + [example_target]
     )
+    return _trace(train_step, flat_args, len(signature.inputs) + len(signature.random) + 1, dynamic_batch)
+
+
+def trace_eval_step(
+    program: OnnxProgram,
+    loss: Loss,
+    signature: StepSignature,
+    tensors: dict[str, torch.Tensor],
+    example_inputs: dict[str, torch.Tensor],
+    example_target: torch.Tensor,
+    output_index: int,
+    dynamic_batch: bool = False,
+) -> torch.fx.GraphModule:
+    """Trace the eval step (``signature.training`` is False): the forward in inference mode
+    (BatchNorm with its running statistics, Dropout off) and the loss; returns the loss and
+    the model outputs named in ``signature.outputs``."""
+    n_weights, n_buffers = len(signature.weights), len(signature.buffers)
+    tags = _LayerTags()
+
+    def eval_step(*flat):
+        tensors = dict(zip(signature.weights + signature.buffers, flat[:n_weights + n_buffers]))
+        data = flat[n_weights + n_buffers:]
+        inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
+        if dynamic_batch:
+            tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
+        outputs, _ = program.run(inputs, tensors, training=False, node_scope=tags.forward)
+        with tags.scope("loss", "loss", loss.name):
+            loss_value = loss(outputs[output_index], target)
+        return (loss_value, *(outputs[program.output_names.index(name)] for name in signature.outputs))
+
+    flat_args = (
+        [tensors[name].detach() for name in signature.weights + signature.buffers]
+        + [example_inputs[name] for name in signature.inputs]
+        + [example_target]
+    )
+    return _trace(eval_step, flat_args, len(signature.inputs) + 1, dynamic_batch)
+
+
+def _trace(step, flat_args: list[torch.Tensor], n_data: int, dynamic_batch: bool) -> torch.fx.GraphModule:
+    """``make_fx`` of ``step`` with the lowering table; the last ``n_data`` arguments (data and
+    target) get a symbolic batch with ``dynamic_batch``. Values no output needs are dropped."""
     mode = "real"
     if dynamic_batch:
-        n_data = len(signature.inputs) + len(signature.random) + 1
         flat_args = _with_symbolic_batch(flat_args, n_data)
         mode = "symbolic"
     # Real-mode make_fx records each value's metadata as a fake tensor, by default in a new
@@ -190,7 +249,7 @@ def trace_training_step(
     shared_fakes = (torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
                     if mode == "real" else contextlib.nullcontext())
     with fx_traceback.preserve_node_meta(), shared_fakes:
-        graph_module = make_fx(train_step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
+        graph_module = make_fx(step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
     graph_module.graph.eliminate_dead_code()
     graph_module.recompile()

@@ -5,10 +5,13 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import onnx
 
+from .errors import BridgeError
+from .inference import with_trained_values
 from .runtime import TrainingSession
 from .trace import StepSignature
 
@@ -27,6 +30,9 @@ class TrainingModel:
     initial_values: dict[str, np.ndarray] = field(repr=False)
     target_shape: tuple[int, ...] = ()
     target_dtype: np.dtype = np.dtype(np.int64)
+    eval_model: onnx.ModelProto | None = field(default=None, repr=False)  # forward + loss, inference mode
+    eval_signature: StepSignature | None = None
+    source: onnx.ModelProto | None = field(default=None, repr=False)  # the inference model, as given
 
     @property
     def weights(self) -> list[str]:
@@ -40,8 +46,27 @@ class TrainingModel:
         return {name: value.copy() for name, value in self.initial_values.items()}
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the model atomically (no partial file is left if writing fails)."""
+        """Write the model atomically (no partial file is left if writing fails), and the eval
+        graph beside it as ``<name>.eval.onnx``."""
+        if self.eval_model is not None:
+            save_atomically(self.eval_model, eval_path(path))
         return save_atomically(self.model, path)
+
+    def inference_model(self, state: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+        """The source inference model with the weights and buffers of ``state`` (e.g. a session's
+        ``.state``) in its initializers; see ``bridge.inference.with_trained_values``."""
+        if self.source is None:
+            raise BridgeError("this TrainingModel does not hold its source model (it was not made by to_training_onnx)")
+        names = self.signature.weights + self.signature.buffers
+        missing = [name for name in names if name not in state]
+        if missing:
+            raise BridgeError(f"the state lacks {missing}; pass a session's .state (or initial_state())")
+        return with_trained_values(self.source, {name: np.asarray(state[name]) for name in names})
+
+    def export_inference(self, path: str | os.PathLike, state: Mapping[str, np.ndarray]) -> Path:
+        """Write the source inference model with the trained weights and running statistics of
+        ``state`` (same inputs, outputs, ops and value names), atomically."""
+        return save_atomically(self.inference_model(state), path)
 
     def save_state(self, path: str | os.PathLike) -> Path:
         """Write ``initial_state()`` as an ``.npz`` file (what the CLI's ``--state`` writes)."""
@@ -49,9 +74,16 @@ class TrainingModel:
         np.savez(path, **self.initial_values)
         return path
 
-    def session(self, providers=None) -> TrainingSession:
-        """An onnxruntime session holding the initial state, ready for ``.step(inputs, target)``."""
-        return TrainingSession(self.model, self.initial_state(), providers)
+    def session(self, providers=None, seed: int | None = None, on_nonfinite: str = "raise") -> TrainingSession:
+        """An onnxruntime session holding the initial state, ready for ``.step(inputs, target)``
+        and ``.evaluate(inputs, target)`` (the eval graph)."""
+        return TrainingSession(self.model, self.initial_state(), providers, seed,
+                               eval_model=self.eval_model, on_nonfinite=on_nonfinite)
+
+
+def eval_path(path: str | os.PathLike) -> Path:
+    """Where ``TrainingModel.save(path)`` writes the eval graph: ``<name>.eval.onnx``."""
+    return Path(str(path).removesuffix(".onnx") + ".eval.onnx")
 
 
 def save_atomically(model: onnx.ModelProto, path: str | os.PathLike) -> Path:

@@ -82,7 +82,8 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
                 )
         elif node.op == "output":
             outputs = node.args[0]
-    return _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names())
+    graph_name = "bridge_training_step" if signature.training else "bridge_eval_step"
+    return _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name)
 
 
 def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
@@ -128,14 +129,24 @@ def _dims(shape) -> list:
     return [BATCH_DIM if isinstance(d, torch.SymInt) else d for d in shape]
 
 
-def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: list[str]) -> onnx.ModelProto:
+def _alias_phase(output: str) -> str:
+    """The phase of an Identity that gives a graph output its name."""
+    if output.startswith("updated_"):
+        return "optimizer"
+    if output.startswith("output_"):
+        return "forward"
+    return "backward"
+
+
+def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: list[str],
+              graph_name: str) -> onnx.ModelProto:
     rename: dict[str, str] = {}
     produced = {out for node in b.nodes for out in node.output}
     for value, name in zip(results, names):
         if str(value) in produced and str(value) not in rename:
             rename[str(value)] = name
         else:  # an input, a constant, or a value already returned under another name
-            b.tags = {"bridge.phase": "optimizer" if name.startswith("updated_") else "backward"}
+            b.tags = {"bridge.phase": _alias_phase(name)}
             b.value_hint = name
             alias = b.op("Identity", rename.get(str(value), value))
             rename[str(alias)] = name
@@ -149,7 +160,7 @@ def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: 
         helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], _dims(value.shape))
         for value, name in zip(results, names)
     ]
-    graph = helper.make_graph(b.nodes, "bridge_training_step", inputs, outputs, b.initializers)
+    graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bridge")
     model.ir_version = IR_VERSION
     return model

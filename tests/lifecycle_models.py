@@ -1,0 +1,87 @@
+"""A small CNN with BatchNorm and Dropout, exported as users export it (legacy exporter, training
+mode kept so BatchNorm and Dropout stay nodes), and the torch side of the lifecycle tests."""
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import torch
+
+CLASSES, CHANNELS, SIZE = 5, 4, 8
+
+
+class SmallCNN(torch.nn.Module):
+    """Conv -> BatchNorm -> ReLU -> Dropout -> Linear; ``mask`` (when set) replaces Dropout's draw."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, CHANNELS, 3)
+        self.bn = torch.nn.BatchNorm2d(CHANNELS)
+        self.drop = torch.nn.Dropout(0.5)
+        self.fc = torch.nn.Linear(CHANNELS * (SIZE - 2) ** 2, CLASSES)
+        self.mask: torch.Tensor | None = None
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x))).flatten(1)
+        h = self.drop(h) if self.mask is None else h * self.mask / 0.5
+        return self.fc(h)
+
+
+def small_cnn(seed: int = 0, dynamic: bool = True) -> tuple[SmallCNN, onnx.ModelProto]:
+    """The module (seeded) and its ONNX export (input ``x``, output ``y``; batch symbolic if ``dynamic``)."""
+    torch.manual_seed(seed)
+    module = SmallCNN()
+    with torch.no_grad():  # running statistics that are not the defaults, so eval mode is visible
+        module.bn.running_mean.uniform_(-0.5, 0.5)
+        module.bn.running_var.uniform_(0.5, 2.0)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.train(), (torch.randn(6, 1, SIZE, SIZE),), buffer, dynamo=False,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}} if dynamic else None)
+    return module, onnx.load_from_string(buffer.getvalue())
+
+
+def batch(count: int, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Random images and class indices."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((count, 1, SIZE, SIZE)).astype(np.float32)
+    return {"x": x}, rng.integers(0, CLASSES, count).astype(np.int64)
+
+
+def load_state(module: torch.nn.Module, state: dict[str, np.ndarray]) -> torch.nn.Module:
+    """``module`` with the weights and running statistics of a session's state (torch names)."""
+    names = module.state_dict().keys()
+    module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items() if k in names}, strict=False)
+    return module
+
+
+def assert_close_to_float64(got: np.ndarray, want32: np.ndarray, want64: np.ndarray, factor: float = 16.0) -> None:
+    """``got`` (bridge, float32) is as close to torch's float64 result as torch's own float32 result
+    is, within ``factor`` times that measured float32 noise (plus 1 ulp of the result's scale)."""
+    noise = float(np.max(np.abs(want32 - want64)))
+    scale = float(np.max(np.abs(want64)))
+    error = float(np.max(np.abs(got - want64)))
+    assert error <= factor * noise + np.finfo(np.float32).eps * scale, f"error {error:.3g}, float32 noise {noise:.3g}"
+
+
+def small_mlp(seed: int = 0) -> tuple[torch.nn.Module, onnx.ModelProto]:
+    """A deterministic classifier (no Dropout, no BatchNorm): 6 features -> CLASSES logits, dynamic batch."""
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, CLASSES))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.randn(4, 6),), buffer, dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    return module, onnx.load_from_string(buffer.getvalue())
+
+
+def features(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random feature rows for ``small_mlp`` and class indices."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((count, 6)).astype(np.float32), rng.integers(0, CLASSES, count).astype(np.int64)
