@@ -34,7 +34,7 @@ FIXED_FAILURE_B = "fixed on branch ops_b"
 CHECKS = ("forward", "training", "dynamic", "iree")
 PAD_ND = {"xfail": f"constant_pad_nd at a symbolic batch, {FIXED_FAILURE_B}", "xfail_checks": ("dynamic",)}
 SLICE_SYMBOLIC = {"xfail": "symbolic batch: the emitter of aten.mul.Tensor turns the batch size into a number "
-                           "(a Slice of the last axis; not on a fix branch, see the op_db report)",
+                           "(a Slice with an axes input on a non-batch axis; not on a fix branch, see the op_db report)",
                   "xfail_checks": ("dynamic",)}
 ONNX_MLIR = ("training",)  # checks that a failure of the onnx-mlir op table (only) fails
 STATIC = ("training", "iree")  # checks a failure of static conversions only fails
