@@ -13,7 +13,8 @@ import pytest
 import bridge
 from bridge.importer.registry import CONVERTERS, import_all_converters
 from generated_docs import assert_generated_block_current
-from helpers.oracle import FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, check_training_step, run_reference, step_outputs
+from helpers.oracle import (FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, _scale, check_training_step, run_reference,
+                            step_outputs)
 from op_db import ROWS, OpRow
 from reference import assert_steps_match
 from single_op import run_onnxruntime
@@ -32,10 +33,6 @@ def _params(rows, check: str):
     for row in rows:
         marks = [pytest.mark.xfail(reason=row.xfail, strict=True)] if row.xfail and check in row.xfail_checks else []
         yield pytest.param(row, id=row.id, marks=marks)
-
-
-def _scale(array) -> float:
-    return float(np.max(np.abs(array))) if np.size(array) else 0.0
 
 
 def assert_close_float32(got, want, what: str) -> None:
