@@ -1,12 +1,14 @@
 # Two commands do everything on a fresh machine:
 #   make demo   - set up .venv, convert the bundled example model, train it in onnxruntime
-#   make test   - set up .venv and run the whole test suite
+#   make test   - set up .venv and run the test suite (what CI runs)
+# Tiers: make test-fast (the edit loop: no slow, no exhaustive), make test-all (also the exhaustive
+# tier: the whole ONNX node suite with gradients, every op-database row through IREE, ...).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean system-deps
+.PHONY: demo test test-fast test-all venv clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +24,16 @@ demo: $(STAMP)
 system-deps:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) -m "not exhaustive" tests
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow and not exhaustive" tests
+
+test-all: $(STAMP) system-deps
+	$(PYTEST) tests
 
 clean:
 	rm -rf $(VENV) out
