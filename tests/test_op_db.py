@@ -4,8 +4,6 @@ differences of the source model, float32 vs float64, onnx-mlir's op table), a sy
 (equal to the static conversions at batch 1 and 3) and, marked slow, IREE."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnxruntime
 import pytest
@@ -23,9 +21,8 @@ from test_importer_ops import _import_and_run
 OPTIONS = {"loss": "mse", "optim": "sgd", "optim_options": {"lr": LR}}
 FLOAT32_BOUND = FLOAT32_ULPS * FLOAT32_EPS  # of a tensor's scale: float32 results vs each other
 DYNAMIC_BATCHES = (1, 3)
-# Rows compiled by IREE in the default slow run; BRIDGE_OPDB_IREE=all compiles every iree row.
+# Rows compiled by IREE in the slow run (make test); the others are exhaustive (make test-all).
 IREE_SAMPLE = {"Conv-2d_padded_bias", "MaxPool-2d_k2s2", "Softmax-axis-1", "LSTM-forward", "Resize-linear_half_pixel"}
-IREE_ALL = os.environ.get("BRIDGE_OPDB_IREE") == "all"
 
 
 def _params(rows, check: str):
@@ -128,8 +125,8 @@ def test_float64_dynamic_batch_gradients_match_finite_differences():
 def _iree_params():
     for param in _params([r for r in ROWS if r.grad and r.iree], "iree"):
         row = param.values[0]
-        skip = [] if IREE_ALL or row.id in IREE_SAMPLE else [pytest.mark.skip(reason="BRIDGE_OPDB_IREE=all compiles every row")]
-        yield pytest.param(row, id=param.id, marks=[*param.marks, *skip])
+        tier = [] if row.id in IREE_SAMPLE else [pytest.mark.exhaustive]
+        yield pytest.param(row, id=param.id, marks=[*param.marks, *tier])
 
 
 @pytest.mark.slow
