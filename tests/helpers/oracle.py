@@ -34,7 +34,8 @@ LR = 0.125  # a power of two: the lr input is float32 even in a float64 graph
 
 def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     """The same model computing in float64: float32 initializers, inputs, outputs, ``Cast``/
-    ``Constant``/``ConstantOfShape``/``CastLike`` targets become double."""
+    ``Constant``/``ConstantOfShape``/``CastLike`` targets and ``stash_type`` (the precision of
+    LayerNormalization/GroupNormalization statistics) become double."""
     model64 = onnx.ModelProto()
     model64.CopyFrom(model)
     graph = model64.graph
@@ -49,7 +50,8 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT:
                 attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float64), attribute.t.name))
-            elif attribute.name in ("to", "dtype") and attribute.type == onnx.AttributeProto.INT and attribute.i == TensorProto.FLOAT:
+            elif attribute.name in ("to", "dtype", "stash_type") and attribute.type == onnx.AttributeProto.INT \
+                    and attribute.i == TensorProto.FLOAT:
                 attribute.i = TensorProto.DOUBLE
     return model64
 
@@ -166,20 +168,25 @@ def _random_noise(tm: bridge.TrainingModel, inputs: Mapping[str, np.ndarray], se
 
 def check_training_step(
     model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *, output_index: int = 0,
-    max_elements: int = 24, seed: int = 0, float32: bool = True, **convert_options,
+    max_elements: int = 24, seed: int = 0, float32: bool = True, reference: onnx.ModelProto | None = None,
+    **convert_options,
 ) -> StepCheck:
     """Convert ``model`` (mse, SGD), run one step in float64 and (``float32``) float32, compare.
 
     Checks: the float64 step's loss equals the reference evaluator's, its gradients equal
     float64 finite differences of the source model, its update is ``w - lr * grad``; the float32
     training graph checks clean for onnx-mlir and its gradients equal the float64 ones.
+    ``reference`` (default ``model``) is the model the reference evaluator runs for the loss and
+    the finite differences, where ONNX spells what bridge trains differently (an inference
+    BatchNormalization trains with batch statistics: its reference has ``training_mode=1``).
     """
     model64 = as_float64(model)
+    reference64 = model64 if reference is None else as_float64(reference)
     inputs64 = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in inputs.items()}
     options = dict(loss="mse", optim="sgd", optim_options={"lr": LR}, output=output_index, **convert_options)
     tm64 = bridge.to_training_onnx(model64, **options)
     rng = np.random.default_rng(seed)
-    out_shape = run_reference(model64, inputs64)[output_index].shape
+    out_shape = run_reference(reference64, inputs64)[output_index].shape
     target = rng.standard_normal(out_shape)
     noise64 = _random_noise(tm64, inputs64, seed)
     got64 = step_outputs(tm64, inputs64, target, noise64)
@@ -187,9 +194,9 @@ def check_training_step(
 
     state = tm64.initial_state()
     if not noise64:
-        reference_loss = mse(run_reference(model64, {**inputs64, **{w: state[w] for w in tm64.weights}})[output_index], target)
+        reference_loss = mse(run_reference(reference64, {**inputs64, **{w: state[w] for w in tm64.weights}})[output_index], target)
         result.record("loss", abs(float(got64["loss"]) - reference_loss), 1e-12 * max(1.0, abs(reference_loss)))
-        fd = finite_difference_gradients(model64, inputs64, {w: state[w] for w in tm64.weights}, target,
+        fd = finite_difference_gradients(reference64, inputs64, {w: state[w] for w in tm64.weights}, target,
                                          output_index=output_index, max_elements=max_elements, seed=seed)
         for w, (indices, grads, fd_noise) in fd.items():
             got = np.asarray(got64[f"grad_{w}"], np.float64).reshape(-1)[indices]
