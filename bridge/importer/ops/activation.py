@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..registry import converter
+
+# ONNX float attributes are float32, defaults included: onnxruntime's LeakyRelu alpha is
+# 0.01f = 0.009999999776..., not the double 0.01 (a 2e-8 relative difference in float64).
+LEAKY_RELU_ALPHA = float(np.float32(0.01))
+HARD_SIGMOID_ALPHA = float(np.float32(0.2))
 
 
 @converter("Relu")
@@ -37,7 +43,7 @@ def elu_formula(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 @converter("LeakyRelu")
 def leaky_relu(ctx, x):
-    return leaky_relu_formula(x, ctx.attr("alpha", 0.01))
+    return leaky_relu_formula(x, ctx.attr("alpha", LEAKY_RELU_ALPHA))
 
 
 @converter("PRelu")
@@ -75,7 +81,7 @@ def sigmoid(ctx, x):
 
 @converter("HardSigmoid")
 def hard_sigmoid(ctx, x):
-    return torch.clamp(ctx.attr("alpha", 0.2) * x + ctx.attr("beta", 0.5), 0.0, 1.0)
+    return torch.clamp(ctx.attr("alpha", HARD_SIGMOID_ALPHA) * x + ctx.attr("beta", 0.5), 0.0, 1.0)
 
 
 @converter("HardSwish")
