@@ -114,6 +114,16 @@ def test_activation_trains(op, attrs, twin):
     check_op(op, twin, data, rng.standard_normal(SHAPE), opset=20 if op == "Gelu" else 18, float32=exact_gelu, **attrs)
 
 
+@pytest.mark.parametrize("op, opset, axis, twin", [
+    ("Softmax", 13, 1, lambda x: torch.softmax(x, 1)),
+    ("Softmax", 11, 1, lambda x: torch.softmax(x.reshape(2, 12), 1).reshape(SHAPE)),  # 2-D coercion
+    ("LogSoftmax", 13, -1, lambda x: torch.log_softmax(x, -1)),
+    ("LogSoftmax", 11, 1, lambda x: torch.log_softmax(x.reshape(2, 12), 1).reshape(SHAPE)),
+])
+def test_softmax_family_trains(op, opset, axis, twin):
+    check_op(op, twin, rng.standard_normal(SHAPE), rng.standard_normal(SHAPE), opset=opset, axis=axis)
+
+
 def test_prelu_trains_input_and_slope():
     slope = np.array([[0.1], [0.25], [-0.3]])  # per channel (axis 1), as F.prelu
 
