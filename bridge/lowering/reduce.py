@@ -20,6 +20,7 @@ aten = torch.ops.aten
 
 @lowers(aten.cumprod.default)
 def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.cumprod(x, dim)`` as one ``prod`` over a lower-triangular selection of ``x``."""
     if dtype is not None:
         x = x.to(dtype)
     if x.dim() == 0:

@@ -48,8 +48,8 @@ def _axis_of(term: list[str], index: int, rank: int) -> int:
 def _take_diagonals(term: str, x: torch.Tensor) -> tuple[str, torch.Tensor]:
     """Remove repeated letters of one input (``bii`` -> ``bi``) by selecting the diagonal with a
     constant identity mask and a sum: ``aten.diagonal`` and its backward have no ONNX form."""
-    tokens = term.replace("...", ".").replace(".", " ... ").split()
-    tokens = [t for part in tokens for t in ([part] if part == "..." else list(part))]
+    head, dots, tail = term.partition("...")
+    tokens = list(head) + ([dots] if dots else []) + list(tail)
     while True:
         letters = [t for t in tokens if t != "..."]
         repeated = next((c for c in letters if letters.count(c) > 1), None)
