@@ -102,6 +102,64 @@ def test_reduction_axes_attribute_before_opset_18(op):
     np.testing.assert_allclose(_import_and_run(model, {"x": X})[0], run_onnxruntime(model, {"x": X})[0], rtol=1e-6)
 
 
+REDUCTIONS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+
+
+@pytest.mark.parametrize("op", REDUCTIONS)
+def test_reduction_noop_with_empty_axes_keeps_the_elementwise_part(op):
+    """No axes + noop_with_empty_axes: no reduction, but ReduceL1 is |x|, ReduceLogSum log x ..."""
+    _check(op, {"x": POSITIVE if op == "ReduceLogSum" else X}, {"axes": np.array([], np.int64)},
+           noop_with_empty_axes=1)
+
+
+@pytest.mark.parametrize("op", REDUCTIONS)
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduction_with_empty_axes_reduces_every_axis(op, keepdims):
+    _check(op, {"x": POSITIVE if op == "ReduceLogSum" else X}, {"axes": np.array([], np.int64)}, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("op", [op for op in REDUCTIONS if op != "ReduceMean"])
+@pytest.mark.parametrize("axes", [[1], []])
+def test_reduction_over_an_empty_axis_gives_the_identity(op, axes):
+    """0 for sums, 1 for ReduceProd, -inf/+inf for ReduceMax/ReduceMin, -inf for the Log ones."""
+    _check(op, {"x": np.zeros((2, 0, 4), np.float32)}, {"axes": np.array(axes, np.int64)})
+
+
+def test_reduce_mean_over_an_empty_axis_is_nan():
+    """0/0: NaN as the ONNX reference (numpy's mean) gives; onnxruntime returns 0 instead."""
+    feed = {"x": np.zeros((2, 0, 4), np.float32)}
+    model = one_node_model("ReduceMean", ["x", "axes"], feed, {"axes": np.array([1], np.int64)}, 18)
+    assert np.isnan(_import_and_run(model, feed)[0]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
+def test_cumsum_keeps_the_input_dtype(dtype):
+    """torch.cumsum promotes int32 to int64; ONNX CumSum keeps the input's type."""
+    from onnx import helper, numpy_helper
+
+    x = np.arange(24, dtype=dtype).reshape(2, 3, 4)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"])], "cumsum",
+                              [helper.make_tensor_value_info("x", elem, x.shape)],
+                              [helper.make_tensor_value_info("y", elem, x.shape)],
+                              [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    got, want = _import_and_run(model, {"x": x})[0], run_onnxruntime(model, {"x": x})[0]
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("bii->bi", [(2, 3, 3)]), ("...ii->...i", [(2, 2, 3, 3)]), ("ii", [(3, 3)]), ("ii->i", [(3, 3)]),
+    ("bij,bjj->bi", [(2, 3, 4), (2, 4, 4)]), ("i...i->...", [(3, 2, 3)]), ("iij->ij", [(3, 3, 2)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ij,jk", [(2, 3), (3, 4)]),
+])
+def test_einsum_with_diagonals(equation, shapes):
+    feed = {f"x{i}": RNG.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    _check("Einsum", feed, equation=equation)
+
+
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @pytest.mark.parametrize("select_last_index", [0, 1])
 def test_arg_extremes(op, select_last_index):

@@ -94,7 +94,6 @@ _UNARY = {
     aten.sigmoid.default: "Sigmoid",
     aten.relu.default: "Relu",
     aten.logical_not.default: "Not",
-    aten.isnan.default: "IsNaN",
     aten.bitwise_not.default: "Not",
 }
 
@@ -130,6 +129,12 @@ def _trunc(b, x):
 @emits(aten.trunc.default)
 def trunc(b, node, x):
     return _trunc(b, x)
+
+
+@emits(aten.isnan.default)
+def isnan(b, node, x):
+    """``x != x``: onnx-mlir's IsNaN needs opset 20 and training graphs are opset 18."""
+    return b.op("Not", b.op("Equal", x, x))
 
 
 @emits(aten.isinf.default)

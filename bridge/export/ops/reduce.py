@@ -15,7 +15,8 @@ def _reduce(b: GraphBuilder, node, onnx_op: str, x: Value, dims, keepdim: bool, 
     if x.rank == 0:
         return x
     dims = list(range(x.rank)) if dims is None or len(dims) == 0 else [d % x.rank for d in dims]
-    if len(set(dims)) == x.rank > 1:
+    flattened = len(set(dims)) == x.rank > 1
+    if flattened:
         # Over every axis: flatten first. IREE miscompiles Mul-by-a-broadcast-vector followed by
         # a ReduceSum over all axes (e.g. a class-weighted loss summed): a 0-d vector.contract.
         size = [int(np.prod(x.shape))] if is_static(x.shape) else None
@@ -24,7 +25,8 @@ def _reduce(b: GraphBuilder, node, onnx_op: str, x: Value, dims, keepdim: bool, 
     else:
         kept = [1 if i in dims else d for i, d in enumerate(x.shape)]
     reduced = b.op(onnx_op, x, b.ints(dims), keepdims=1, shape=kept, dtype=x.dtype)
-    return reduced if keepdim else b.reshape(reduced, list(node.meta["val"].shape))
+    # keepdim after a flatten: [1] back to [1, 1, ...] (the rank torch keeps)
+    return reduced if keepdim and not flattened else b.reshape(reduced, list(node.meta["val"].shape))
 
 
 @emits(aten.sum.dim_IntList)

@@ -1,12 +1,24 @@
-"""Activation ONNX ops. Each is written with the torch function of the same meaning."""
+"""Activation ONNX ops, written as explicit differentiable formulas (``where``/``exp``/``clamp``
+...) whose forward and backward both have ONNX emitters: ``F.leaky_relu``/``F.elu`` are
+core-ATen ops that have neither a decomposition nor an emitter.
+
+An ``exp`` in the branch ``where`` does not take is evaluated anyway, and its backward
+multiplies the zero gradient of that branch by ``exp(x)``: ``0 * inf = NaN`` for a large
+``x``. The exponential branches therefore see ``min(x, 0)`` (``_expm1_negative``)."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..registry import converter
+
+# ONNX float attributes are float32, defaults included: onnxruntime's LeakyRelu alpha is
+# 0.01f = 0.009999999776..., not the double 0.01 (a 2e-8 relative difference in float64).
+LEAKY_RELU_ALPHA = float(np.float32(0.01))
+HARD_SIGMOID_ALPHA = float(np.float32(0.2))
 
 
 @converter("Relu")
@@ -14,9 +26,24 @@ def relu(ctx, x):
     return F.relu(x)
 
 
+def leaky_relu_formula(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``x`` where ``x > 0`` else ``alpha * x`` (torch's gradient at 0 is ``alpha`` too)."""
+    return torch.where(x > 0, x, x * alpha)
+
+
+def _expm1_negative(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x) - 1`` for the non-positive branch, with no overflow where ``x`` is large."""
+    return torch.exp(torch.clamp(x, max=0.0)) - 1
+
+
+def elu_formula(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """ELU: ``x`` where ``x > 0`` else ``alpha * (exp(x) - 1)``, as ``F.elu``."""
+    return torch.where(x > 0, x, alpha * _expm1_negative(x))
+
+
 @converter("LeakyRelu")
 def leaky_relu(ctx, x):
-    return F.leaky_relu(x, ctx.attr("alpha", 0.01))
+    return leaky_relu_formula(x, ctx.attr("alpha", LEAKY_RELU_ALPHA))
 
 
 @converter("PRelu")
@@ -26,19 +53,20 @@ def prelu(ctx, x, slope):
 
 @converter("Elu")
 def elu(ctx, x):
-    return F.elu(x, ctx.attr("alpha", 1.0))
+    return elu_formula(x, ctx.attr("alpha", 1.0))
 
 
 @converter("Celu")
 def celu(ctx, x):
-    return F.celu(x, ctx.attr("alpha", 1.0))
+    alpha = ctx.attr("alpha", 1.0)
+    return torch.where(x > 0, x, alpha * _expm1_negative(x / alpha))
 
 
 @converter("Selu")
 def selu(ctx, x):
     alpha = ctx.attr("alpha", 1.67326319217681884765625)
     gamma = ctx.attr("gamma", 1.05070102214813232421875)
-    return gamma * torch.where(x > 0, x, alpha * (torch.exp(x) - 1))
+    return gamma * elu_formula(x, alpha)
 
 
 @converter("ThresholdedRelu")
@@ -53,7 +81,7 @@ def sigmoid(ctx, x):
 
 @converter("HardSigmoid")
 def hard_sigmoid(ctx, x):
-    return torch.clamp(ctx.attr("alpha", 0.2) * x + ctx.attr("beta", 0.5), 0.0, 1.0)
+    return torch.clamp(ctx.attr("alpha", HARD_SIGMOID_ALPHA) * x + ctx.attr("beta", 0.5), 0.0, 1.0)
 
 
 @converter("HardSwish")

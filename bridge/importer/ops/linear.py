@@ -27,6 +27,50 @@ def matmul(ctx, a, b):
     return torch.matmul(a, b)
 
 
+def _explicit(equation: str) -> str:
+    """``equation`` with its output spelled out (implicit mode: the letters used exactly once,
+    sorted, after ``...`` if any input has one), so that inputs can be rewritten."""
+    equation = equation.replace(" ", "")
+    if "->" in equation:
+        return equation
+    letters = equation.replace("...", "").replace(",", "")
+    once = sorted(c for c in set(letters) if letters.count(c) == 1)
+    return equation + "->" + ("..." if "..." in equation else "") + "".join(once)
+
+
+def _axis_of(term: list[str], index: int, rank: int) -> int:
+    """The axis of token ``index`` of ``term`` (letters and at most one ``...``)."""
+    if "..." in term and index > term.index("..."):
+        return rank - (len(term) - index)
+    return index
+
+
+def _take_diagonals(term: str, x: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """Remove repeated letters of one input (``bii`` -> ``bi``) by selecting the diagonal with a
+    constant identity mask and a sum: ``aten.diagonal`` and its backward have no ONNX form."""
+    head, dots, tail = term.partition("...")
+    tokens = list(head) + ([dots] if dots else []) + list(tail)
+    while True:
+        letters = [t for t in tokens if t != "..."]
+        repeated = next((c for c in letters if letters.count(c) > 1), None)
+        if repeated is None:
+            return "".join(tokens), x
+        first = tokens.index(repeated)
+        second = tokens.index(repeated, first + 1)
+        p, q = _axis_of(tokens, first, x.dim()), _axis_of(tokens, second, x.dim())
+        shape = [1] * x.dim()
+        shape[p] = shape[q] = x.shape[p]
+        eye = torch.eye(x.shape[p], dtype=torch.bool).reshape(shape)
+        x = torch.where(eye, x, torch.zeros((), dtype=x.dtype)).sum(q)
+        del tokens[second]
+
+
 @converter("Einsum")
 def einsum(ctx, *xs):
-    return torch.einsum(ctx.attr("equation"), *xs)
+    inputs, output = _explicit(ctx.attr("equation")).split("->")
+    terms, operands = [], []
+    for term, x in zip(inputs.split(","), xs):
+        term, x = _take_diagonals(term, x)
+        terms.append(term)
+        operands.append(x)
+    return torch.einsum(",".join(terms) + "->" + output, *operands)

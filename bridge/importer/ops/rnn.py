@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import NodeContext, converter
+from .activation import HARD_SIGMOID_ALPHA, LEAKY_RELU_ALPHA, elu_formula, leaky_relu_formula
 
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
@@ -28,11 +29,11 @@ _ACTIVATIONS: dict[str, tuple[int, float, float, Callable]] = {
     "Softsign": (0, 0.0, 0.0, lambda x, a, b: x / (1 + x.abs())),
     "Softplus": (0, 0.0, 0.0, lambda x, a, b: F.softplus(x)),
     "Affine": (2, 1.0, 0.0, lambda x, a, b: a * x + b),
-    "LeakyRelu": (1, 0.01, 0.0, lambda x, a, b: F.leaky_relu(x, a)),
+    "LeakyRelu": (1, LEAKY_RELU_ALPHA, 0.0, lambda x, a, b: leaky_relu_formula(x, a)),
     "ThresholdedRelu": (1, 1.0, 0.0, lambda x, a, b: torch.where(x > a, x, torch.zeros_like(x))),
     "ScaledTanh": (2, 1.0, 1.0, lambda x, a, b: a * torch.tanh(b * x)),
-    "HardSigmoid": (2, 0.2, 0.5, lambda x, a, b: torch.clamp(a * x + b, 0.0, 1.0)),
-    "Elu": (1, 1.0, 0.0, lambda x, a, b: F.elu(x, a)),
+    "HardSigmoid": (2, HARD_SIGMOID_ALPHA, 0.5, lambda x, a, b: torch.clamp(a * x + b, 0.0, 1.0)),
+    "Elu": (1, 1.0, 0.0, lambda x, a, b: elu_formula(x, a)),
 }
 
 
