@@ -17,6 +17,7 @@ from .runtime import TrainingSession  # noqa: E402
 from .training_model import TrainingModel  # noqa: E402
 from . import ir  # noqa: E402
 from .check import Violation, check  # noqa: E402
+from .verify import VerifyReport, verify  # noqa: E402
 
 __all__ = [
     "BridgeError",
@@ -29,9 +30,11 @@ __all__ = [
     "TrainingModel",
     "TrainingSession",
     "UnsupportedOpError",
+    "VerifyReport",
     "Violation",
     "check",
     "ir",
     "compile",
     "to_training_onnx",
+    "verify",
 ]

@@ -30,6 +30,7 @@ from .importer.program import OnnxProgram
 from .load import load_model
 from .losses import _LOSSES, _flatten_sequence, INDICES, Loss, make_loss
 from .optimizers import Optimizer, make_optimizer
+from .runtime import UPDATED
 from .training_model import TrainingModel
 
 FD_STEP = 1e-6  # relative finite-difference step (of max(1, |w|)): float64 rounding and truncation both ~1e-10
@@ -44,9 +45,10 @@ class Row:
 
     ``error``: bridge's max abs error / max abs of the float64 reference (for a
     finite-difference row: the float64 autograd gradient's error against the finite
-    differences); ``noise``: the same measure for torch's float32 run (for a
-    finite-difference row: the estimated rounding error of the differences); a row passes when
-    ``error <= limit``.
+    differences); ``noise``: the same measure for torch's float32 run, the larger of the
+    tensor's own and its gradient's for an updated weight or optimizer state (for a
+    finite-difference row: the estimated rounding and truncation error of the differences);
+    a row passes when ``error <= limit`` (never when the error is NaN or infinite).
     """
 
     name: str
@@ -435,13 +437,29 @@ def scaled_error(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 def _compare(got: list[dict], want: list[dict], single: list[dict], factor: float, floor: float) -> list[Row]:
+    """Rows for every output at every step: bridge's error against the float64 reference,
+    judged against torch float32's (an updated weight or optimizer state also inherits its
+    gradient's float32 noise: squaring a gradient doubles its error, where one float32 run
+    may have been lucky)."""
     rows = []
     for step, (g, w, s) in enumerate(zip(got, want, single), start=1):
+        noise = {name: scaled_error(s[name], w[name]) for name in w}
         for name in g:  # the training graph's output order
             if name not in w:
                 rows.append(Row(name, step, math.inf, 0.0, 0.0))  # an output the reference cannot explain
                 continue
-            noise = scaled_error(s[name], w[name])
-            rows.append(Row(name, step, scaled_error(g[name], w[name]), noise, max(factor * noise, floor)))
+            gradient = _gradient_of(name, w)
+            level = max(noise[name], noise[gradient]) if gradient else noise[name]
+            rows.append(Row(name, step, scaled_error(g[name], w[name]), level, max(factor * level, floor)))
     return rows
 
+
+def _gradient_of(name: str, record: Mapping[str, np.ndarray]) -> str | None:
+    """The gradient that ``updated_<w>`` or ``updated_<w>.<slot>`` is computed from, if any."""
+    if not name.startswith(UPDATED):
+        return None
+    rest = name[len(UPDATED):]
+    for weight in (rest, rest.rpartition(".")[0]):
+        if f"grad_{weight}" in record:
+            return f"grad_{weight}"
+    return None
