@@ -33,7 +33,7 @@ from .optimizers import Optimizer, make_optimizer
 from .runtime import UPDATED
 from .training_model import TrainingModel
 
-JITTER = 2.0 ** -20  # relative size of the float32 runs' jitter
+JITTER = 2.0 ** -20  # relative jitter of the extra float32 runs: ~the float32 noise of deep activations
 FD_STEP = 1e-6  # relative finite-difference step (of max(1, |w|)): float64 rounding and truncation both ~1e-10
 _FLOAT = onnx.TensorProto.FLOAT
 _DOUBLE = onnx.TensorProto.DOUBLE
@@ -154,8 +154,8 @@ def verify(
         floor: the smallest limit (scale-relative), for tensors whose float32 noise is zero.
         fd_per_weight / fd_max: weight elements checked by finite differences, per weight
             and in all (0 turns the check off).
-        noise_runs: float32 reference runs with weights and inputs jittered by one float32
-            rounding, besides the plain one; torch's noise is the largest error among them.
+        noise_runs: float32 reference runs with weights and inputs jittered (relative
+            ``JITTER``), besides the plain one; torch's noise is the largest error among them.
         inputs: data inputs to use at every step instead of random ones (e.g. a real
             attention mask), by name.
 
@@ -356,9 +356,9 @@ class _Reference:
               jitter: np.random.Generator | None = None) -> list[dict[str, np.ndarray]]:
         """Per step: loss, grad_<w> (unclipped) and every updated_<x> the training graph outputs.
 
-        With ``jitter``, every float weight, buffer and input is first moved by up to one float32
-        rounding (relative 2**-24): the spread such runs show is what float32 cannot decide
-        (a ReLU input or a max within rounding of a tie, which one run may decide by luck).
+        With ``jitter``, every float weight, buffer and input is first moved by up to ``JITTER``
+        (relative): the spread such runs show is what float32 cannot decide (a ReLU input or a
+        max within float32 noise of a kink, which one run may decide by luck).
         """
         weights, buffers = self._state(dtype, jitter)
         batches = [_Batch({k: _jittered(v, jitter) for k, v in b.inputs.items()}, b.noise, b.target) for b in batches]
