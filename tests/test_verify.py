@@ -49,6 +49,15 @@ def test_mlp_rows_cover_every_output_and_state_slot():
     assert {row.name for row in report.rows if row.name.startswith("fd ")} == {f"fd grad_{w}" for w in tm.weights}
 
 
+def test_conversion_options_apply_to_both_sides():
+    """Clipping (the reference calls clip_grad_norm_), a trained subset and a batch size for the
+    symbolic batch dim: with a tiny max norm an unclipped reference would fail every update."""
+    report = bridge.verify(MLP, "ce", "sgd", optim_options={"lr": 0.1, "momentum": 0.9}, clip_grad_norm=0.01,
+                           trainable=["fc1.*"], batch_size=5, steps=2, fd_max=0)
+    assert report.passed, str(report)
+    assert {row.name for row in report.rows if row.name.startswith("grad_")} == {"grad_fc1.weight", "grad_fc1.bias"}
+
+
 def _cnn() -> onnx.ModelProto:
     """Conv -> BatchNorm -> ReLU -> MaxPool -> Dropout -> Linear, exported in training mode (Dropout kept)."""
     torch.manual_seed(0)
