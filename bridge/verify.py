@@ -139,6 +139,7 @@ def verify(
     fd_per_weight: int = 8,
     fd_max: int = 16,
     noise_runs: int = 2,
+    retry_runs: int = 6,
     inputs: Mapping[str, np.ndarray] | None = None,
     **convert_options: Any,
 ) -> VerifyReport:
@@ -156,13 +157,15 @@ def verify(
             and in all (0 turns the check off).
         noise_runs: float32 reference runs with weights and inputs jittered (relative
             ``JITTER``), besides the plain one; torch's noise is the largest error among them.
+        retry_runs: while some tensor fails, up to this many more jittered runs (a value within
+            float32 noise of a ReLU's or max's kink flips in some runs only).
         inputs: data inputs to use at every step instead of random ones (e.g. a real
             attention mask), by name.
 
     Returns a ``VerifyReport``; a mismatch is reported there, never raised. Raises a
     ``BridgeError`` for bad input or options.
     """
-    _check_options(steps, tolerance_factor, floor, fd_per_weight, fd_max, noise_runs)
+    _check_options(steps, tolerance_factor, floor, fd_per_weight, fd_max, noise_runs, retry_runs)
     figures: dict[str, float] = {}
     start = time.perf_counter()
     tm = to_training_onnx(model, loss, optim, loss_options=loss_options, optim_options=optim_options,
@@ -188,9 +191,14 @@ def verify(
     want = run.steps(program64, torch.float64, batches)
     singles = [run.steps(program32, torch.float32, batches)]
     singles += [run.steps(program32, torch.float32, batches, jitter=rng) for _ in range(noise_runs)]
-    figures["reference_s"] = time.perf_counter() - clock
-
     rows = _compare(got, want, singles, tolerance_factor, floor)
+    for _ in range(retry_runs if noise_runs else 0):  # a kink one more jittered run may also flip
+        if all(row.passed for row in rows):
+            break
+        singles.append(run.steps(program32, torch.float32, batches, jitter=rng))
+        rows = _compare(got, want, singles, tolerance_factor, floor)
+    figures["reference_s"] = time.perf_counter() - clock
+    figures["float32_runs"] = len(singles)
     clock = time.perf_counter()
     rows += run.finite_differences(program64, batches[0], want[0], rng, fd_per_weight, fd_max, tolerance_factor, floor)
     figures["fd_s"] = time.perf_counter() - clock
@@ -199,13 +207,15 @@ def verify(
     return VerifyReport(all(row.passed for row in rows), rows, steps, tolerance_factor, figures)
 
 
-def _check_options(steps: int, factor: float, floor: float, per_weight: int, cap: int, noise_runs: int) -> None:
+def _check_options(steps: int, factor: float, floor: float, per_weight: int, cap: int, noise_runs: int,
+                   retry_runs: int) -> None:
     checks = {"steps": (steps, isinstance(steps, int) and steps >= 1, "an int >= 1"),
               "tolerance_factor": (factor, factor > 0, "a positive number"),
               "floor": (floor, floor >= 0, "a number >= 0"),
               "fd_per_weight": (per_weight, isinstance(per_weight, int) and per_weight >= 0, "an int >= 0"),
               "fd_max": (cap, isinstance(cap, int) and cap >= 0, "an int >= 0"),
-              "noise_runs": (noise_runs, isinstance(noise_runs, int) and noise_runs >= 0, "an int >= 0")}
+              "noise_runs": (noise_runs, isinstance(noise_runs, int) and noise_runs >= 0, "an int >= 0"),
+              "retry_runs": (retry_runs, isinstance(retry_runs, int) and retry_runs >= 0, "an int >= 0")}
     for name, (value, ok, what) in checks.items():
         if not ok:
             raise InvalidOptionError(f"verify: {name}={value!r} is not valid; give {what}")
