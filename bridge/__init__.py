@@ -20,6 +20,7 @@ from .check import Violation, check  # noqa: E402
 from .checks import NonFiniteError, StepInputError  # noqa: E402
 from .checkpoint import CheckpointError  # noqa: E402
 from .trainer import History, Trainer  # noqa: E402
+from .verify import VerifyReport, verify  # noqa: E402
 
 __all__ = [
     "BridgeError",
@@ -37,9 +38,11 @@ __all__ = [
     "TrainingModel",
     "TrainingSession",
     "UnsupportedOpError",
+    "VerifyReport",
     "Violation",
     "check",
     "ir",
     "compile",
     "to_training_onnx",
+    "verify",
 ]

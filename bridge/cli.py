@@ -1,4 +1,4 @@
-"""The ``bridge`` command line: ``bridge convert``, ``bridge check``, ... (``bridge --help``)."""
+"""The ``bridge`` command line: ``bridge convert``, ``bridge verify``, ``bridge check``, ... (``bridge --help``)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,19 @@ from .compile import BACKENDS
 from .errors import BridgeError, InvalidOptionError
 
 
+def _json_option(text: str | None, flag: str) -> dict | None:
+    """A ``--*-options`` value: a JSON object, or a one-line error naming the flag."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidOptionError(f"{flag}: not valid JSON ({exc}): {text}") from exc
+    if not isinstance(value, dict):
+        raise InvalidOptionError(f"{flag}: give a JSON object such as '{{\"lr\": 0.01}}', got {text}")
+    return value
+
+
 def _convert(args: argparse.Namespace) -> int:
     from .api import to_training_onnx
 
@@ -16,8 +29,8 @@ def _convert(args: argparse.Namespace) -> int:
         args.model,
         loss=args.loss,
         optim=args.optim,
-        loss_options=json.loads(args.loss_options) if args.loss_options else None,
-        optim_options=json.loads(args.optim_options) if args.optim_options else None,
+        loss_options=_json_option(args.loss_options, "--loss-options"),
+        optim_options=_json_option(args.optim_options, "--optim-options"),
         clip_grad_norm=args.clip_grad_norm,
         output=args.model_output,
         trainable=args.trainable,
@@ -29,6 +42,24 @@ def _convert(args: argparse.Namespace) -> int:
     tm.save_state(state_path)
     print(f"wrote {args.output} ({len(tm.model.graph.node)} nodes, {len(tm.weights)} trainable weights) and {state_path}")
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+
+    report = verify(
+        args.model,
+        loss=args.loss,
+        optim=args.optim,
+        loss_options=_json_option(args.loss_options, "--loss-options"),
+        optim_options=_json_option(args.optim_options, "--optim-options"),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        tolerance_factor=args.tolerance_factor,
+    )
+    print(report)
+    return 0 if report.passed else 1
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -79,7 +110,7 @@ def _train(args: argparse.Namespace) -> int:
     from .trainer import Trainer
 
     trainer = Trainer(args.model, backend=args.backend, schedule=args.schedule,
-                      schedule_options=json.loads(args.schedule_options) if args.schedule_options else None,
+                      schedule_options=_json_option(args.schedule_options, "--schedule-options"),
                       seed=args.seed, progress=True)
     if args.resume:
         trainer.load_checkpoint(args.resume)
@@ -125,6 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--batch-size", type=int, help="batch size for a symbolic batch dim")
     convert.add_argument("--state", help="where to write the initial state (.npz; default next to the output)")
     convert.set_defaults(run=_convert)
+
+    verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "
+                                 "(float64, torch.optim); exit 1 on a mismatch")
+    verify.add_argument("model", help="input .onnx file")
+    verify.add_argument("--loss", default="ce", help="loss name (default ce)")
+    verify.add_argument("--optim", default="adam", help="optimizer name (default adam)")
+    verify.add_argument("--loss-options", help="JSON object of torch loss keyword arguments")
+    verify.add_argument("--optim-options", help="JSON object of torch.optim keyword arguments (lr, betas, ...)")
+    verify.add_argument("--steps", type=int, default=3, help="training steps to compare (default 3)")
+    verify.add_argument("--batch-size", type=int, help="batch size for a symbolic batch dim")
+    verify.add_argument("--seed", type=int, default=0, help="seed of the random batches and Dropout noise (default 0)")
+    verify.add_argument("--tolerance-factor", type=float, default=10.0, metavar="K",
+                        help="a tensor passes when its error <= K x torch's own float32 error (default 10)")
+    verify.set_defaults(run=_verify)
 
     compile_ = commands.add_parser("compile", help="compile a training .onnx for the CPU with an MLIR compiler (IREE)")
     compile_.add_argument("model", help="training .onnx file")
