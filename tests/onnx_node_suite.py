@@ -305,12 +305,13 @@ def gradient_verdict(case) -> str:
 
 def family(name: str, ops: Sequence[str]) -> str:
     """The op a test is about: its only op, else the longest op of onnx-mlir's table whose name
-    starts the test's name (``test_layer_normalization_..._expanded`` -> LayerNormalization)."""
+    starts the test's name (``test_layer_normalization_..._expanded`` -> LayerNormalization), else
+    the name's first word (``test_nllloss_NC_expanded`` -> "nllloss (expanded)")."""
     if len(ops) == 1:
         return ops[0]
     key = name.removeprefix("test_").replace("_", "").lower()
     named = [op for op in MLIR_OPS if key.startswith(op.lower())]
-    return max(named, key=len) if named else ops[0]
+    return max(named, key=len) if named else f"{name.removeprefix('test_').split('_')[0]} (expanded)"
 
 
 def forward_verdicts(name: str) -> dict[str, Any]:
