@@ -31,20 +31,19 @@ from typing import Any, Sequence
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnx.backend.test.loader import load_model_tests
 from onnx.backend.test.runner import Runner, _normalize_tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import bridge  # noqa: E402
 from bridge.errors import UnsupportedOpError  # noqa: E402
 from bridge.importer.program import OnnxProgram  # noqa: E402
 from bridge.importer.registry import CONVERTERS, import_all_converters  # noqa: E402
 from bridge.importer.weights import differentiable_initializers  # noqa: E402
 from bridge.load import MAX_OPSET, load_model  # noqa: E402
 from helpers.oracle import check_training_step  # noqa: E402
+from single_op import run_onnxruntime  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 EXPECTATIONS = Path(__file__).parent / "onnx_node_expectations.json"
@@ -185,11 +184,6 @@ def run_bridge(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:
     with torch.no_grad():
         outputs, _ = program.run({k: _to_torch(v) for k, v in feeds.items()}, tensors, training=False)
     return [_to_numpy(o) for o in outputs]
-
-
-def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def _short(exc: BaseException) -> str:
