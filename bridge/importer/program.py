@@ -118,11 +118,7 @@ class OnnxProgram:
             for name, value in zip(node.output, outputs):
                 if name:
                     env[name] = value
-        results = []
-        for name in self.output_names:
-            value = env[name]
-            results.append(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value)))
-        return results, updated
+        return [_as_output(env[name]) for name in self.output_names], updated
 
     def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict, random: dict) -> list:
         conv = CONVERTERS[node.op_type]
@@ -163,6 +159,13 @@ class OnnxProgram:
         ]
         out = fn(ctx, *tensor_args)
         return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _as_output(value):
+    """A graph output as a tensor (a sequence output: a list of tensors)."""
+    if isinstance(value, list):
+        return [_as_output(v) for v in value]
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
 
 
 def _to_numpy(value):

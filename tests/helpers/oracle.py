@@ -15,6 +15,8 @@ and in float32) and returns a ``StepCheck`` whose ``failures()`` lists every dis
 """
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -22,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
 import bridge
 
@@ -32,10 +35,43 @@ FLOAT32_EPS = 2.0**-24
 LR = 0.125  # a power of two: the lr input is float32 even in a float64 graph
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+class Erf(OpRun):
+    """Erf at the input's precision (onnx.reference's Erf computes in float32 whatever the input:
+    its float64 finite differences would carry float32 noise)."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (_erf(x).astype(x.dtype),)
+
+
+class Gelu(OpRun):
+    """Gelu at the input's precision (onnx.reference runs Gelu's function body: float32 Erf and
+    float32 constants)."""
+
+    op_domain = ""
+
+    def _run(self, x, approximate=None):
+        if approximate == "tanh":
+            y = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+        else:
+            y = 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+        return (y.astype(x.dtype),)
+
+
+REFERENCE_OPS = [Erf, Gelu]  # replace onnx.reference's float32-only implementations
+# Ops whose stash_type (the precision of the statistics) defaults to float32; onnx.reference's
+# LayerNormalization computes at the input's precision and rejects stash_type=DOUBLE.
+STASHED = ("GroupNormalization",)
+
+
 def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     """The same model computing in float64: float32 initializers, inputs, outputs, ``Cast``/
-    ``Constant``/``ConstantOfShape``/``CastLike`` targets and ``stash_type`` (the precision of
-    LayerNormalization/GroupNormalization statistics) become double."""
+    ``Constant``/``ConstantOfShape``/``CastLike`` targets and normalizations' ``stash_type`` become
+    double."""
     model64 = onnx.ModelProto()
     model64.CopyFrom(model)
     graph = model64.graph
@@ -47,12 +83,17 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
         if init.data_type == TensorProto.FLOAT:
             graph.initializer[index].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float64), init.name))
     for node in graph.node:
+        if node.op_type in STASHED and not any(a.name == "stash_type" for a in node.attribute):
+            node.attribute.append(helper.make_attribute("stash_type", TensorProto.FLOAT))  # the default
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT:
                 attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float64), attribute.t.name))
-            elif attribute.name in ("to", "dtype", "stash_type") and attribute.type == onnx.AttributeProto.INT \
-                    and attribute.i == TensorProto.FLOAT:
+            elif attribute.name in ("to", "dtype", "stash_type") and attribute.type == onnx.AttributeProto.INT and attribute.i == TensorProto.FLOAT:
                 attribute.i = TensorProto.DOUBLE
+        if node.op_type == "Constant" and node.attribute[0].name in ("value_float", "value_floats"):
+            value = np.array(helper.get_attribute_value(node.attribute[0]), np.float64)  # float32 by definition
+            node.ClearField("attribute")
+            node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
     return model64
 
 
@@ -78,18 +119,26 @@ def mse(output: np.ndarray, target: np.ndarray) -> float:
 def finite_difference_gradients(
     model64: onnx.ModelProto, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
     target: np.ndarray, *, output_index: int = 0, max_elements: int = 24, seed: int = 0, h: float = 1e-6,
+    budget_s: float | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
     """Per weight: (flat indices sampled, central-difference gradient there, measured FD noise).
 
     The noise is ``max |FD(h) - FD(2h)|`` over the sampled elements: the truncation and rounding
-    error of the difference quotient, measured rather than assumed.
+    error of the difference quotient, measured rather than assumed. ``budget_s``: sample fewer
+    elements (at least one per weight) where evaluations are slow (the reference evaluator's
+    pooling over a 3-D volume takes seconds), so that all of them take about this long.
     """
-    evaluator = ReferenceEvaluator(weights_as_inputs(model64, list(weights)))
+    evaluator = ReferenceEvaluator(weights_as_inputs(model64, list(weights)), new_ops=REFERENCE_OPS)
     base = {**{k: np.asarray(v) for k, v in feeds.items()}, **{k: np.array(v, np.float64) for k, v in weights.items()}}
 
     def loss(feed) -> float:
         return mse(evaluator.run(None, feed)[output_index], target)
 
+    if budget_s is not None and weights:
+        start = time.perf_counter()
+        loss(base)
+        per_weight = budget_s / (4 * (time.perf_counter() - start) * len(weights))
+        max_elements = max(1, min(max_elements, int(per_weight)))
     rng = np.random.default_rng(seed)
     result = {}
     for name, value in weights.items():
@@ -114,7 +163,7 @@ def finite_difference_gradients(
 
 def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """``model`` run by ONNX's reference evaluator."""
-    return ReferenceEvaluator(model).run(None, dict(feeds))
+    return ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, dict(feeds))
 
 
 def step_outputs(tm: bridge.TrainingModel, inputs: Mapping[str, np.ndarray], target: np.ndarray,
@@ -166,10 +215,16 @@ def _random_noise(tm: bridge.TrainingModel, inputs: Mapping[str, np.ndarray], se
     return noise
 
 
+def _as_input_dtypes(tm: bridge.TrainingModel, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``values`` cast to the dtypes of the training graph's inputs of the same names."""
+    dtypes = {i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in tm.model.graph.input}
+    return {k: np.asarray(v).astype(dtypes[k]) for k, v in values.items()}
+
+
 def check_training_step(
     model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *, output_index: int = 0,
     max_elements: int = 24, seed: int = 0, float32: bool = True, reference: onnx.ModelProto | None = None,
-    **convert_options,
+    fd_budget_s: float | None = None, loss_rtol: float = 1e-12, **convert_options,
 ) -> StepCheck:
     """Convert ``model`` (mse, SGD), run one step in float64 and (``float32``) float32, compare.
 
@@ -179,6 +234,9 @@ def check_training_step(
     ``reference`` (default ``model``) is the model the reference evaluator runs for the loss and
     the finite differences, where ONNX spells what bridge trains differently (an inference
     BatchNormalization trains with batch statistics: its reference has ``training_mode=1``).
+    ``fd_budget_s``: the finite differences' time budget (``finite_difference_gradients``).
+    ``loss_rtol``: the loss's bound relative to its scale (ONNX float attributes are float32:
+    evaluators that widen a default such as HardSigmoid's alpha=0.2 differently differ by ~1e-9).
     """
     model64 = as_float64(model)
     reference64 = model64 if reference is None else as_float64(reference)
@@ -195,9 +253,10 @@ def check_training_step(
     state = tm64.initial_state()
     if not noise64:
         reference_loss = mse(run_reference(reference64, {**inputs64, **{w: state[w] for w in tm64.weights}})[output_index], target)
-        result.record("loss", abs(float(got64["loss"]) - reference_loss), 1e-12 * max(1.0, abs(reference_loss)))
+        result.record("loss", abs(float(got64["loss"]) - reference_loss), loss_rtol * max(1.0, abs(reference_loss)))
         fd = finite_difference_gradients(reference64, inputs64, {w: state[w] for w in tm64.weights}, target,
-                                         output_index=output_index, max_elements=max_elements, seed=seed)
+                                         output_index=output_index, max_elements=max_elements, seed=seed,
+                                         budget_s=fd_budget_s)
         for w, (indices, grads, fd_noise) in fd.items():
             got = np.asarray(got64[f"grad_{w}"], np.float64).reshape(-1)[indices]
             scale = max(_scale(grads), _scale(got64[f"grad_{w}"]))
@@ -211,8 +270,8 @@ def check_training_step(
     if float32:
         tm32 = bridge.to_training_onnx(model, **options)
         result.violations = list(bridge.check(tm32.model, target="onnx-mlir"))
-        noise32 = {k: v.astype(np.float32) for k, v in noise64.items()}
-        got32 = step_outputs(tm32, inputs, target.astype(np.float32), noise32)
+        fed32 = _as_input_dtypes(tm32, {**noise64, "target": target})  # float64 for a float64 source
+        got32 = step_outputs(tm32, inputs, fed32.pop("target"), fed32)
         for w in tm64.weights:
             want = np.asarray(got64[f"grad_{w}"])
             error = float(np.max(np.abs(np.asarray(got32[f"grad_{w}"], np.float64) - want), initial=0.0))

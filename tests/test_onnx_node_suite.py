@@ -1,0 +1,106 @@
+"""The ONNX backend node tests (the subset of tests/onnx_node_suite.py) hold their recorded verdicts.
+
+``tests/onnx_node_expectations.json`` records, per test, bridge's forward verdict, onnxruntime's
+and the gradient verdict. Any change fails, a fix as much as a regression (like a strict xfail):
+after a fix, rewrite the file with ``BRIDGE_UPDATE_EXPECTATIONS=1 pytest tests/test_onnx_node_suite.py``
+(the tests then record instead of compare, ``-m slow`` included for the gradients) or with
+``python tests/onnx_node_suite.py``, and regenerate docs/models.md with ``docs/conformance.py``.
+
+Forward verdicts run in the default tier (~15 s); gradient verdicts are slow except for
+``GRADIENT_SAMPLE``, one test per op family.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import onnx_node_suite as suite
+from generated_docs import assert_generated_block_current
+
+UPDATE = os.environ.get("BRIDGE_UPDATE_EXPECTATIONS") == "1"
+EXPECTED = suite.load_expectations()
+NAMES = sorted(EXPECTED)
+
+# One gradient case per op family, run in the default tier.
+GRADIENT_SAMPLE = frozenset({
+    "test_abs", "test_acos", "test_acosh", "test_add", "test_asin", "test_asinh", "test_atan_example",
+    "test_atanh", "test_averagepool_2d_ceil", "test_basic_conv_with_padding", "test_clip_default_max_expanded",
+    "test_concat_1d_axis_0", "test_convtranspose_1d", "test_cos", "test_cosh", "test_cumsum_1d", "test_div",
+    "test_elu", "test_erf", "test_exp_example", "test_expand_dim_changed", "test_gather_1",
+    "test_gather_elements_0", "test_gathernd_example_float32", "test_gelu_default_1",
+    "test_gemm_all_attributes", "test_globalaveragepool_precomputed", "test_globalmaxpool_precomputed",
+    "test_group_normalization_epsilon_expanded", "test_gru_defaults", "test_hardsigmoid",
+    "test_hardswish_expanded", "test_instancenorm_epsilon", "test_l1normalization_axis_0",
+    "test_layer_normalization_2d_axis0", "test_leakyrelu", "test_log", "test_logsoftmax_axis_0",
+    "test_lstm_batchwise", "test_matmul_2d", "test_max_float32",
+    "test_maxpool_2d_ceil_output_size_reduce_by_one", "test_mean_one_input", "test_min_example", "test_mish",
+    "test_mul", "test_mvn", "test_neg", "test_pow_example", "test_prelu_example", "test_reciprocal",
+    "test_reduce_l1_default_axes_keepdims_example", "test_reduce_l2_default_axes_keepdims_example",
+    "test_reduce_max_default_axes_keepdim_example", "test_reduce_mean_default_axes_keepdims_example",
+    "test_reduce_min_default_axes_keepdims_random", "test_reduce_prod_default_axes_keepdims_example",
+    "test_reduce_sum_default_axes_keepdims_example", "test_reduce_sum_square_default_axes_keepdims_example",
+    "test_relu", "test_resize_downsample_scales_cubic_A_n0p5_exclude_outside", "test_selu",
+    "test_shrink_soft_expanded_ver18", "test_sigmoid_example", "test_simple_rnn_batchwise", "test_sin",
+    "test_sinh_example", "test_slice_default_steps", "test_softmax_axis_0", "test_softplus_example",
+    "test_softsign_example", "test_split_1d_uneven_split_opset18", "test_sqrt", "test_sub",
+    "test_sum_two_inputs", "test_tan_example", "test_tanh", "test_thresholdedrelu", "test_tile_precomputed",
+    "test_upsample_nearest", "test_where_example",
+})
+
+_recorded: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_recorded():
+    """In update mode, merge what the tests recorded into the expectations file."""
+    yield
+    if UPDATE and _recorded:
+        merged = suite.load_expectations()
+        for name, entry in _recorded.items():
+            merged.setdefault(name, {}).update(entry)
+        suite.write_expectations(merged)
+
+
+def _check(name: str, got: dict[str, object]) -> None:
+    if UPDATE:
+        _recorded.setdefault(name, {}).update(got)
+        return
+    want = {key: EXPECTED[name].get(key) for key in got}
+    assert got == want, (f"{name}: verdicts changed {want} -> {got}; if this is a fix, update "
+                         "tests/onnx_node_expectations.json (BRIDGE_UPDATE_EXPECTATIONS=1)")
+
+
+def test_expectations_cover_the_subset():
+    """The expectations file names exactly the selected tests (a new onnx version changes both)."""
+    selected = set(suite.cases())
+    if UPDATE:
+        for name in selected - set(EXPECTED):
+            _recorded[name] = suite.verdicts(name)
+        return
+    assert selected == set(EXPECTED), (
+        f"missing: {sorted(selected - set(EXPECTED))[:10]}, stale: {sorted(set(EXPECTED) - selected)[:10]}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward(name):
+    """bridge's importer and onnxruntime against the test's expected outputs."""
+    _check(name, suite.forward_verdicts(name))
+
+
+@pytest.mark.parametrize("name", [n if n in GRADIENT_SAMPLE else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in NAMES])
+def test_gradient(name):
+    """One mse + SGD step against float64 finite differences (helpers/oracle.py)."""
+    _check(name, {"grad": suite.grad_verdict(name)})
+
+
+def test_gradient_sample_is_gradient_cases():
+    """The default-tier sample holds only tests that reach a gradient verdict, one per op family."""
+    families = [EXPECTED[n]["family"] for n in GRADIENT_SAMPLE]
+    assert len(families) == len(set(families))
+    assert all(not EXPECTED[n]["grad"].startswith("n/a") for n in GRADIENT_SAMPLE)
+
+
+def test_conformance_doc_current():
+    assert_generated_block_current("conformance.py", "models.md", "render")
