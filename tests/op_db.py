@@ -29,16 +29,7 @@ BATCH = 2  # the batch size of every row's model (dim 0 of each batched data inp
 # The trainable Mul in front of ops whose float inputs are all data: values in [0.75, 1.25]
 # keep the domains below (|unit| * 1.25 < 1, gt1 * 0.75 > 1).
 PRESCALE_RANGE = (0.75, 1.25)
-FIXED_FAILURE_A = "fixed on branch ops_a"
-FIXED_FAILURE_B = "fixed on branch ops_b"
 CHECKS = ("forward", "training", "dynamic", "iree")
-PAD_ND = {"xfail": f"constant_pad_nd at a symbolic batch, {FIXED_FAILURE_B}", "xfail_checks": ("dynamic",)}
-SLICE_SYMBOLIC = {"xfail": "symbolic batch: the emitter of aten.mul.Tensor turns the batch size into a number "
-                           "(a Slice with an axes input on a non-batch axis; not on a fix branch, see the op_db report)",
-                  "xfail_checks": ("dynamic",)}
-ONNX_MLIR = ("training",)  # checks that a failure of the onnx-mlir op table (only) fails
-STATIC = ("training", "iree")  # checks a failure of static conversions only fails
-DETACH = "no ONNX lowering for aten.detach_ (backward phase): not on a fix branch, see the op_db report"
 
 
 @dataclass(frozen=True)
@@ -245,7 +236,7 @@ def _elementwise() -> list[OpRow]:
                "Log": "positive", "Sqrt": "positive", "Reciprocal": "positive"}
     unary = ["Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Erf", "Exp",
              "Floor", "Log", "Neg", "Reciprocal", "Round", "Sign", "Sin", "Sinh", "Sqrt", "Tan"]
-    rows = [row(op, "default", x(values=domains.get(op, "normal")), xfail=FIXED_FAILURE_A if op == "Atanh" else None)
+    rows = [row(op, "default", x(values=domains.get(op, "normal")))
             for op in unary]
     binary_other = {"Div": "positive", "Pow": "normal"}
     for op in ["Add", "Sub", "Mul", "Div", "Pow"]:
@@ -266,7 +257,7 @@ def _elementwise() -> list[OpRow]:
         row("Clip", "min_max", x(), c("lo", -0.5, np.float32), c("hi", 0.7, np.float32)),
         row("Clip", "min_only", x(), c("lo", -0.5, np.float32)),
         row("Clip", "max_only", x(), absent(), c("hi", 0.7, np.float32)),
-        row("Clip", "no_bounds", x(), xfail=FIXED_FAILURE_B, xfail_checks=CHECKS),
+        row("Clip", "no_bounds", x()),
         row("Cast", "float_to_float", x(), attrs={"to": onnx.TensorProto.FLOAT}),
         row("Cast", "float_to_int64", x(), attrs={"to": onnx.TensorProto.INT64}, out_dtype=np.int64, grad=False),
         row("CastLike", "float", x(), c("like", np.zeros(1, np.float32), np.float32)),
@@ -309,8 +300,8 @@ def _activations() -> list[OpRow]:
     plain = ["Relu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Mish", "Selu"]
     rows = [row(op, "default", x()) for op in plain]
     rows += [
-        row("LeakyRelu", "alpha", x(), attrs={"alpha": 0.3}, xfail=FIXED_FAILURE_A),
-        row("Elu", "alpha", x(), attrs={"alpha": 0.7}, xfail=FIXED_FAILURE_A),
+        row("LeakyRelu", "alpha", x(), attrs={"alpha": 0.3}),
+        row("Elu", "alpha", x(), attrs={"alpha": 0.7}),
         row("Celu", "alpha", x(), attrs={"alpha": 1.3}),
         row("ThresholdedRelu", "alpha", x(), attrs={"alpha": 0.2}),
         row("HardSwish", "default", x(), oracle=HARD_SWISH),
@@ -331,14 +322,6 @@ def _activations() -> list[OpRow]:
 REDUCE_VALUES = {"ReduceLogSum": "positive", "ReduceMax": "distinct", "ReduceMin": "distinct"}
 
 
-def _reduce_xfail(op: str) -> dict:
-    """ReduceProd has no backward lowering; ReduceMax/Min's backward Casts bool (onnx-mlir)."""
-    if op == "ReduceProd":
-        return {"xfail": FIXED_FAILURE_A}
-    if op in ("ReduceMax", "ReduceMin"):
-        return {"xfail": FIXED_FAILURE_A, "xfail_checks": ONNX_MLIR}
-    return {}
-
 
 def _reductions() -> list[OpRow]:
     ops = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -347,13 +330,12 @@ def _reductions() -> list[OpRow]:
     for op in ops:
         values = REDUCE_VALUES.get(op, "normal")
         for keep in (1, 0):
-            rows.append(row(op, f"axes_keepdims{keep}", x(values=values), c("axes", [1, -1]), attrs={"keepdims": keep},
-                            **_reduce_xfail(op)))
+            rows.append(row(op, f"axes_keepdims{keep}", x(values=values), c("axes", [1, -1]), attrs={"keepdims": keep}))
     rows += [
         row("ReduceSum", "all_axes_keepdims0", x(), attrs={"keepdims": 0}, dynamic_batch=False),
         row("ReduceSum", "noop_with_empty_axes", x(), attrs={"noop_with_empty_axes": 1}),
         row("ReduceMean", "axes_attribute_opset13", x(), opset=13, attrs={"axes": [2], "keepdims": 0}),
-        row("ReduceMax", "axes_attribute_opset13", x(values="distinct"), opset=13, attrs={"axes": [1]}, **_reduce_xfail("ReduceMax")),
+        row("ReduceMax", "axes_attribute_opset13", x(values="distinct"), opset=13, attrs={"axes": [1]}),
         row("ReduceSum", "axes_input_opset13", x(), c("axes", [2]), opset=13, attrs={"keepdims": 0}),
         row("ArgMax", "axis1", x(values="distinct"), attrs={"axis": 1, "keepdims": 0}, out_dtype=np.int64, grad=False),
         row("ArgMax", "last_index", x(values="distinct"), attrs={"axis": 2, "select_last_index": 1},
@@ -362,7 +344,7 @@ def _reductions() -> list[OpRow]:
         row("CumSum", "axis1", x(), c("axis", 1)),
         row("CumSum", "exclusive_reverse", x(), c("axis", 2), attrs={"exclusive": 1, "reverse": 1}),
         row("CumSum", "int32", x(values="int:9", dtype=np.int32), c("axis", 1, np.int32), out_dtype=np.int32,
-            grad=False, xfail=FIXED_FAILURE_A),
+            grad=False),
     ]
     return rows
 
@@ -382,7 +364,7 @@ def _linear() -> list[OpRow]:
         row("Einsum", "transpose", x(), attrs={"equation": "bij->bji"}),
         row("Einsum", "contract_vector", x(), w("v", (4,)), attrs={"equation": "bij,j->bi"}),
         row("Einsum", "outer", x((2, 3)), w("v", (4,)), attrs={"equation": "bi,j->bij"}),
-        row("Einsum", "diagonal", x((2, 3, 3)), attrs={"equation": "bii->bi"}, xfail=FIXED_FAILURE_A),
+        row("Einsum", "diagonal", x((2, 3, 3)), attrs={"equation": "bii->bi"}),
     ]
 
 
@@ -419,7 +401,7 @@ def _pool() -> list[OpRow]:
         row("MaxPool", "2d_k3_pads", x2, attrs={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
         row("MaxPool", "2d_ceil_mode", x2, attrs={"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
         row("MaxPool", "2d_dilated", x2, attrs={"kernel_shape": [2, 2], "dilations": [2, 2]}),
-        row("MaxPool", "1d", x((2, 3, 8), "distinct"), attrs={"kernel_shape": [3], "strides": [2]}, **PAD_ND),
+        row("MaxPool", "1d", x((2, 3, 8), "distinct"), attrs={"kernel_shape": [3], "strides": [2]}),
         row("MaxPool", "3d", x((2, 2, 4, 4, 4), "distinct"), attrs={"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}),
         row("GlobalMaxPool", "2d", x((2, 3, 4, 4), "distinct")),
         row("GlobalAveragePool", "2d", x((2, 3, 4, 4))),
@@ -455,11 +437,9 @@ def _normalization() -> list[OpRow]:
         row("BatchNormalization", "inference_model", x((2, 3, 4, 4)), w("scale", (3,)), w("bias", (3,)), *stats,
             oracle_attrs={"training_mode": 1}),
         row("BatchNormalization", "2d_input", x((4, 3)), w("scale", (3,)), w("bias", (3,)), *stats,
-            oracle_attrs={"training_mode": 1}, dynamic_batch=False,  # batch 1: one value per channel
-            xfail="default epsilon: bridge uses the double 1e-5, ONNX's default attribute is float32(1e-5) "
-                  "(9.99999974738e-06): the float64 loss is off by 2.4e-12 (bound 1.3e-12)", xfail_checks=("training",)),
+            oracle_attrs={"training_mode": 1}, dynamic_batch=False),  # batch 1: one value per channel
         row("BatchNormalization", "training_mode", x((2, 3, 4, 4)), w("scale", (3,)), w("bias", (3,)), *stats,
-            attrs={"training_mode": 1}, outputs=3, xfail=FIXED_FAILURE_B, xfail_checks=("forward",)),
+            attrs={"training_mode": 1}, outputs=3),
         row("LayerNormalization", "last_axis", x(), w("scale", (4,)), w("bias", (4,))),
         row("LayerNormalization", "axis1_no_bias", x(), w("scale", (3, 4)), attrs={"axis": 1}),
         row("InstanceNormalization", "2d", x((2, 3, 4, 4)), w("scale", (3,)), w("B", (3,))),
@@ -494,8 +474,7 @@ def _tensor() -> list[OpRow]:
     return [
         row("Identity", "tensor", x()),
         _const_then_affine("Constant", "value", (), attrs={"value": value}),
-        _const_then_affine("Constant", "value_float", (), attrs={"value_float": 0.5}, xfail=DETACH,
-                           xfail_checks=STATIC),
+        _const_then_affine("Constant", "value_float", (), attrs={"value_float": 0.5}),
         _const_then_affine("ConstantOfShape", "value", ("shape",), c("shape", [3, 4]),
                            attrs={"value": numpy_helper.from_array(np.array([0.5], np.float32), "value")}),
         _const_then_affine("Range", "float", ("start", "limit", "delta"), c("start", 0.5, np.float32),
@@ -510,8 +489,7 @@ def _tensor() -> list[OpRow]:
         row("Flatten", "axis1", x((2, 3, 2, 2))),
         row("Flatten", "axis2", x((2, 3, 2, 2)), attrs={"axis": 2}),
         row("Flatten", "axis0", x(), attrs={"axis": 0}, dynamic_batch=False),
-        row("Flatten", "negative_axis", x((2, 3, 2, 2)), attrs={"axis": -1}, xfail=FIXED_FAILURE_B,
-            xfail_checks=("forward", *STATIC)),
+        row("Flatten", "negative_axis", x((2, 3, 2, 2)), attrs={"axis": -1}),
         row("Transpose", "perm", x(), attrs={"perm": [0, 2, 1]}),
         row("Transpose", "default_reverse", x(), dynamic_batch=False),
         row("Squeeze", "axes", x((2, 1, 4)), c("axes", [1])),
@@ -522,13 +500,10 @@ def _tensor() -> list[OpRow]:
         row("Split", "split_input", x(), c("split", [1, 2]), attrs={"axis": 1}, outputs=2),
         row("Split", "num_outputs", x(), attrs={"axis": 2, "num_outputs": 2}, outputs=2),
         row("Split", "attribute_opset11", x(), opset=11, attrs={"axis": 2, "split": [3, 1]}, outputs=2),
-        row("Slice", "steps", x(), c("starts", [0, 1]), c("ends", [2, 100]), c("axes", [1, 2]), c("steps", [1, 2]),
-            xfail=f"{DETACH}; at a symbolic batch: {SLICE_SYMBOLIC['xfail']}"),
-        row("Slice", "negative_step", x(), c("starts", [-1]), c("ends", [-100]), c("axes", [2]), c("steps", [-1]),
-            **SLICE_SYMBOLIC),
-        row("Slice", "step_minus2", x(), c("starts", [-1]), c("ends", [-100]), c("axes", [2]), c("steps", [-2]),
-            xfail=FIXED_FAILURE_B),
-        row("Slice", "negative_axes_no_steps", x(), c("starts", [1]), c("ends", [-1]), c("axes", [-1]), **SLICE_SYMBOLIC),
+        row("Slice", "steps", x(), c("starts", [0, 1]), c("ends", [2, 100]), c("axes", [1, 2]), c("steps", [1, 2])),
+        row("Slice", "negative_step", x(), c("starts", [-1]), c("ends", [-100]), c("axes", [2]), c("steps", [-1])),
+        row("Slice", "step_minus2", x(), c("starts", [-1]), c("ends", [-100]), c("axes", [2]), c("steps", [-2])),
+        row("Slice", "negative_axes_no_steps", x(), c("starts", [1]), c("ends", [-1]), c("axes", [-1])),
         row("Slice", "default_axes", x(), c("starts", [0, 1]), c("ends", [2**62, 3])),
         row("Gather", "axis1_2d_indices", x(), c("indices", [[2, 0], [1, 1]]), attrs={"axis": 1}),
         row("Gather", "negative_indices", x(), c("indices", [-1, 0]), attrs={"axis": 2}),
@@ -540,10 +515,10 @@ def _tensor() -> list[OpRow]:
         row("GatherND", "table", w("table", (5, 4)), x((2, 1), "int:5", dtype=np.int64, name="indices")),
         row("Expand", "broadcast", x((2, 1, 4)), c("shape", [1, 3, 1])),
         row("Tile", "repeats", x(), c("repeats", [1, 2, 1])),
-        row("Pad", "constant_value", x(), c("pads", [0, 1, 0, 0, 2, 1]), c("value", 1.5, np.float32), **PAD_ND),
-        row("Pad", "constant_axes", x(), c("pads", [1, 2]), c("value", 0.0, np.float32), c("axes", [-1]), **PAD_ND),
-        row("Pad", "reflect", x(), c("pads", [0, 1, 1, 0, 1, 2]), attrs={"mode": "reflect"}, xfail=FIXED_FAILURE_B),
-        row("Pad", "edge", x(), c("pads", [0, 0, 1, 0, 0, 2]), attrs={"mode": "edge"}, xfail=FIXED_FAILURE_B),
+        row("Pad", "constant_value", x(), c("pads", [0, 1, 0, 0, 2, 1]), c("value", 1.5, np.float32)),
+        row("Pad", "constant_axes", x(), c("pads", [1, 2]), c("value", 0.0, np.float32), c("axes", [-1])),
+        row("Pad", "reflect", x(), c("pads", [0, 1, 1, 0, 1, 2]), attrs={"mode": "reflect"}),
+        row("Pad", "edge", x(), c("pads", [0, 0, 1, 0, 0, 2]), attrs={"mode": "edge"}),
         row("Trilu", "upper_k1", x(), c("k", 1)),
         row("Trilu", "lower", x(), attrs={"upper": 0}),
         row("DepthToSpace", "DCR", x((2, 8, 2, 3)), attrs={"blocksize": 2}),
@@ -609,7 +584,7 @@ def _sequence() -> list[OpRow]:
         row("ConcatFromSequence", "new_axis", x(), node_inputs=("seq",), before=(split,), attrs={"axis": 1, "new_axis": 1}),
         row("SequenceLength", "after_split", x(), node_inputs=("seq",), before=(split,), out_dtype=np.int64, grad=False,
             dynamic_batch=False),
-        row("Identity", "sequence", x(), pos, node_inputs=("seq",), before=(split,), after=(at,), xfail=FIXED_FAILURE_B, xfail_checks=CHECKS),
+        row("Identity", "sequence", x(), pos, node_inputs=("seq",), before=(split,), after=(at,)),
     ]
 
 

@@ -73,6 +73,8 @@ class NodeContext:
                 if isinstance(value, onnx.TensorProto):
                     return onnx.numpy_helper.to_array(value)
                 return value
+        if isinstance(default, float):  # ONNX float attributes are float32: so is their default
+            return float(np.float32(default))
         return default
 
     def has_attr(self, name: str) -> bool:

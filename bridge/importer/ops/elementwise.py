@@ -115,6 +115,8 @@ def isinf(ctx, x):
 def clip(ctx, x, low=None, high=None):
     if ctx.opset < 11:
         low, high = ctx.attr("min"), ctx.attr("max")
+    if low is None and high is None:  # no bound: the identity
+        return x
     return torch.clamp(x, low, high)
 
 

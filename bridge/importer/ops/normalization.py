@@ -104,12 +104,16 @@ def group_normalization(ctx, x, scale, bias):
 
 @converter("LpNormalization")
 def lp_normalization(ctx, x):
+    """``x / ||x||_p`` along ``axis``; an all-zero slice gives 0 (as onnxruntime and the ONNX
+    reference do) with a zero, finite gradient: the norm of a zero slice is computed as 1."""
     axis, p = ctx.attr("axis", -1), ctx.attr("p", 2)
-    if p == 1:
-        return x / x.abs().sum(axis, keepdim=True)
-    if p == 2:
-        return x / torch.sqrt((x * x).sum(axis, keepdim=True))
-    raise ctx.unsupported(f"p={p} (only 1 and 2 exist in ONNX)")
+    if p not in (1, 2):
+        raise ctx.unsupported(f"p={p} (only 1 and 2 exist in ONNX)")
+    total = x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True)
+    zero = total == 0
+    safe = torch.where(zero, torch.ones_like(total), total)
+    norm = safe if p == 1 else torch.sqrt(safe)
+    return torch.where(zero, torch.zeros_like(x), x / norm)
 
 
 @converter("MeanVarianceNormalization")
