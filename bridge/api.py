@@ -13,7 +13,7 @@ import torch
 from . import __version__
 from .annotate import annotate_model
 from .checks import CLASSES, LOSS_OUTPUT
-from .errors import BridgeError, InvalidOptionError
+from .errors import BridgeError, InvalidOptionError, ShapeError
 from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
 from .importer.program import OnnxProgram
@@ -94,6 +94,8 @@ def to_training_onnx(
     signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
                               outputs=_extra_outputs(program, extra_outputs))
 
+    _check_names_free(source, signature)
+
     tensors = {name: program.initializer_tensor(name) for name in weights + buffers}
     for w in weights:
         for slot, value in optimizer.initial_state(tensors[w]).items():
@@ -103,6 +105,9 @@ def to_training_onnx(
 
     with torch.no_grad():
         example_output = program.run(inputs, tensors, training=True, random=dict(random))[0][output_index]
+    if example_output.numel() == 0:
+        raise ShapeError(f"model output '{program.output_names[output_index]}' is empty (shape "
+                         f"{list(example_output.shape)}): there is nothing to compute a loss of; choose another output=")
     spec = loss_fn.target_spec(example_output)
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
@@ -176,6 +181,19 @@ def _extra_outputs(program: OnnxProgram, extra: bool | str | int | Iterable[str 
         extra = [extra]
     names = [program.output_names[_output_index(program, item, "extra_outputs")] for item in extra]
     return list(dict.fromkeys(names))
+
+
+def _check_names_free(source: onnx.ModelProto, signature: StepSignature) -> None:
+    """The names the training graph adds (``target``, ``step``, ``lr``, ``loss``, optimizer state,
+    ``grad_*``, ``updated_*``) must not already name a value of the source model."""
+    graph = source.graph
+    used = {v.name for v in list(graph.input) + list(graph.initializer)} | {o for n in graph.node for o in n.output}
+    kept = set(signature.weights) | set(signature.buffers) | set(signature.inputs) | set(signature.random)
+    added = (set(signature.input_names()) | set(signature.output_names())) - kept | {"target", "step", "lr", "loss"}
+    clashes = sorted(used & added)
+    if clashes:
+        raise BridgeError(f"the model already has values named {clashes}, names that the training graph gives "
+                          "its own inputs and outputs (docs/ir.md); rename them in the source model")
 
 
 def _example_inputs(

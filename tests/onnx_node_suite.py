@@ -147,13 +147,25 @@ def _to_numpy(value):
 
 
 def static_inputs(model: onnx.ModelProto) -> set[str]:
-    """Graph inputs that feed an input bridge needs before the model runs (``static=`` of the
-    node's converter: Slice starts, Resize scales, Reduce axes, ...)."""
+    """Graph inputs whose values an input bridge needs before the model runs depends on
+    (``static=`` of the node's converter: Slice starts, Resize scales, Reduce axes, ...), directly
+    or through other nodes (an expanded function computing pads from its ``shape`` input);
+    ``Shape``/``Size`` read only the shape of their input, not its values."""
     import_all_converters()
     names = {i.name for i in model.graph.input}
-    return {node.input[index] for node in model.graph.node if node.op_type in CONVERTERS
-            for index in CONVERTERS[node.op_type].static
-            if index < len(node.input) and node.input[index] in names}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    pending = [node.input[index] for node in model.graph.node if node.op_type in CONVERTERS
+               for index in CONVERTERS[node.op_type].static if index < len(node.input) and node.input[index]]
+    needed: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        node = producers.get(name)
+        if node is not None and node.op_type not in ("Shape", "Size"):
+            pending.extend(i for i in node.input if i)
+    return needed & names
 
 
 def with_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -180,7 +192,7 @@ def run_bridge(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:
     kept)."""
     model, feeds = bridge_source(model, feeds)
     program = OnnxProgram(load_model(model))
-    tensors = {n: program.initializer_tensor(n) for n in program.initializers}
+    tensors = {n: program.initializer_tensor(n) for n in program.floating_initializers()}  # weights, as in a conversion
     with torch.no_grad():
         outputs, _ = program.run({k: _to_torch(v) for k, v in feeds.items()}, tensors, training=False)
     return [_to_numpy(o) for o in outputs]

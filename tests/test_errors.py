@@ -74,3 +74,26 @@ def test_cli_reports_errors_without_traceback(tmp_path, capsys):
     assert code == 2
     assert "missing.onnx" in capsys.readouterr().err
     assert not (tmp_path / "t.onnx").exists()
+
+
+def _mul_model(data_name: str, weight_name: str = "w", shape=(2, 3)):
+    x = np.ones(shape, np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", [data_name, weight_name], ["y"])], "mul",
+        [helper.make_tensor_value_info(data_name, TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        [numpy_helper.from_array(x, weight_name)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("data_name, weight_name", [("target", "w"), ("x", "lr"), ("step", "w")])
+def test_source_value_named_like_the_contract(data_name, weight_name):
+    """A source value named like a training-graph input or output (the ONNX node suite's
+    nllloss_*_expanded models have an input 'target') is refused, naming it."""
+    with pytest.raises(bridge.BridgeError, match=f"'{data_name if data_name != 'x' else weight_name}'"):
+        bridge.to_training_onnx(_mul_model(data_name, weight_name))
+
+
+def test_empty_model_output():
+    with pytest.raises(bridge.ShapeError, match="'y' is empty"):
+        bridge.to_training_onnx(_mul_model("x", shape=(2, 0)))

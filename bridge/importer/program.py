@@ -30,6 +30,12 @@ from .shape_folding import FOLDERS, fold_symbolic, is_symbolic
 
 NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
 
+# torch has few kernels for uint16/32/64: such values are computed as int64 (exact for values
+# below 2**63; additions and multiplications wrap like uint64 in two's complement) and the graph
+# outputs of those types are cast back at the end. uint8 has torch kernels and is kept.
+WIDE_UNSIGNED = {np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64)}
+_WIDE_UNSIGNED_TORCH = {torch.uint16, torch.uint32, torch.uint64}
+
 # Ops whose output must never be folded at import time.
 _NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Dropout"}
 
@@ -67,6 +73,10 @@ class OnnxProgram:
             if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
                 key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
                 unsupported.setdefault(key, []).append(node.name)
+        strings = [v.name for v in list(self.graph.input) + list(self.graph.initializer)
+                   if (v.data_type if isinstance(v, onnx.TensorProto) else v.type.tensor_type.elem_type) == onnx.TensorProto.STRING]
+        if strings:
+            unsupported.setdefault("string tensors", []).extend(strings)
         if unsupported:
             listing = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(unsupported.items()))
             raise UnsupportedOpError(f"the model uses ONNX ops that bridge cannot import: {listing}")
@@ -110,7 +120,7 @@ class OnnxProgram:
         random = {} if random is None else random
         env: dict[str, object] = dict(self.initializers)
         env.update(tensors)
-        env.update(inputs)
+        env.update({name: _widened(value) for name, value in inputs.items()})
         updated: dict[str, torch.Tensor] = {}
         for node in self.graph.node:
             with node_scope(node):
@@ -118,7 +128,7 @@ class OnnxProgram:
             for name, value in zip(node.output, outputs):
                 if name:
                     env[name] = value
-        return [_as_output(env[name]) for name in self.output_names], updated
+        return [_as_output(env[o.name], _declared_dtype(o)) for o in self.graph.output], updated
 
     def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict, random: dict) -> list:
         conv = CONVERTERS[node.op_type]
@@ -161,11 +171,23 @@ class OnnxProgram:
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def _as_output(value):
-    """A graph output as a tensor (a sequence output: a list of tensors)."""
+def _as_output(value, declared: np.dtype | None = None):
+    """A graph output as a tensor (a sequence output: a list of tensors) of its ``declared`` type
+    where that is a type computed as int64 (``WIDE_UNSIGNED``)."""
     if isinstance(value, list):
         return [_as_output(v) for v in value]
-    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
+    tensor = value if isinstance(value, torch.Tensor) else _to_tensor(np.asarray(value))
+    return tensor.to(getattr(torch, declared.name)) if declared in WIDE_UNSIGNED else tensor
+
+
+def _declared_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
+    elem_type = value.type.tensor_type.elem_type
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type) if elem_type else None
+
+
+def _widened(value):
+    """A uint16/32/64 tensor as int64 (see ``WIDE_UNSIGNED``); anything else unchanged."""
+    return value.to(torch.int64) if isinstance(value, torch.Tensor) and value.dtype in _WIDE_UNSIGNED_TORCH else value
 
 
 def _to_numpy(value):
@@ -179,5 +201,7 @@ def _to_tensor(array: np.ndarray) -> torch.Tensor:
     if is_symbolic(array):  # sizes that involve the symbolic batch, used as tensor data
         items = [torch.scalar_tensor(v, dtype=torch.int64) for v in array.reshape(-1)]
         return torch.stack(items).reshape(array.shape) if items else torch.zeros(array.shape, dtype=torch.int64)
+    if array.dtype in WIDE_UNSIGNED:
+        return torch.from_numpy(array.astype(np.int64))
     return torch.from_numpy(np.array(array, copy=True))
 

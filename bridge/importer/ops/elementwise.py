@@ -134,9 +134,18 @@ def onnx_to_torch_dtype(onnx_type: int) -> torch.dtype:
     }[onnx.helper.tensor_dtype_to_np_dtype(onnx_type)]
 
 
+# Unsigned types that the importer computes as int64 (importer/program.py WIDE_UNSIGNED): a Cast
+# to one of them wraps modulo 2**bits as ONNX's Cast does.
+_UNSIGNED_BITS = {onnx.TensorProto.UINT16: 16, onnx.TensorProto.UINT32: 32, onnx.TensorProto.UINT64: 64}
+
+
 @converter("Cast")
 def cast(ctx, x):
-    return x.to(onnx_to_torch_dtype(ctx.attr("to")))
+    to = ctx.attr("to")
+    if to in _UNSIGNED_BITS:
+        wide = x.to(torch.int64)
+        return wide if _UNSIGNED_BITS[to] == 64 else torch.bitwise_and(wide, (1 << _UNSIGNED_BITS[to]) - 1)
+    return x.to(onnx_to_torch_dtype(to))
 
 
 @converter("CastLike")

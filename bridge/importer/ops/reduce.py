@@ -72,10 +72,14 @@ def _sum(x: torch.Tensor, axes: list[int]) -> torch.Tensor:
 
 
 def _empty_max(dtype: torch.dtype):
+    if dtype == torch.bool:
+        return False
     return -torch.inf if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
 def _empty_min(dtype: torch.dtype):
+    if dtype == torch.bool:
+        return True
     return torch.inf if dtype.is_floating_point else torch.iinfo(dtype).max
 
 
