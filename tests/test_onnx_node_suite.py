@@ -3,11 +3,11 @@
 ``tests/onnx_node_expectations.json`` records, per test, bridge's forward verdict, onnxruntime's
 and the gradient verdict. Any change fails, a fix as much as a regression (like a strict xfail):
 after a fix, rewrite the file with ``BRIDGE_UPDATE_EXPECTATIONS=1 pytest tests/test_onnx_node_suite.py``
-(the tests then record instead of compare, ``-m slow`` included for the gradients) or with
-``python tests/onnx_node_suite.py``, and regenerate docs/models.md with ``docs/conformance.py``.
+(the tests then record instead of compare; ``make test-all`` tier for every gradient) or with
+``PYTHONPATH=. python tests/onnx_node_suite.py``, and regenerate docs/models.md with ``docs/conformance.py``.
 
-Forward verdicts run in the default tier (~15 s); gradient verdicts are slow except for
-``GRADIENT_SAMPLE``, one test per op family.
+Forward verdicts run in ``make test`` (~15 s); gradient verdicts are ``exhaustive`` (``make test-all``)
+except for ``GRADIENT_SAMPLE``, one test per op family.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_forward(name):
     _check(name, suite.forward_verdicts(name))
 
 
-@pytest.mark.parametrize("name", [n if n in GRADIENT_SAMPLE else pytest.param(n, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name", [n if n in GRADIENT_SAMPLE else pytest.param(n, marks=pytest.mark.exhaustive)
                                   for n in NAMES])
 def test_gradient(name):
     """One mse + SGD step against float64 finite differences (helpers/oracle.py)."""

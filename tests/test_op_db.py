@@ -1,7 +1,8 @@
 """Every registered converter driven through the whole training path, one row of tests/op_db.py
 at a time: forward (bridge's importer vs onnxruntime), one training step (float64 vs finite
 differences of the source model, float32 vs float64, onnx-mlir's op table), a symbolic batch
-(equal to the static conversions at batch 1 and 3) and, marked slow, IREE."""
+(equal to the static conversions at batch 1 and 3: one variant per op in ``make test``, all in
+``make test-all``) and IREE (a sample in ``make test``, every row in ``make test-all``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -97,8 +98,8 @@ def _dynamic_params():
             default[row.op_type] = row
     for param in _params(rows, "dynamic"):
         row = param.values[0]
-        slow = [] if default[row.op_type] is row else [pytest.mark.slow]
-        yield pytest.param(row, id=param.id, marks=[*param.marks, *slow])
+        tier = [] if default[row.op_type] is row else [pytest.mark.exhaustive]
+        yield pytest.param(row, id=param.id, marks=[*param.marks, *tier])
 
 
 @pytest.mark.parametrize("row", list(_dynamic_params()))

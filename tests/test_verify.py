@@ -235,7 +235,7 @@ def test_zoo_model_passes(name, tmp_path):
     _assert_zoo_passes(name, tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("name", [n for n in ALL_ZOO if n not in FAST_ZOO])
 def test_every_zoo_model_passes(name, tmp_path):
     _assert_zoo_passes(name, tmp_path)
