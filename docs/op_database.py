@@ -1,4 +1,4 @@
-"""Render the op-database table of docs/op_database.md from the rows of tests/op_db.py.
+"""Render the op-database table of docs/models.md from the rows of tests/op_db.py.
 
 Every status comes from the rows (their ``grad``, ``dynamic_batch``, ``iree`` and ``xfail``
 fields), not from a test run, so the table is deterministic; tests/test_op_db.py proves each

@@ -5,7 +5,7 @@ tiny model (one node, or a few for sequence ops), how to build its inputs, and w
 apply (``grad``: the training step is compared with float64 finite differences; ``dynamic_batch``:
 it converts with a symbolic batch; ``iree``: its training graph compiles with IREE; ``xfail``: a
 known failure, with the reason). tests/test_op_db.py drives every row through the whole path
-and docs/op_database.py renders the table of docs/op_database.md from these rows.
+and docs/op_database.py renders the table of docs/models.md from these rows.
 
 Input values are chosen so finite differences are meaningful: no exact ties for Max/ArgMax-like
 ops (``distinct``), positive inputs for Log/Sqrt, ``|x| < 1`` for Asin/Atanh, > 1 for Acosh.

@@ -143,4 +143,4 @@ def test_iree_step_matches_onnxruntime(row: OpRow):
 
 
 def test_op_database_doc_is_current():
-    assert_generated_block_current("op_database.py", "op_database.md", "table")
+    assert_generated_block_current("op_database.py", "models.md", "table")
