@@ -145,12 +145,12 @@ def complete_node_tags(graph: onnx.GraphProto, signature: StepSignature, optimiz
                     changed = True
                     break
     for i, t in enumerate(tags):
-        if not _complete(t):
-            earlier = next(
-                tags[j] for j in range(i - 1, -1, -1)
-                if _complete(tags[j]) and tags[j][PHASE] == t.get(PHASE, tags[j][PHASE])
-            )
-            t.update({key: earlier[key] for key in (PHASE, LAYER, KIND)})
+        if not _complete(t):  # the nearest tagged node of its phase, earlier first, then later
+            nearest = next((tags[j] for j in [*range(i - 1, -1, -1), *range(i + 1, len(tags))]
+                            if _complete(tags[j]) and tags[j][PHASE] == t.get(PHASE, tags[j][PHASE])), None)
+            if nearest is None:  # a phase of one untagged node (a model whose output is a weight)
+                nearest = {PHASE: t.get(PHASE, "forward"), LAYER: t.get(LAYER) or "model", KIND: t.get(KIND) or nodes[i].op_type}
+            t.update({key: nearest[key] for key in (PHASE, LAYER, KIND)})
 
     taken = {node.name for node in nodes}
     for node, t in zip(nodes, tags):

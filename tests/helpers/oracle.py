@@ -8,7 +8,9 @@ importer nor torch is involved. Tolerances are multiples of measured noise:
   (``h`` and ``2h``); the float64 training graph must agree within ``FD_NOISE_FACTOR`` times it
   (plus a floor of ``FLOAT64_FLOOR`` of the gradient's scale);
 - the float32 training graph (what users run) must agree with the float64 one within
-  ``FLOAT32_ULPS`` float32 unit roundoffs of the gradient's scale.
+  ``FLOAT32_ULPS`` float32 unit roundoffs of the gradient's scale, or, where the computation is
+  ill-conditioned (recurrences, long reductions), within ``TORCH_NOISE_FACTOR`` times torch
+  autograd's own float32 error on the same program (``torch_float32_noise``).
 
 ``check_training_step`` runs the whole path (convert, onnx-mlir check, one SGD step in float64
 and in float32) and returns a ``StepCheck`` whose ``failures()`` lists every disagreement.
@@ -32,6 +34,7 @@ FD_NOISE_FACTOR = 20.0
 FLOAT64_FLOOR = 1e-9
 FLOAT32_ULPS = 2.0**10  # of float32 unit roundoff (2**-24): 6e-5 of the gradient's scale
 FLOAT32_EPS = 2.0**-24
+TORCH_NOISE_FACTOR = 10.0  # bridge's float32 gradient may be this many times as far from float64 as torch's
 LR = 0.125  # a power of two: the lr input is float32 even in a float64 graph
 
 
@@ -272,8 +275,35 @@ def check_training_step(
         result.violations = list(bridge.check(tm32.model, target="onnx-mlir"))
         fed32 = _as_input_dtypes(tm32, {**noise64, "target": target})  # float64 for a float64 source
         got32 = step_outputs(tm32, inputs, fed32.pop("target"), fed32)
+        errors = {w: float(np.max(np.abs(np.asarray(got32[f"grad_{w}"], np.float64) - np.asarray(got64[f"grad_{w}"])), initial=0.0))
+                  for w in tm64.weights}
+        bounds = {w: FLOAT32_ULPS * FLOAT32_EPS * max(_scale(got64[f"grad_{w}"]), 1e-30) + 1e-30 for w in tm64.weights}
+        if any(errors[w] > bounds[w] for w in tm64.weights):  # ill-conditioned: how noisy is torch itself?
+            torch_noise = torch_float32_noise(model, inputs, target, tm64.weights, output_index, noise64)
+            bounds = {w: max(bounds[w], TORCH_NOISE_FACTOR * torch_noise[w]) for w in tm64.weights}
         for w in tm64.weights:
-            want = np.asarray(got64[f"grad_{w}"])
-            error = float(np.max(np.abs(np.asarray(got32[f"grad_{w}"], np.float64) - want), initial=0.0))
-            result.record(f"grad_{w} float32", error, FLOAT32_ULPS * FLOAT32_EPS * max(_scale(want), 1e-30) + 1e-30)
+            result.record(f"grad_{w} float32", errors[w], bounds[w])
     return result
+
+
+def torch_float32_noise(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], target: np.ndarray,
+                        weights: list[str], output_index: int, noise: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Per weight, ``max |g32 - g64|`` of torch autograd's mse gradient of the imported program
+    in float32 and in float64: the float32 noise of the computation itself (recurrences, long
+    reductions), against which bridge's float32 graph is judged where it exceeds ``FLOAT32_ULPS``."""
+    import torch
+
+    from bridge.importer.program import OnnxProgram
+    from bridge.load import load_model
+
+    grads = []
+    for source, dtype in ((model, torch.float32), (as_float64(model), torch.float64)):
+        program = OnnxProgram(load_model(source))
+        params = {w: program.initializer_tensor(w).to(dtype).requires_grad_() for w in weights}
+        feed = {k: torch.tensor(v).to(dtype) if np.issubdtype(v.dtype, np.floating) else torch.tensor(v) for k, v in inputs.items()}
+        random = {k: torch.tensor(v).to(dtype) for k, v in noise.items()}
+        output = program.run(feed, params, training=True, random=random)[0][output_index]
+        loss = torch.mean((output.to(torch.float64) - torch.tensor(target)) ** 2)
+        grads.append(torch.autograd.grad(loss, list(params.values()), allow_unused=True))
+    return {w: 0.0 if g32 is None else float(torch.max(torch.abs(g32.double() - g64)).item()) if g32.numel() else 0.0
+            for w, g32, g64 in zip(weights, *grads)}
