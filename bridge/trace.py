@@ -42,28 +42,52 @@ class StepSignature:
     random: list[str] = field(default_factory=list)  # noise inputs of random ops, drawn every step
     outputs: list[str] = field(default_factory=list)  # model outputs returned as ``output_<name>``
     training: bool = True  # False: the eval graph (forward + loss, no update)
+    part: str = "step"  # "step": the whole step; "gradient" / "update": its two halves (see ``split``)
 
     def state_names(self) -> list[str]:
         """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``.
 
-        The eval graph reads only the weights and buffers."""
-        if not self.training:
+        The eval and gradient graphs read only the weights and buffers; the update graph the
+        weights, the optimizer state, ``step`` and ``lr``."""
+        if not self.training or self.part == "gradient":
             return self.weights + self.buffers
-        return self.weights + self.buffers + [f"{w}.{slot}" for w, slot in self.state] + ["step", "lr"]
+        slots = [f"{w}.{slot}" for w, slot in self.state]
+        if self.part == "update":
+            return self.weights + slots + ["step", "lr"]
+        return self.weights + self.buffers + slots + ["step", "lr"]
+
+    def gradient_names(self) -> list[str]:
+        """``grad_<w>`` for every trained weight: outputs of the step and gradient graphs,
+        inputs of the update graph."""
+        return [f"grad_{w}" for w in self.weights]
 
     def input_names(self) -> list[str]:
+        if self.part == "update":
+            return self.state_names() + self.gradient_names()
         return self.state_names() + self.inputs + self.random + ["target"]
 
     def output_names(self) -> list[str]:
         extra = [output_name(name) for name in self.outputs]
         if not self.training:
             return ["loss"] + extra
-        updated = [name for name in self.state_names() if name != "lr"]
-        return ["loss"] + [f"grad_{w}" for w in self.weights] + [f"updated_{n}" for n in updated] + extra
+        if self.part == "gradient":
+            return ["loss"] + self.gradient_names() + [f"updated_{b}" for b in self.buffers] + extra
+        updated = [f"updated_{name}" for name in self.state_names() if name != "lr"]
+        if self.part == "update":
+            return updated
+        return ["loss"] + self.gradient_names() + updated + extra
 
     def for_eval(self, outputs: list[str]) -> "StepSignature":
         """The signature of the eval graph: weights, buffers, inputs, target -> loss, ``outputs``."""
         return replace(self, state=[], random=[], outputs=list(outputs), training=False)
+
+    def split(self) -> tuple["StepSignature", "StepSignature"]:
+        """The signatures of the step's two halves: the gradient graph (weights, buffers, inputs,
+        noise, target -> loss, ``grad_*``, ``updated_<buffer>``, outputs) and the update graph
+        (weights, optimizer state, step, lr, ``grad_*`` -> ``updated_*`` of the weights,
+        optimizer state and step)."""
+        return replace(self, state=[], part="gradient"), replace(self, inputs=[], random=[], buffers=[],
+                                                                 outputs=[], part="update")
 
 
 def output_name(model_output: str) -> str:
@@ -131,6 +155,56 @@ class _LayerTags:
         return prehook
 
 
+def _forward_backward(program: OnnxProgram, loss: Loss, signature: StepSignature, tags: "_LayerTags",
+                      output_index: int, tensors: dict, data: tuple, dynamic_batch: bool):
+    """Forward (training mode), loss and gradients of the trained weights in ``tensors``.
+
+    ``data`` is the data inputs, the noise inputs and the target, in signature order.
+    Returns the loss, the gradients, the buffers (updated or not, in signature order) and the
+    extra model outputs."""
+    weights = {name: tensors[name] for name in signature.weights}
+    inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
+    random = dict(zip(signature.random, data[len(signature.inputs):-1]))
+    if dynamic_batch:
+        tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
+    outputs, updated_buffers = program.run(inputs, tensors, training=True, node_scope=tags.forward, random=random)
+    with tags.scope("loss", "loss", loss.name):
+        loss_value = loss(outputs[output_index], target)
+    tags.hook_backward(loss_value)
+    with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
+        grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
+    new_buffers = [updated_buffers.get(name, tensors[name]) for name in signature.buffers]
+    extra = [outputs[program.output_names.index(name)] for name in signature.outputs]
+    return loss_value, grads, new_buffers, extra
+
+
+def _update(optimizer: Optimizer, signature: StepSignature, tags: "_LayerTags", weights: list, grads,
+            state_values, step, lr, max_grad_norm: float | None):
+    """The optimizer update (after clipping by global norm with ``max_grad_norm``): the new
+    weights, the new optimizer state (in signature order) and the new step."""
+    state = {}
+    for (weight, slot), value in zip(signature.state, state_values):
+        state.setdefault(weight, {})[slot] = value
+    with tags.scope("optimizer", "step", optimizer.name):
+        new_step = step + 1
+    updates = grads
+    if max_grad_norm is not None:
+        with tags.scope("optimizer", "global", "clip_grad_norm"):
+            updates = clip_grad_norm(grads, max_grad_norm)
+    new_weights, new_state = [], []
+    for name, param, grad in zip(signature.weights, weights, updates):
+        with tags.scope("optimizer", name, optimizer.name):
+            new_param, new_slots = optimizer.update(param, grad, state.get(name, {}), new_step, lr)
+        new_weights.append(new_param)
+        new_state.extend(new_slots[slot] for w, slot in signature.state if w == name)
+    return new_weights, new_state, new_step
+
+
+def _data_args(signature: StepSignature, example_inputs: dict[str, torch.Tensor],
+               example_target: torch.Tensor) -> list[torch.Tensor]:
+    return [example_inputs[name] for name in signature.inputs + signature.random] + [example_target]
+
+
 def trace_training_step(
     program: OnnxProgram,
     loss: Loss,
@@ -154,41 +228,14 @@ def trace_training_step(
     tags = _LayerTags()
 
     def train_step(*flat):
-        weights = dict(zip(signature.weights, flat[:n_weights]))
-        buffers = dict(zip(signature.buffers, flat[n_weights:n_weights + n_buffers]))
+        named = dict(zip(signature.weights + signature.buffers, flat[:n_weights + n_buffers]))
         state_values = flat[n_weights + n_buffers:n_weights + n_buffers + n_state]
         step, lr = flat[n_weights + n_buffers + n_state:n_weights + n_buffers + n_state + 2]
         data = flat[n_weights + n_buffers + n_state + 2:]
-        inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
-        random = dict(zip(signature.random, data[len(signature.inputs):-1]))
-        if dynamic_batch:
-            tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
-
-        outputs, updated_buffers = program.run(
-            inputs, {**weights, **buffers}, training=True, node_scope=tags.forward, random=random
-        )
-        with tags.scope("loss", "loss", loss.name):
-            loss_value = loss(outputs[output_index], target)
-        tags.hook_backward(loss_value)
-        with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
-            grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
-        state = {}
-        for (weight, slot), value in zip(signature.state, state_values):
-            state.setdefault(weight, {})[slot] = value
-        with tags.scope("optimizer", "step", optimizer.name):
-            new_step = step + 1
-        updates = grads
-        if max_grad_norm is not None:
-            with tags.scope("optimizer", "global", "clip_grad_norm"):
-                updates = clip_grad_norm(grads, max_grad_norm)
-        new_weights, new_state = [], []
-        for (name, param), grad in zip(weights.items(), updates):
-            with tags.scope("optimizer", name, optimizer.name):
-                new_param, new_slots = optimizer.update(param, grad, state.get(name, {}), new_step, lr)
-            new_weights.append(new_param)
-            new_state.extend(new_slots[slot] for w, slot in signature.state if w == name)
-        new_buffers = [updated_buffers.get(name, buffers[name]) for name in signature.buffers]
-        extra = [outputs[program.output_names.index(name)] for name in signature.outputs]
+        loss_value, grads, new_buffers, extra = _forward_backward(program, loss, signature, tags, output_index,
+                                                                  named, data, dynamic_batch)
+        new_weights, new_state, new_step = _update(optimizer, signature, tags, flat[:n_weights], grads,
+                                                   state_values, step, lr, max_grad_norm)
         return (loss_value, *grads, *new_weights, *new_buffers, *new_state, new_step, *extra)
 
     flat_args = (
@@ -196,10 +243,61 @@ def trace_training_step(
         + [tensors[name] for name in signature.buffers]
         + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
         + [tensors["step"], tensors["lr"]]
-        + [example_inputs[name] for name in signature.inputs + signature.random]
-        + [example_target]
+        + _data_args(signature, example_inputs, example_target)
     )
     return _trace(train_step, flat_args, len(signature.inputs) + len(signature.random) + 1, dynamic_batch)
+
+
+def trace_gradient_step(
+    program: OnnxProgram,
+    loss: Loss,
+    signature: StepSignature,
+    tensors: dict[str, torch.Tensor],
+    example_inputs: dict[str, torch.Tensor],
+    example_target: torch.Tensor,
+    output_index: int,
+    dynamic_batch: bool = False,
+) -> torch.fx.GraphModule:
+    """Trace the gradient half of the step (``signature.part == "gradient"``): forward, loss and
+    backward, the same computation as in ``trace_training_step``, without the update."""
+    n_tensors = len(signature.weights) + len(signature.buffers)
+    tags = _LayerTags()
+
+    def gradient_step(*flat):
+        named = dict(zip(signature.weights + signature.buffers, flat[:n_tensors]))
+        loss_value, grads, new_buffers, extra = _forward_backward(program, loss, signature, tags, output_index,
+                                                                  named, flat[n_tensors:], dynamic_batch)
+        return (loss_value, *grads, *new_buffers, *extra)
+
+    flat_args = (
+        [tensors[name].detach().requires_grad_(True) for name in signature.weights]
+        + [tensors[name] for name in signature.buffers]
+        + _data_args(signature, example_inputs, example_target)
+    )
+    return _trace(gradient_step, flat_args, len(signature.inputs) + len(signature.random) + 1, dynamic_batch)
+
+
+def trace_update_step(optimizer: Optimizer, signature: StepSignature, tensors: dict[str, torch.Tensor],
+                      max_grad_norm: float | None = None) -> torch.fx.GraphModule:
+    """Trace the update half of the step (``signature.part == "update"``): clipping by global norm
+    (with ``max_grad_norm``) and the optimizer update of the weights from the ``grad_*`` inputs."""
+    n_weights, n_state = len(signature.weights), len(signature.state)
+    tags = _LayerTags()
+
+    def update_step(*flat):
+        step, lr = flat[n_weights + n_state:n_weights + n_state + 2]
+        new_weights, new_state, new_step = _update(optimizer, signature, tags, flat[:n_weights],
+                                                   flat[n_weights + n_state + 2:], flat[n_weights:n_weights + n_state],
+                                                   step, lr, max_grad_norm)
+        return (*new_weights, *new_state, new_step)
+
+    flat_args = (
+        [tensors[name].detach() for name in signature.weights]
+        + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
+        + [tensors["step"], tensors["lr"]]
+        + [torch.zeros_like(tensors[name]) for name in signature.weights]
+    )
+    return _trace(update_step, flat_args, 0, dynamic_batch=False)
 
 
 def trace_eval_step(
