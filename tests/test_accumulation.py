@@ -4,6 +4,7 @@ batch (torch is the oracle), BatchNorm statistics per micro-batch as in torch, t
 from __future__ import annotations
 
 import copy
+import sys
 
 import numpy as np
 import pytest
@@ -218,3 +219,40 @@ def test_accumulation_options_and_missing_graphs_are_refused(mlp_models, tmp_pat
     with pytest.raises(bridge.StepInputError):
         session.accumulate([({"x": np.zeros((2, 5), np.float32)}, np.zeros(2, np.int64))])
     assert session.state["step"] == 0
+
+
+# -- command line and plot -----------------------------------------------------------------------
+
+def test_cli_train_with_accumulation_and_plot(tmp_path):
+    from bridge.cli import main
+
+    _, model = small_mlp()
+    source, train = tmp_path / "mlp.onnx", tmp_path / "train.onnx"
+    source.write_bytes(model.SerializeToString())
+    assert main(["convert", str(source), "-o", str(train), "--loss", "ce", "--optim", "sgd",
+                 "--optim-options", '{"lr": 0.1}', "--clip-grad-norm", str(CLIP)]) == 0
+    assert part_path(train, "gradient").is_file() and part_path(train, "update").is_file()
+    x, y = features(20, seed=80)
+    np.savez(tmp_path / "data.npz", x=x, target=y)
+    plot = tmp_path / "curves.png"
+    assert main(["train", str(train), "--data", str(tmp_path / "data.npz"), "--batch-size", "4", "--epochs", "2",
+                 "--accumulation-steps", "5", "--checkpoint", str(tmp_path / "run.npz"), "--plot", str(plot)]) == 0
+    pytest.importorskip("matplotlib")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    same = bridge.Trainer(train, accumulation_steps=5)
+    same.fit((x, y), epochs=2, batch_size=4)
+    resumed = bridge.Trainer(train)
+    resumed.load_checkpoint(tmp_path / "run.npz")
+    assert len(resumed.history.steps) == 2  # one optimizer step per epoch: 5 micro-batches of 4
+    for name in same.session.state:
+        np.testing.assert_array_equal(resumed.session.state[name], same.session.state[name], err_msg=name)
+
+
+def test_plot_without_matplotlib_is_a_clear_error(mlp_models, tmp_path, monkeypatch):
+    from bridge.plot import MissingDependencyError, plot_history
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    trainer = bridge.Trainer(mlp_models[1]["sgd"])
+    with pytest.raises(MissingDependencyError, match="pip install matplotlib"):
+        plot_history({"bridge": trainer.history}, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
