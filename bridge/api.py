@@ -21,7 +21,7 @@ from .importer.weights import differentiable_initializers, select_trainable
 from .load import load_model
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
-from .trace import StepSignature, trace_eval_step, trace_gradient_step, trace_training_step, trace_update_step
+from .trace import StepSignature, split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
 _ONNX_TO_TORCH = {
@@ -122,9 +122,7 @@ def to_training_onnx(
     eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index,
                                   dynamic_batch=dynamic_batch)
     gradient_signature, update_signature = signature.split()
-    gradient_module = trace_gradient_step(program, loss_fn, gradient_signature, tensors, {**inputs, **random}, target,
-                                          output_index, dynamic_batch=dynamic_batch)
-    update_module = trace_update_step(optimizer, update_signature, tensors, max_grad_norm)
+    gradient_module, update_module = split_step(graph_module, signature)
     source_hash = hashlib.sha256(source.SerializeToString()).hexdigest()
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)

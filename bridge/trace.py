@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from .errors import ShapeError
+from .errors import LoweringError, ShapeError
 from .importer.program import OnnxProgram
 from .losses import Loss
 from .lowering import decomposition_table
@@ -155,56 +155,6 @@ class _LayerTags:
         return prehook
 
 
-def _forward_backward(program: OnnxProgram, loss: Loss, signature: StepSignature, tags: "_LayerTags",
-                      output_index: int, tensors: dict, data: tuple, dynamic_batch: bool):
-    """Forward (training mode), loss and gradients of the trained weights in ``tensors``.
-
-    ``data`` is the data inputs, the noise inputs and the target, in signature order.
-    Returns the loss, the gradients, the buffers (updated or not, in signature order) and the
-    extra model outputs."""
-    weights = {name: tensors[name] for name in signature.weights}
-    inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
-    random = dict(zip(signature.random, data[len(signature.inputs):-1]))
-    if dynamic_batch:
-        tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
-    outputs, updated_buffers = program.run(inputs, tensors, training=True, node_scope=tags.forward, random=random)
-    with tags.scope("loss", "loss", loss.name):
-        loss_value = loss(outputs[output_index], target)
-    tags.hook_backward(loss_value)
-    with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
-        grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
-    new_buffers = [updated_buffers.get(name, tensors[name]) for name in signature.buffers]
-    extra = [outputs[program.output_names.index(name)] for name in signature.outputs]
-    return loss_value, grads, new_buffers, extra
-
-
-def _update(optimizer: Optimizer, signature: StepSignature, tags: "_LayerTags", weights: list, grads,
-            state_values, step, lr, max_grad_norm: float | None):
-    """The optimizer update (after clipping by global norm with ``max_grad_norm``): the new
-    weights, the new optimizer state (in signature order) and the new step."""
-    state = {}
-    for (weight, slot), value in zip(signature.state, state_values):
-        state.setdefault(weight, {})[slot] = value
-    with tags.scope("optimizer", "step", optimizer.name):
-        new_step = step + 1
-    updates = grads
-    if max_grad_norm is not None:
-        with tags.scope("optimizer", "global", "clip_grad_norm"):
-            updates = clip_grad_norm(grads, max_grad_norm)
-    new_weights, new_state = [], []
-    for name, param, grad in zip(signature.weights, weights, updates):
-        with tags.scope("optimizer", name, optimizer.name):
-            new_param, new_slots = optimizer.update(param, grad, state.get(name, {}), new_step, lr)
-        new_weights.append(new_param)
-        new_state.extend(new_slots[slot] for w, slot in signature.state if w == name)
-    return new_weights, new_state, new_step
-
-
-def _data_args(signature: StepSignature, example_inputs: dict[str, torch.Tensor],
-               example_target: torch.Tensor) -> list[torch.Tensor]:
-    return [example_inputs[name] for name in signature.inputs + signature.random] + [example_target]
-
-
 def trace_training_step(
     program: OnnxProgram,
     loss: Loss,
@@ -228,14 +178,41 @@ def trace_training_step(
     tags = _LayerTags()
 
     def train_step(*flat):
-        named = dict(zip(signature.weights + signature.buffers, flat[:n_weights + n_buffers]))
+        weights = dict(zip(signature.weights, flat[:n_weights]))
+        buffers = dict(zip(signature.buffers, flat[n_weights:n_weights + n_buffers]))
         state_values = flat[n_weights + n_buffers:n_weights + n_buffers + n_state]
         step, lr = flat[n_weights + n_buffers + n_state:n_weights + n_buffers + n_state + 2]
         data = flat[n_weights + n_buffers + n_state + 2:]
-        loss_value, grads, new_buffers, extra = _forward_backward(program, loss, signature, tags, output_index,
-                                                                  named, data, dynamic_batch)
-        new_weights, new_state, new_step = _update(optimizer, signature, tags, flat[:n_weights], grads,
-                                                   state_values, step, lr, max_grad_norm)
+        inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
+        random = dict(zip(signature.random, data[len(signature.inputs):-1]))
+        if dynamic_batch:
+            tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
+
+        outputs, updated_buffers = program.run(
+            inputs, {**weights, **buffers}, training=True, node_scope=tags.forward, random=random
+        )
+        with tags.scope("loss", "loss", loss.name):
+            loss_value = loss(outputs[output_index], target)
+        tags.hook_backward(loss_value)
+        with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
+            grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
+        state = {}
+        for (weight, slot), value in zip(signature.state, state_values):
+            state.setdefault(weight, {})[slot] = value
+        with tags.scope("optimizer", "step", optimizer.name):
+            new_step = step + 1
+        updates = grads
+        if max_grad_norm is not None:
+            with tags.scope("optimizer", "global", "clip_grad_norm"):
+                updates = clip_grad_norm(grads, max_grad_norm)
+        new_weights, new_state = [], []
+        for (name, param), grad in zip(weights.items(), updates):
+            with tags.scope("optimizer", name, optimizer.name):
+                new_param, new_slots = optimizer.update(param, grad, state.get(name, {}), new_step, lr)
+            new_weights.append(new_param)
+            new_state.extend(new_slots[slot] for w, slot in signature.state if w == name)
+        new_buffers = [updated_buffers.get(name, buffers[name]) for name in signature.buffers]
+        extra = [outputs[program.output_names.index(name)] for name in signature.outputs]
         return (loss_value, *grads, *new_weights, *new_buffers, *new_state, new_step, *extra)
 
     flat_args = (
@@ -243,61 +220,55 @@ def trace_training_step(
         + [tensors[name] for name in signature.buffers]
         + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
         + [tensors["step"], tensors["lr"]]
-        + _data_args(signature, example_inputs, example_target)
+        + [example_inputs[name] for name in signature.inputs + signature.random]
+        + [example_target]
     )
     return _trace(train_step, flat_args, len(signature.inputs) + len(signature.random) + 1, dynamic_batch)
 
 
-def trace_gradient_step(
-    program: OnnxProgram,
-    loss: Loss,
-    signature: StepSignature,
-    tensors: dict[str, torch.Tensor],
-    example_inputs: dict[str, torch.Tensor],
-    example_target: torch.Tensor,
-    output_index: int,
-    dynamic_batch: bool = False,
-) -> torch.fx.GraphModule:
-    """Trace the gradient half of the step (``signature.part == "gradient"``): forward, loss and
-    backward, the same computation as in ``trace_training_step``, without the update."""
-    n_tensors = len(signature.weights) + len(signature.buffers)
-    tags = _LayerTags()
-
-    def gradient_step(*flat):
-        named = dict(zip(signature.weights + signature.buffers, flat[:n_tensors]))
-        loss_value, grads, new_buffers, extra = _forward_backward(program, loss, signature, tags, output_index,
-                                                                  named, flat[n_tensors:], dynamic_batch)
-        return (loss_value, *grads, *new_buffers, *extra)
-
-    flat_args = (
-        [tensors[name].detach().requires_grad_(True) for name in signature.weights]
-        + [tensors[name] for name in signature.buffers]
-        + _data_args(signature, example_inputs, example_target)
-    )
-    return _trace(gradient_step, flat_args, len(signature.inputs) + len(signature.random) + 1, dynamic_batch)
+def split_step(graph_module: torch.fx.GraphModule,
+               signature: StepSignature) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """The traced step cut at its gradients (no second trace): the gradient half (forward, loss,
+    backward -> ``signature.split()[0]``'s outputs) and the update half (clipping, optimizer, whose
+    ``grad_*`` nodes become inputs). Both copy the step's own nodes, tags included, so running one
+    after the other computes exactly what the step computes."""
+    gradient_signature, update_signature = signature.split()
+    placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
+    inputs = dict(zip(signature.input_names(), placeholders))
+    (output,) = (node for node in graph_module.graph.nodes if node.op == "output")
+    results = dict(zip(signature.output_names(), output.args[0]))
+    gradient = _subgraph(graph_module, [inputs[name] for name in gradient_signature.input_names()],
+                         [results[name] for name in gradient_signature.output_names()], "gradient")
+    boundary = ([inputs[name] for name in update_signature.state_names()]
+                + [results[name] for name in update_signature.gradient_names()])
+    update = _subgraph(graph_module, boundary, [results[name] for name in update_signature.output_names()], "update")
+    return gradient, update
 
 
-def trace_update_step(optimizer: Optimizer, signature: StepSignature, tensors: dict[str, torch.Tensor],
-                      max_grad_norm: float | None = None) -> torch.fx.GraphModule:
-    """Trace the update half of the step (``signature.part == "update"``): clipping by global norm
-    (with ``max_grad_norm``) and the optimizer update of the weights from the ``grad_*`` inputs."""
-    n_weights, n_state = len(signature.weights), len(signature.state)
-    tags = _LayerTags()
-
-    def update_step(*flat):
-        step, lr = flat[n_weights + n_state:n_weights + n_state + 2]
-        new_weights, new_state, new_step = _update(optimizer, signature, tags, flat[:n_weights],
-                                                   flat[n_weights + n_state + 2:], flat[n_weights:n_weights + n_state],
-                                                   step, lr, max_grad_norm)
-        return (*new_weights, *new_state, new_step)
-
-    flat_args = (
-        [tensors[name].detach() for name in signature.weights]
-        + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
-        + [tensors["step"], tensors["lr"]]
-        + [torch.zeros_like(tensors[name]) for name in signature.weights]
-    )
-    return _trace(update_step, flat_args, 0, dynamic_batch=False)
+def _subgraph(graph_module: torch.fx.GraphModule, boundary: list[torch.fx.Node], outputs: list[torch.fx.Node],
+              part: str) -> torch.fx.GraphModule:
+    """A graph of the nodes of ``graph_module`` that ``outputs`` need, reading ``boundary`` (in this
+    order) as its placeholders."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in boundary:
+        env[node] = graph.placeholder(node.name if node.op == "placeholder" else f"{node.name}_input")
+        env[node].meta = dict(node.meta)
+    needed, stack = set(), [node for node in outputs if node not in env]
+    while stack:
+        node = stack.pop()
+        if node in needed or node in env:
+            continue
+        if node.op == "placeholder":
+            raise LoweringError(f"the {part} half of the step reads the step input '{node.name}', which is "
+                                "not one of its inputs: the step cannot be split at its gradients")
+        needed.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in graph_module.graph.nodes:
+        if node in needed:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[node] for node in outputs))
+    return torch.fx.GraphModule(graph_module, graph)
 
 
 def trace_eval_step(
