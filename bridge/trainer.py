@@ -140,7 +140,7 @@ class Trainer:
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
         self.session = _session(backend, graph, eval_graph, initial, seed, on_nonfinite)
-        self._split = _split_graphs(model)
+        self._model = model  # where enable_accumulation finds the gradient and update graphs
         if self.accumulation_steps > 1:
             self._enable_accumulation()
         meta = {p.key: p.value for p in graph.metadata_props}
@@ -173,10 +173,11 @@ class Trainer:
     def _enable_accumulation(self) -> None:
         if self.session.split_step is not None:
             return
-        if self._split is None:
+        graphs = _split_graphs(self._model)
+        if graphs is None:
             raise InvalidOptionError("gradient accumulation needs the gradient and update graphs: create the "
                                      "Trainer from a TrainingModel, or save it with TrainingModel.save")
-        self.session.enable_accumulation(*self._split)
+        self.session.enable_accumulation(*graphs)
 
     def _optimizer_step(self, run: Callable[[], dict[str, np.ndarray]]) -> dict[str, Any]:
         """``run`` one optimizer step at the schedule's lr; record it and advance a per-step schedule."""
