@@ -203,7 +203,8 @@ class SplitStep:
         self.checks = StepChecks.from_model(gradient_model)
         self.random_inputs = random_inputs(gradient_model, self.gradient)
         self.gradients = [name for name in self.gradient.output_names if name.startswith("grad_")]
-        self.loss_dtype = onnx.helper.tensor_dtype_to_np_dtype(gradient_model.graph.output[0].type.tensor_type.elem_type)
+        loss_type = gradient_model.graph.output[0].type.tensor_type.elem_type  # "loss" is the first output
+        self.loss_dtype = onnx.helper.tensor_dtype_to_np_dtype(loss_type)
         self.buffers = [name[len(UPDATED):] for name in self.gradient.output_names if name.startswith(UPDATED)]
         options = json.loads({p.key: p.value for p in gradient_model.metadata_props}.get("bridge.loss_options", "{}"))
         self.mean_loss = options.get("reduction", "mean") != "sum"

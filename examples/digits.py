@@ -101,10 +101,12 @@ def torch_fit(module: torch.nn.Module, train: tuple, test: tuple, steps: int) ->
 
 
 def torch_evaluate(module: torch.nn.Module, data: tuple) -> tuple[float, float]:
+    """torch ``model.eval()`` on ``data``: the loss and the accuracy."""
     module.eval()
     with torch.no_grad():
         logits = module(torch.from_numpy(data[0]))
-        return F.cross_entropy(logits, torch.from_numpy(data[1])).item(), float(np.mean(logits.argmax(1).numpy() == data[1]))
+        loss = F.cross_entropy(logits, torch.from_numpy(data[1])).item()
+    return loss, float(np.mean(logits.argmax(1).numpy() == data[1]))
 
 
 def main(out: Path) -> None:
