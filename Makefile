@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine:
-#   make demo   - set up .venv, convert the bundled example model, train it in onnxruntime
+#   make demo   - set up .venv, convert the bundled example model, train it in onnxruntime; then the
+#                 digits run (examples/digits.py: a CNN on scikit-learn's digits, bridge vs torch, out/digits.png)
 #   make test   - set up .venv and run the test suite (what CI runs)
 # Tiers: make test-fast (the edit loop: no slow, no exhaustive), make test-all (also the exhaustive
 # tier: the whole ONNX node suite with gradients, every op-database row through IREE, ...).
@@ -19,6 +20,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+	$(PY) examples/digits.py out
 
 # Debian's chromium renders `bridge show --html` pictures headless in the tests.
 system-deps:

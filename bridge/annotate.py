@@ -26,7 +26,7 @@ from .trace import StepSignature, output_name
 
 ROLE, PHASE, LAYER, KIND = "bridge.role", "bridge.phase", "bridge.layer", "bridge.kind"
 PHASES = ("forward", "loss", "backward", "optimizer")
-INPUT_ROLES = ("input", "target", "weight", "buffer", "optimizer_state", "hyperparameter", "random")
+INPUT_ROLES = ("input", "target", "weight", "buffer", "optimizer_state", "hyperparameter", "random", "gradient")
 OUTPUT_ROLES = ("loss", "gradient", "updated", "output")
 VALUE_ROLES = {"forward": "activation", "loss": "activation", "backward": "gradient", "optimizer": "update"}
 LOSS_LAYER = "loss"
@@ -39,6 +39,8 @@ def input_roles(signature: StepSignature) -> dict[str, str]:
     roles.update({"step": "optimizer_state", "lr": "hyperparameter", "target": "target"})
     roles.update({name: "input" for name in signature.inputs})
     roles.update({name: "random" for name in signature.random})
+    if signature.part == "update":
+        roles.update({name: "gradient" for name in signature.gradient_names()})
     return roles
 
 

@@ -21,7 +21,7 @@ from .importer.weights import differentiable_initializers, select_trainable
 from .load import load_model
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
-from .trace import StepSignature, trace_eval_step, trace_training_step
+from .trace import StepSignature, split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
 _ONNX_TO_TORCH = {
@@ -121,19 +121,23 @@ def to_training_onnx(
     eval_signature = signature.for_eval(list(program.output_names))
     eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index,
                                   dynamic_batch=dynamic_batch)
+    gradient_signature, update_signature = signature.split()
+    gradient_module, update_module = split_step(graph_module, signature)
     source_hash = hashlib.sha256(source.SerializeToString()).hexdigest()
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
         metadata[CLASSES] = json.dumps(classes)
-    training, evaluation = (
+    training, evaluation, gradient, update = (
         _export(module, sig, source, source_hash, loss_fn, optimizer, metadata)
-        for module, sig in ((graph_module, signature), (eval_module, eval_signature))
+        for module, sig in ((graph_module, signature), (eval_module, eval_signature),
+                            (gradient_module, gradient_signature), (update_module, update_signature))
     )
 
     initial = {name: tensors[name].detach().numpy().copy() for name in signature.state_names()}
     result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]),
-                           eval_model=evaluation, eval_signature=eval_signature, source=original)
+                           eval_model=evaluation, eval_signature=eval_signature, source=original,
+                           gradient_model=gradient, update_model=update)
     if output_path is not None:
         result.save(output_path)
     return result

@@ -111,7 +111,7 @@ def _train(args: argparse.Namespace) -> int:
 
     trainer = Trainer(args.model, backend=args.backend, schedule=args.schedule,
                       schedule_options=_json_option(args.schedule_options, "--schedule-options"),
-                      seed=args.seed, progress=True)
+                      seed=args.seed, progress=True, accumulation_steps=args.accumulation_steps)
     if args.resume:
         trainer.load_checkpoint(args.resume)
     with np.load(args.data) as saved:
@@ -122,6 +122,10 @@ def _train(args: argparse.Namespace) -> int:
     trainer.fit((arrays, target), epochs=args.epochs, batch_size=args.batch_size)
     trainer.save_checkpoint(args.checkpoint)
     print(f"wrote {args.checkpoint} (epoch {trainer.epoch}, loss {trainer.history['loss'][-1]:.4g})")
+    if args.plot:
+        from .plot import plot_history
+
+        print(f"wrote {plot_history({'bridge': trainer.history}, args.plot, title=args.model)}")
     return 0
 
 
@@ -204,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", help="checkpoint (.npz) to continue from")
     train.add_argument("--checkpoint", required=True, help="where to write the checkpoint at the end (.npz)")
+    train.add_argument("--accumulation-steps", type=int, default=1, metavar="K",
+                       help="one optimizer step per K batches (gradient accumulation; needs the .gradient.onnx "
+                            "and .update.onnx that bridge convert writes)")
+    train.add_argument("--plot", help="write the loss/accuracy curves to this .png (needs matplotlib)")
     train.set_defaults(run=_train)
 
     export = commands.add_parser("export-inference", help="the source model with the trained weights of a checkpoint")

@@ -46,6 +46,7 @@ class StepSession(ABC):
         self.skipped_steps = 0
         self.graph_hash = graph_hash
         self.eval_graph = None if eval_model is None else EvalGraph(eval_model)
+        self.split_step: SplitStep | None = None
 
     @property
     def lr(self) -> float:
@@ -59,13 +60,60 @@ class StepSession(ABC):
         """Run one training step; returns every output (loss, grad_*, updated_*, output_*)."""
         if self.checks is not None:
             self.checks.check(inputs, target)
-        feed = dict(self.state)
-        for name, (shape, dtype) in self.random_inputs.items():
-            if name not in inputs:  # uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step
-                feed[name] = self._rng.random([len(target) if d is None else d for d in shape]).astype(dtype)
-        feed.update(inputs)
-        feed["target"] = target
-        results = self._run(feed)
+        feed = {**self.state, **self._noise(self.random_inputs, inputs, len(target)), **inputs, "target": target}
+        return self._commit(self._run(feed))
+
+    def enable_accumulation(self, gradient_model: onnx.ModelProto, update_model: onnx.ModelProto,
+                            providers=None) -> None:
+        """Load the step's two halves (``TrainingModel.gradient_model`` / ``update_model``, run in
+        onnxruntime on this session's state) so that ``accumulate`` can run."""
+        self.split_step = SplitStep(gradient_model, update_model, providers)
+
+    def accumulate(self, micro_batches: list[tuple[Mapping[str, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
+        """One optimizer step on the effective batch made of ``micro_batches`` (``(inputs, target)``
+        pairs): the gradient graph on each, gradients and loss averaged weighted by micro-batch size
+        (1 for a sum-reduced loss), then the update graph once (clipping included). Buffers (BatchNorm
+        statistics) are updated per micro-batch, as torch does with accumulation. Returns ``loss``,
+        ``grad_*`` (accumulated), ``updated_*`` and ``output_*`` (micro-batches concatenated); the
+        state is committed, or not, as for ``step`` (``on_nonfinite``)."""
+        if self.split_step is None:
+            raise BridgeError(f"this {type(self).__name__} has no gradient/update graphs: call "
+                              "enable_accumulation(tm.gradient_model, tm.update_model) first")
+        if not micro_batches:
+            raise BridgeError("accumulate needs at least one micro-batch")
+        graph = self.split_step
+        total = sum(len(target) for _, target in micro_batches)
+        buffers = {name: self.state[name] for name in graph.buffers}
+        sums: dict[str, np.ndarray] = {}
+        outputs: dict[str, list[np.ndarray]] = {}
+        for inputs, target in micro_batches:
+            graph.checks.check(inputs, target)
+            feed = {**self.state, **buffers, **self._noise(graph.random_inputs, inputs, len(target)), **inputs,
+                    "target": target}
+            results = graph.gradient(feed)
+            weight = len(target) / total if graph.mean_loss else 1.0
+            for name in ["loss"] + graph.gradients:
+                sums[name] = sums.get(name, 0.0) + weight * results[name].astype(np.float64)
+            buffers.update({name: results[UPDATED + name] for name in graph.buffers})
+            for name in (n for n in results if n.startswith("output_")):
+                outputs.setdefault(name, []).append(results[name])
+        grads = {name: sums[name].astype(self.state[name[len("grad_"):]].dtype) for name in graph.gradients}
+        results = graph.update({**self.state, **grads})
+        results.update({UPDATED + name: value for name, value in buffers.items()})
+        results.update({"loss": np.asarray(sums["loss"], dtype=graph.loss_dtype), **grads})
+        results.update({name: np.concatenate(parts) for name, parts in outputs.items()})
+        return self._commit(results)
+
+    def _noise(self, random_inputs: Mapping[str, tuple[list, np.dtype]], inputs: Mapping[str, np.ndarray],
+               batch: int) -> dict[str, np.ndarray]:
+        """Uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step, for the noise inputs
+        that ``inputs`` does not give."""
+        return {name: self._rng.random([batch if d is None else d for d in shape]).astype(dtype)
+                for name, (shape, dtype) in random_inputs.items() if name not in inputs}
+
+    def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Feed ``updated_*`` back into the state, unless the loss or an update is not finite
+        (then as ``on_nonfinite`` says)."""
         updated = [name for name in results if name.startswith(UPDATED)]
         bad = nonfinite_outputs(results, ["loss"] + updated) if self.on_nonfinite != "ignore" else []
         if bad:
@@ -146,6 +194,33 @@ class EvalGraph:
         return self.graph({**state, **inputs, "target": target})
 
 
+class SplitStep:
+    """The gradient and update graphs of a step in onnxruntime (see ``StepSession.accumulate``)."""
+
+    def __init__(self, gradient_model: onnx.ModelProto, update_model: onnx.ModelProto, providers=None):
+        self.gradient = OrtGraph(gradient_model, providers)
+        self.update = OrtGraph(update_model, providers)
+        self.checks = StepChecks.from_model(gradient_model)
+        self.random_inputs = random_inputs(gradient_model, self.gradient)
+        self.gradients = [name for name in self.gradient.output_names if name.startswith("grad_")]
+        loss_type = gradient_model.graph.output[0].type.tensor_type.elem_type  # "loss" is the first output
+        self.loss_dtype = onnx.helper.tensor_dtype_to_np_dtype(loss_type)
+        self.buffers = [name[len(UPDATED):] for name in self.gradient.output_names if name.startswith(UPDATED)]
+        options = json.loads({p.key: p.value for p in gradient_model.metadata_props}.get("bridge.loss_options", "{}"))
+        self.mean_loss = options.get("reduction", "mean") != "sum"
+
+
+def random_inputs(model: onnx.ModelProto, graph: OrtGraph) -> dict[str, tuple[list, np.dtype]]:
+    """The noise inputs of ``model`` (model metadata): name -> (shape, dtype), None for the batch dim."""
+    random = json.loads({p.key: p.value for p in model.metadata_props}.get(RANDOM_INPUTS, "[]"))
+    found = {}
+    for value in graph.session.get_inputs():
+        if value.name in random:
+            shape = [d if isinstance(d, int) else None for d in value.shape]
+            found[value.name] = (shape, np.float64 if value.type == "tensor(double)" else np.float32)
+    return found
+
+
 class TrainingSession(StepSession):
     """Train with a training ONNX model in onnxruntime: ``session.step(inputs, target)`` -> outputs.
 
@@ -160,11 +235,7 @@ class TrainingSession(StepSession):
                          graph_hash=graph_hash(model), eval_model=eval_model)
         self._graph = OrtGraph(model, providers)
         self.output_names = self._graph.output_names
-        random = json.loads({p.key: p.value for p in model.metadata_props}.get(RANDOM_INPUTS, "[]"))
-        for value in self._graph.session.get_inputs():
-            if value.name in random:
-                shape = [d if isinstance(d, int) else None for d in value.shape]
-                self.random_inputs[value.name] = (shape, np.float64 if value.type == "tensor(double)" else np.float32)
+        self.random_inputs.update(random_inputs(model, self._graph))
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._graph(feed)

@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from .errors import ShapeError
+from .errors import LoweringError, ShapeError
 from .importer.program import OnnxProgram
 from .losses import Loss
 from .lowering import decomposition_table
@@ -42,28 +42,52 @@ class StepSignature:
     random: list[str] = field(default_factory=list)  # noise inputs of random ops, drawn every step
     outputs: list[str] = field(default_factory=list)  # model outputs returned as ``output_<name>``
     training: bool = True  # False: the eval graph (forward + loss, no update)
+    part: str = "step"  # "step": the whole step; "gradient" / "update": its two halves (see ``split``)
 
     def state_names(self) -> list[str]:
         """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``.
 
-        The eval graph reads only the weights and buffers."""
-        if not self.training:
+        The eval and gradient graphs read only the weights and buffers; the update graph the
+        weights, the optimizer state, ``step`` and ``lr``."""
+        if not self.training or self.part == "gradient":
             return self.weights + self.buffers
-        return self.weights + self.buffers + [f"{w}.{slot}" for w, slot in self.state] + ["step", "lr"]
+        slots = [f"{w}.{slot}" for w, slot in self.state]
+        if self.part == "update":
+            return self.weights + slots + ["step", "lr"]
+        return self.weights + self.buffers + slots + ["step", "lr"]
+
+    def gradient_names(self) -> list[str]:
+        """``grad_<w>`` for every trained weight: outputs of the step and gradient graphs,
+        inputs of the update graph."""
+        return [f"grad_{w}" for w in self.weights]
 
     def input_names(self) -> list[str]:
+        if self.part == "update":
+            return self.state_names() + self.gradient_names()
         return self.state_names() + self.inputs + self.random + ["target"]
 
     def output_names(self) -> list[str]:
         extra = [output_name(name) for name in self.outputs]
         if not self.training:
             return ["loss"] + extra
-        updated = [name for name in self.state_names() if name != "lr"]
-        return ["loss"] + [f"grad_{w}" for w in self.weights] + [f"updated_{n}" for n in updated] + extra
+        if self.part == "gradient":
+            return ["loss"] + self.gradient_names() + [f"updated_{b}" for b in self.buffers] + extra
+        updated = [f"updated_{name}" for name in self.state_names() if name != "lr"]
+        if self.part == "update":
+            return updated
+        return ["loss"] + self.gradient_names() + updated + extra
 
     def for_eval(self, outputs: list[str]) -> "StepSignature":
         """The signature of the eval graph: weights, buffers, inputs, target -> loss, ``outputs``."""
         return replace(self, state=[], random=[], outputs=list(outputs), training=False)
+
+    def split(self) -> tuple["StepSignature", "StepSignature"]:
+        """The signatures of the step's two halves: the gradient graph (weights, buffers, inputs,
+        noise, target -> loss, ``grad_*``, ``updated_<buffer>``, outputs) and the update graph
+        (weights, optimizer state, step, lr, ``grad_*`` -> ``updated_*`` of the weights,
+        optimizer state and step)."""
+        return replace(self, state=[], part="gradient"), replace(self, inputs=[], random=[], buffers=[],
+                                                                 outputs=[], part="update")
 
 
 def output_name(model_output: str) -> str:
@@ -200,6 +224,51 @@ def trace_training_step(
         + [example_target]
     )
     return _trace(train_step, flat_args, len(signature.inputs) + len(signature.random) + 1, dynamic_batch)
+
+
+def split_step(graph_module: torch.fx.GraphModule,
+               signature: StepSignature) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """The traced step cut at its gradients (no second trace): the gradient half (forward, loss,
+    backward -> ``signature.split()[0]``'s outputs) and the update half (clipping, optimizer, whose
+    ``grad_*`` nodes become inputs). Both copy the step's own nodes, tags included, so running one
+    after the other computes exactly what the step computes."""
+    gradient_signature, update_signature = signature.split()
+    placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
+    inputs = dict(zip(signature.input_names(), placeholders))
+    (output,) = (node for node in graph_module.graph.nodes if node.op == "output")
+    results = dict(zip(signature.output_names(), output.args[0]))
+    gradient = _subgraph(graph_module, [inputs[name] for name in gradient_signature.input_names()],
+                         [results[name] for name in gradient_signature.output_names()], "gradient")
+    boundary = ([inputs[name] for name in update_signature.state_names()]
+                + [results[name] for name in update_signature.gradient_names()])
+    update = _subgraph(graph_module, boundary, [results[name] for name in update_signature.output_names()], "update")
+    return gradient, update
+
+
+def _subgraph(graph_module: torch.fx.GraphModule, boundary: list[torch.fx.Node], outputs: list[torch.fx.Node],
+              part: str) -> torch.fx.GraphModule:
+    """A graph of the nodes of ``graph_module`` that ``outputs`` need, reading ``boundary`` (in this
+    order) as its placeholders."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in boundary:
+        env[node] = graph.placeholder(node.name if node.op == "placeholder" else f"{node.name}_input")
+        env[node].meta = dict(node.meta)
+    needed, stack = set(), [node for node in outputs if node not in env]
+    while stack:
+        node = stack.pop()
+        if node in needed or node in env:
+            continue
+        if node.op == "placeholder":
+            raise LoweringError(f"the {part} half of the step reads the step input '{node.name}', which is "
+                                "not one of its inputs: the step cannot be split at its gradients")
+        needed.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in graph_module.graph.nodes:
+        if node in needed:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[node] for node in outputs))
+    return torch.fx.GraphModule(graph_module, graph)
 
 
 def trace_eval_step(

@@ -25,7 +25,7 @@ from .checks import CLASSES, LOSS_OUTPUT
 from .errors import InvalidOptionError, ModelLoadError
 from .runtime import StepSession, TrainingSession
 from .trace import output_name
-from .training_model import TrainingModel, eval_path
+from .training_model import TrainingModel, eval_path, part_path
 
 BACKENDS = ("onnxruntime", "iree")
 # name -> (torch.optim.lr_scheduler class, default interval)
@@ -124,17 +124,25 @@ class Trainer:
         seed: seeds the Dropout noise and the shuffling.
         on_nonfinite: ``"raise"``, ``"skip"`` or ``"ignore"`` (see ``bridge.runtime``).
         progress: show a progress bar (tqdm, if installed; otherwise one line per epoch).
+        accumulation_steps: ``fit`` makes one optimizer step per this many batches (gradient
+            accumulation: the gradient graph on each micro-batch, the update graph once; see
+            ``StepSession.accumulate``). Needs the gradient and update graphs (``TrainingModel``
+            or the ``<name>.gradient.onnx`` / ``<name>.update.onnx`` files beside a saved graph).
     """
 
     def __init__(self, model: TrainingModel | str | os.PathLike, backend: str = "onnxruntime", *,
                  state: Mapping[str, np.ndarray] | None = None, schedule: str | Callable[[int], float] | None = None,
                  schedule_options: Mapping[str, Any] | None = None, interval: str | None = None, seed: int = 0,
-                 on_nonfinite: str = "raise", progress: bool = False):
+                 on_nonfinite: str = "raise", progress: bool = False, accumulation_steps: int = 1):
         if backend not in BACKENDS:
             raise InvalidOptionError(f"backend={backend!r} is not one of {BACKENDS}")
+        self.accumulation_steps = _check_accumulation(accumulation_steps)
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
         self.session = _session(backend, graph, eval_graph, initial, seed, on_nonfinite)
+        self._model = model  # where enable_accumulation finds the gradient and update graphs
+        if self.accumulation_steps > 1:
+            self._enable_accumulation()
         meta = {p.key: p.value for p in graph.metadata_props}
         self._classes = json.loads(meta.get(CLASSES, "null"))
         self._loss_output = output_name(meta[LOSS_OUTPUT]) if LOSS_OUTPUT in meta else None
@@ -152,10 +160,31 @@ class Trainer:
 
     def step(self, inputs: Mapping[str, np.ndarray] | np.ndarray, target: np.ndarray) -> dict[str, Any]:
         """One training step at the schedule's lr: ``loss`` (float) and the step's ``output_*``."""
+        return self._optimizer_step(lambda: self.session.step(self._named(inputs), target))
+
+    def accumulate(self, micro_batches: list[Data]) -> dict[str, Any]:
+        """One optimizer step on the effective batch made of ``micro_batches`` (``(inputs, target)``
+        pairs), by gradient accumulation (``StepSession.accumulate``): ``loss`` (the
+        sample-weighted mean) and ``output_*`` (micro-batches concatenated)."""
+        self._enable_accumulation()
+        batches = [(self._named(inputs), np.asarray(target)) for inputs, target in micro_batches]
+        return self._optimizer_step(lambda: self.session.accumulate(batches))
+
+    def _enable_accumulation(self) -> None:
+        if self.session.split_step is not None:
+            return
+        graphs = _split_graphs(self._model)
+        if graphs is None:
+            raise InvalidOptionError("gradient accumulation needs the gradient and update graphs: create the "
+                                     "Trainer from a TrainingModel, or save it with TrainingModel.save")
+        self.session.enable_accumulation(*graphs)
+
+    def _optimizer_step(self, run: Callable[[], dict[str, np.ndarray]]) -> dict[str, Any]:
+        """``run`` one optimizer step at the schedule's lr; record it and advance a per-step schedule."""
         if self.schedule is not None:
             self.session.lr = self.schedule.lr
         lr = self.session.lr
-        results = self.session.step(self._named(inputs), target)
+        results = run()
         self.history.steps.append({"loss": float(results["loss"]), "lr": lr})
         if self.schedule is not None and self.schedule.interval == "step":
             self.schedule.advance()
@@ -173,6 +202,8 @@ class Trainer:
 
         With a dynamic batch the last partial batch is trained as it is; with a static batch
         (``batch_size`` must then be the graph's) it is dropped and counted in ``dropped``.
+        With ``accumulation_steps`` k > 1, ``batch_size`` is the micro-batch: each optimizer step
+        accumulates k consecutive batches (the last step of an epoch may have fewer).
         """
         inputs, target = self._named(data[0]), np.asarray(data[1])
         size = self._batch_size(batch_size)
@@ -182,10 +213,11 @@ class Trainer:
             batches, dropped = self._batches(order, size)
             skipped = self.session.skipped_steps
             record = {"epoch": self.epoch + 1, "lr": self.schedule.lr if self.schedule else self.session.lr}
-            for index in self._progress(batches, f"epoch {self.epoch + 1}"):
-                batch_target = target[index]
-                results = self.step({k: v[index] for k, v in inputs.items()}, batch_target)
-                totals.add(results["loss"], results.get(self._loss_output), batch_target, self._classes)
+            for group in self._progress(self._groups(batches), f"epoch {self.epoch + 1}"):
+                micro = [({k: v[index] for k, v in inputs.items()}, target[index]) for index in group]
+                results = self.step(*micro[0]) if self.accumulation_steps == 1 else self.accumulate(micro)
+                totals.add(results["loss"], results.get(self._loss_output), target[np.concatenate(group)],
+                           self._classes)
             record.update(totals.metrics(), dropped=dropped, skipped=self.session.skipped_steps - skipped)
             if validation is not None:
                 record.update({f"val_{k}": v for k, v in self.evaluate(validation, batch_size).items()})
@@ -264,6 +296,11 @@ class Trainer:
             return batches[:-1], len(batches[-1])
         return batches, 0
 
+    def _groups(self, batches: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """The batches of one optimizer step each: ``accumulation_steps`` consecutive batches."""
+        k = self.accumulation_steps
+        return [batches[i:i + k] for i in range(0, len(batches), k)]
+
     def _progress(self, batches: list, description: str) -> Iterator:
         if not self.progress:
             return iter(batches)
@@ -314,6 +351,25 @@ def _load(model: TrainingModel | str | os.PathLike, state: Mapping[str, np.ndarr
         with np.load(state_path) as saved:
             state = {name: saved[name] for name in saved.files}
     return graph, evaluation, dict(state)
+
+
+def _split_graphs(model: TrainingModel | str | os.PathLike) -> tuple[onnx.ModelProto, onnx.ModelProto] | None:
+    """The gradient and update graphs of ``model`` (from the TrainingModel, or the files beside
+    a saved training graph), or None when there are none."""
+    if isinstance(model, TrainingModel):
+        if model.gradient_model is None or model.update_model is None:
+            return None
+        return model.gradient_model, model.update_model
+    paths = [part_path(model, part) for part in ("gradient", "update")]
+    if not all(path.is_file() for path in paths):
+        return None
+    return onnx.load(str(paths[0])), onnx.load(str(paths[1]))
+
+
+def _check_accumulation(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise InvalidOptionError(f"accumulation_steps={steps!r} must be an integer >= 1")
+    return int(steps)
 
 
 def _session(backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto | None,

@@ -33,6 +33,9 @@ class TrainingModel:
     eval_model: onnx.ModelProto | None = field(default=None, repr=False)  # forward + loss, inference mode
     eval_signature: StepSignature | None = None
     source: onnx.ModelProto | None = field(default=None, repr=False)  # the inference model, as given
+    # the step in two halves (forward + loss + backward; clipping + optimizer update), for accumulation
+    gradient_model: onnx.ModelProto | None = field(default=None, repr=False)
+    update_model: onnx.ModelProto | None = field(default=None, repr=False)
 
     @property
     def weights(self) -> list[str]:
@@ -46,10 +49,13 @@ class TrainingModel:
         return {name: value.copy() for name, value in self.initial_values.items()}
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the model atomically (no partial file is left if writing fails), and the eval
-        graph beside it as ``<name>.eval.onnx``."""
-        if self.eval_model is not None:
-            save_atomically(self.eval_model, eval_path(path))
+        """Write the model atomically (no partial file is left if writing fails), and beside it the
+        eval graph as ``<name>.eval.onnx``, the gradient and update graphs as ``<name>.gradient.onnx``
+        and ``<name>.update.onnx``."""
+        for part, graph in (("eval", self.eval_model), ("gradient", self.gradient_model),
+                            ("update", self.update_model)):
+            if graph is not None:
+                save_atomically(graph, part_path(path, part))
         return save_atomically(self.model, path)
 
     def inference_model(self, state: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -81,9 +87,15 @@ class TrainingModel:
                                eval_model=self.eval_model, on_nonfinite=on_nonfinite)
 
 
+def part_path(path: str | os.PathLike, part: str) -> Path:
+    """Where ``TrainingModel.save(path)`` writes the graph ``part`` (eval, gradient, update):
+    ``<name>.<part>.onnx``."""
+    return Path(str(path).removesuffix(".onnx") + f".{part}.onnx")
+
+
 def eval_path(path: str | os.PathLike) -> Path:
     """Where ``TrainingModel.save(path)`` writes the eval graph: ``<name>.eval.onnx``."""
-    return Path(str(path).removesuffix(".onnx") + ".eval.onnx")
+    return part_path(path, "eval")
 
 
 def save_atomically(model: onnx.ModelProto, path: str | os.PathLike) -> Path:

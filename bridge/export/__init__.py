@@ -82,7 +82,7 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
                 )
         elif node.op == "output":
             outputs = node.args[0]
-    graph_name = "bridge_training_step" if signature.training else "bridge_eval_step"
+    graph_name = "bridge_eval_step" if not signature.training else f"bridge_{_GRAPH_NAMES[signature.part]}"
     return _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name)
 
 
@@ -119,6 +119,7 @@ def _with_meta(result, node: torch.fx.Node):
 
 
 BATCH_DIM = "batch"
+_GRAPH_NAMES = {"step": "training_step", "gradient": "gradient_step", "update": "update_step"}
 
 # Python arithmetic on symbolic sizes that yields a float (e.g. 1 / numel in a mean's backward).
 _FLOAT_SIZE_OPS = {operator.truediv: "Div", operator.mul: "Mul", operator.add: "Add", operator.sub: "Sub"}
