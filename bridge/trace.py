@@ -293,7 +293,7 @@ def trace_eval_step(
         inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
         if dynamic_batch:
             tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
-        outputs, _ = program.run(inputs, tensors, training=False, node_scope=tags.forward)
+        outputs, _ = program.run(inputs, tensors, training=False, node_scope=tags.forward, evaluation=True)
         with tags.scope("loss", "loss", loss.name):
             loss_value = loss(outputs[output_index], target)
         return (loss_value, *(outputs[program.output_names.index(name)] for name in signature.outputs))

@@ -108,14 +108,17 @@ class OnnxProgram:
         training: bool,
         node_scope: NodeScope = _no_scope,
         random: dict[str, torch.Tensor] | None = None,
+        evaluation: bool = False,
     ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """Evaluate the graph.
 
         ``inputs`` are the graph's data inputs; ``tensors`` are initializers passed as tensors
         (weights and buffers: they become traced values, all other initializers stay
         constants). ``random`` holds the noise inputs of random ops by name (``<node>.noise``);
-        a missing one is drawn and added to it. Returns the graph outputs and the updated
-        buffers (training mode).
+        a missing one is drawn and added to it. ``evaluation`` (bridge's eval graph) runs the
+        model as torch's ``eval()`` would, also where a node asks for training behaviour
+        (BatchNormalization ``training_mode=1`` from a train-mode export). Returns the graph
+        outputs and the updated buffers (training mode).
         """
         random = {} if random is None else random
         env: dict[str, object] = dict(self.initializers)
@@ -124,15 +127,16 @@ class OnnxProgram:
         updated: dict[str, torch.Tensor] = {}
         for node in self.graph.node:
             with node_scope(node):
-                outputs = self._run_node(node, env, training, updated, random)
+                outputs = self._run_node(node, env, training, updated, random, evaluation)
             for name, value in zip(node.output, outputs):
                 if name:
                     env[name] = value
         return [_as_output(env[o.name], _declared_dtype(o)) for o in self.graph.output], updated
 
-    def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict, random: dict) -> list:
+    def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict, random: dict,
+                  evaluation: bool = False) -> list:
         conv = CONVERTERS[node.op_type]
-        ctx = NodeContext(node, self.opset, training, updated, random)
+        ctx = NodeContext(node, self.opset, training, updated, random, evaluation)
         args = []
         for index, name in enumerate(node.input):
             if not name:

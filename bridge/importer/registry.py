@@ -59,6 +59,7 @@ class NodeContext:
     training: bool
     updated_buffers: dict[str, Any] = field(default_factory=dict)
     random_inputs: dict[str, Any] = field(default_factory=dict)
+    evaluation: bool = False  # bridge's eval graph: inference as torch's eval(), whatever the node's own mode
 
     @property
     def name(self) -> str:

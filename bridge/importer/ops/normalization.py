@@ -42,7 +42,7 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
         raise ctx.unsupported("spatial=0 (per-element statistics)")
     rank = x.dim()
     node_training = ctx.attr("training_mode", 0) if ctx.opset >= 14 else len(ctx.node.output) > 1
-    if not (ctx.training or node_training):
+    if not (ctx.training or node_training and not ctx.evaluation):
         y = (x - _channel(running_mean, rank)) * torch.rsqrt(_channel(running_var, rank) + epsilon)
         return y * _channel(scale, rank) + _channel(bias, rank)
     count = x.numel() // x.shape[1]
