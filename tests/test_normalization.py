@@ -195,6 +195,8 @@ def test_batch_norm_with_a_symbolic_batch_matches_torch_at_two_batch_sizes():
     for batch in (2, 5):
         x, target = rng.standard_normal((batch, channels, 2)), rng.standard_normal((batch, channels, 2))
         out = session.step({"x": x}, target)
-        F.batch_norm(torch.tensor(x), running["rm"], running["rv"], training=True, momentum=0.1, eps=EPS)
+        # the default momentum attribute is the float32 0.9, as every ONNX float attribute
+        F.batch_norm(torch.tensor(x), running["rm"], running["rv"], training=True,
+                     momentum=1 - float(np.float32(0.9)), eps=EPS)
         np.testing.assert_allclose(out["updated_rm"], running["rm"].numpy(), rtol=RTOL)
         np.testing.assert_allclose(out["updated_rv"], running["rv"].numpy(), rtol=RTOL)

@@ -388,7 +388,5 @@ def test_sequence_ops_behind_a_weight_match_finite_differences(name):
     _check_against_finite_differences(_sequence_model(nodes, X.shape, inits), X)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="Clip's converter (importer/ops/elementwise.py, outside this branch) calls torch.clamp(x, None, None)")
 def test_clip_without_bounds_is_the_identity():
     _check_against_finite_differences(_prescaled("Clip", X, {}), X)
