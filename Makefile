@@ -26,7 +26,8 @@ demo: $(STAMP)
 system-deps:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+# Two workers: the machines here have 2 cores.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=15
 
 test: $(STAMP) system-deps
 	$(PYTEST) -m "not exhaustive" tests

@@ -251,9 +251,15 @@ def _subgraph(graph_module: torch.fx.GraphModule, boundary: list[torch.fx.Node],
     order) as its placeholders."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in boundary:
-        env[node] = graph.placeholder(node.name if node.op == "placeholder" else f"{node.name}_input")
-        env[node].meta = dict(node.meta)
+    taken: set[str] = set()
+    for node in boundary:  # one value may stand at two places (x + y: grad_x and grad_y are one node)
+        name = node.name if node.op == "placeholder" else f"{node.name}_input"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        placeholder = graph.placeholder(name)
+        placeholder.meta = dict(node.meta)
+        env.setdefault(node, placeholder)
     needed, stack = set(), [node for node in outputs if node not in env]
     while stack:
         node = stack.pop()

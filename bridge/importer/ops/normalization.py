@@ -44,7 +44,9 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
     node_training = ctx.attr("training_mode", 0) if ctx.opset >= 14 else len(ctx.node.output) > 1
     if not (ctx.training or node_training and not ctx.evaluation):
         y = (x - _channel(running_mean, rank)) * torch.rsqrt(_channel(running_var, rank) + epsilon)
-        return y * _channel(scale, rank) + _channel(bias, rank)
+        y = y * _channel(scale, rank) + _channel(bias, rank)
+        # evaluating a training_mode=1 node: its statistics outputs are the running ones, unchanged
+        return (y, running_mean, running_var)[:len(ctx.node.output)] if node_training else y
     count = x.numel() // x.shape[1]
     if count <= 1:
         raise ShapeError(
