@@ -60,7 +60,7 @@ class StepSession(ABC):
         """Run one training step; returns every output (loss, grad_*, updated_*, output_*)."""
         if self.checks is not None:
             self.checks.check(inputs, target)
-        feed = {**self.state, **self._noise(self.random_inputs, inputs, len(target)), **inputs, "target": target}
+        feed = {**self.state, **self._noise(self.random_inputs, inputs, _batch(target)), **inputs, "target": target}
         return self._commit(self._run(feed))
 
     def enable_accumulation(self, gradient_model: onnx.ModelProto, update_model: onnx.ModelProto,
@@ -88,7 +88,7 @@ class StepSession(ABC):
         outputs: dict[str, list[np.ndarray]] = {}
         for inputs, target in micro_batches:
             graph.checks.check(inputs, target)
-            feed = {**self.state, **buffers, **self._noise(graph.random_inputs, inputs, len(target)), **inputs,
+            feed = {**self.state, **buffers, **self._noise(graph.random_inputs, inputs, _batch(target)), **inputs,
                     "target": target}
             results = graph.gradient(feed)
             weight = len(target) / total if graph.mean_loss else 1.0
@@ -105,7 +105,7 @@ class StepSession(ABC):
         return self._commit(results)
 
     def _noise(self, random_inputs: Mapping[str, tuple[list, np.dtype]], inputs: Mapping[str, np.ndarray],
-               batch: int) -> dict[str, np.ndarray]:
+               batch: int | None) -> dict[str, np.ndarray]:
         """Uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step, for the noise inputs
         that ``inputs`` does not give."""
         return {name: self._rng.random([batch if d is None else d for d in shape]).astype(dtype)
@@ -239,3 +239,8 @@ class TrainingSession(StepSession):
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._graph(feed)
+
+
+def _batch(target) -> int | None:
+    """The batch size a target gives (None for a 0-d target: a graph without a batch dim)."""
+    return len(target) if np.ndim(target) else None
