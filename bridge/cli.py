@@ -22,15 +22,19 @@ def _json_option(text: str | None, flag: str) -> dict | None:
     return value
 
 
+def _training_options(args: argparse.Namespace) -> dict:
+    """The loss and optimizer options that ``convert`` and ``verify`` share."""
+    return {"loss": args.loss, "optim": args.optim,
+            "loss_options": _json_option(args.loss_options, "--loss-options"),
+            "optim_options": _json_option(args.optim_options, "--optim-options")}
+
+
 def _convert(args: argparse.Namespace) -> int:
     from .api import to_training_onnx
 
     tm = to_training_onnx(
         args.model,
-        loss=args.loss,
-        optim=args.optim,
-        loss_options=_json_option(args.loss_options, "--loss-options"),
-        optim_options=_json_option(args.optim_options, "--optim-options"),
+        **_training_options(args),
         clip_grad_norm=args.clip_grad_norm,
         output=args.model_output,
         trainable=args.trainable,
@@ -49,10 +53,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     report = verify(
         args.model,
-        loss=args.loss,
-        optim=args.optim,
-        loss_options=_json_option(args.loss_options, "--loss-options"),
-        optim_options=_json_option(args.optim_options, "--optim-options"),
+        **_training_options(args),
         steps=args.steps,
         batch_size=args.batch_size,
         seed=args.seed,
