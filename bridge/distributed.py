@@ -260,7 +260,7 @@ class DataParallelTrainer(Trainer):
 
     def export_inference(self, path: str | os.PathLike) -> Path:
         """Rank 0 writes the inference model with the trained weights (its running statistics)."""
-        if self.rank == 0:
+        if self.training_model is None or self.rank == 0:  # without the source model: the error on every rank
             super().export_inference(path)
         self.collectives.barrier(f"waiting for rank 0 to write {path}")
         return Path(path)

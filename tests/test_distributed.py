@@ -1,0 +1,273 @@
+"""Data-parallel training (bridge.distributed): 2 ranks on loopback (gloo) vs one process.
+
+One spawn of 2 ranks runs every case (the rank processes cost ~3 s each to start); the tests
+compare what each rank wrote with single-process runs here. The reference of N ranks with shards
+s_r is one process accumulating the micro-batches s_r (``Trainer.accumulate``: the gradient graph per
+shard, the sample-weighted mean, the update graph once), itself checked against one step on the
+concatenated batch and against torch (tests/test_accumulation.py). BatchNorm: each rank normalizes
+its shard with its own batch statistics, as accumulation does per micro-batch, and keeps its own
+running statistics (or their mean with ``average_buffers=True``).
+"""
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import bridge
+from bridge.distributed import DataParallelTrainer, DistributedError, run_local
+from bridge.runtime import OrtGraph
+from lifecycle_models import CLASSES, SIZE, batch, features, small_cnn, small_mlp
+
+SHARDS = [3, 5]  # per-rank batch sizes of one step (unequal on purpose: the reduction is weighted)
+STEPS = 5
+OPTIONS = {"sgd": {"lr": 0.1, "momentum": 0.9}, "adam": {"lr": 0.01}}
+CLIP = 0.5  # clipping by global norm happens on the reduced gradients (update graph)
+TIMEOUT = 120.0  # generous: the ranks share 2 busy cores; the failure tests use their own short one
+ULPS = 8 * np.finfo(np.float32).eps  # DP vs accumulation: the same float32 graphs, float64 sums in another order
+
+
+def _plain_cnn() -> tuple[torch.nn.Module, onnx.ModelProto]:
+    """Conv -> ReLU -> Linear (no BatchNorm, no Dropout), dynamic batch."""
+    torch.manual_seed(1)
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                 torch.nn.Linear(3 * (SIZE - 2) ** 2, CLASSES))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.randn(2, 1, SIZE, SIZE),), buffer, dynamo=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    return module, onnx.load_from_string(buffer.getvalue())
+
+
+MODELS = {"mlp": small_mlp, "cnn": _plain_cnn, "bn": small_cnn}  # "bn": BatchNorm and Dropout
+CASES = [f"{model}-{optim}" for model in MODELS for optim in OPTIONS]
+
+
+def _shards(case: str, noise: list[str], step: int) -> list[tuple[dict, np.ndarray]]:
+    """The per-rank ``(inputs, target)`` of one step; the Dropout noise inputs ``noise`` are given
+    explicitly, so one process can use the very masks of each rank."""
+    shards = []
+    for rank, size in enumerate(SHARDS):
+        seed = 100 * step + rank
+        if case.startswith("mlp"):
+            x, target = features(size, seed)
+            inputs = {"x": x}
+        else:
+            inputs, target = batch(size, seed)
+        for name in noise:
+            inputs[name] = np.random.default_rng(seed).random((size, 4 * (SIZE - 2) ** 2)).astype(np.float32)
+        shards.append((inputs, target))
+    return shards
+
+
+# -- what each rank runs ---------------------------------------------------------------------------
+
+def _rank_cases(directory: str, noise: dict[str, list[str]]) -> None:
+    """Every case on this rank: 5 steps of its shards; results written to ``<case>.rank<r>.npz``."""
+    directory = Path(directory)
+    for case in CASES + ["bn-adam-average"]:
+        model = case.removesuffix("-average")
+        trainer = DataParallelTrainer(directory / f"{model}.onnx", timeout=TIMEOUT,
+                                      average_buffers=case.endswith("average"))
+        losses = [trainer.step(*_shards(case, noise[model], step)[trainer.rank])["loss"] for step in range(STEPS)]
+        np.savez(directory / f"{case}.rank{trainer.rank}.npz", losses=np.array(losses), **trainer.state())
+    _rank_lifecycle(directory)
+
+
+def _rank_lifecycle(directory: Path) -> None:
+    """fit + evaluate with sharding, a checkpoint mid-run and a resumed run, Dropout noise per rank."""
+    path = directory / "mlp-sgd.onnx"
+    trainer = DataParallelTrainer(path, timeout=TIMEOUT, seed=7)
+    data = features(22, seed=5)  # global batches of 2 x 4: 8, 8, then 6 split 3 / 3
+    trainer.fit(data, epochs=2, batch_size=4)
+    metrics = trainer.evaluate(data, batch_size=4)
+    checkpoint = trainer.save_checkpoint(directory / "fit.ckpt.npz")
+    trainer.fit(data, epochs=1, batch_size=4)
+    resumed = DataParallelTrainer(path, timeout=TIMEOUT, seed=7)
+    resumed.load_checkpoint(checkpoint)
+    resumed.fit(data, epochs=1, batch_size=4)
+    bn = DataParallelTrainer(directory / "bn-sgd.onnx", timeout=TIMEOUT, seed=7)
+    noise = bn.session._noise(bn.session.split_step.random_inputs, {}, 2)
+    np.savez(directory / f"lifecycle.rank{trainer.rank}.npz", **{f"eval_{k}": v for k, v in metrics.items()},
+             **{f"history_{k}": np.array(trainer.history[k]) for k in ("loss", "accuracy", "samples", "dropped")},
+             **{f"state_{k}": v for k, v in trainer.state().items()},
+             **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()})
+
+
+def _rank_dies(directory: str) -> None:
+    """Rank 1 stops answering (then is killed); rank 0 records how its steps fail and how long they took."""
+    directory = Path(directory)
+    path = directory / "mlp-sgd.onnx"
+    short = DataParallelTrainer(path, timeout=2.0)
+    long = DataParallelTrainer(path, timeout=60.0)
+    shard = features(4, seed=0)
+    if short.rank == 1:
+        time.sleep(5)  # alive but silent: rank 0's step on `short` times out
+        os.kill(os.getpid(), signal.SIGKILL)  # dead: rank 0's step on `long` fails at once
+    report = []
+    for trainer in (short, long):
+        start = time.perf_counter()
+        try:
+            trainer.step(*shard)
+            report.append(["no error", time.perf_counter() - start])
+        except DistributedError as exc:
+            report.append([str(exc), time.perf_counter() - start])
+    np.save(directory / "dies.npy", np.array(report, dtype=object), allow_pickle=True)
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, dict[str, bridge.TrainingModel]]:
+    directory = tmp_path_factory.mktemp("distributed")
+    converted = {}
+    for case in CASES:
+        name, optim = case.split("-")
+        converted[case] = bridge.to_training_onnx(MODELS[name]()[1], loss="ce", optim=optim,
+                                                  optim_options=OPTIONS[optim], clip_grad_norm=CLIP)
+        converted[case].save(directory / f"{case}.onnx")
+        converted[case].save_state(directory / f"{case}.state.npz")
+    return directory, converted
+
+
+@pytest.fixture(scope="module")
+def ranks(models) -> Path:
+    """One spawn of 2 ranks running every case; the directory holding what they wrote."""
+    directory, converted = models
+    noise = {case: list(tm.signature.random) for case, tm in converted.items()}
+    run_local(_rank_cases, 2, (str(directory), noise), timeout=TIMEOUT)
+    return directory
+
+
+def _load(directory: Path, name: str, rank: int) -> dict[str, np.ndarray]:
+    with np.load(directory / f"{name}.rank{rank}.npz") as saved:
+        return {key: saved[key] for key in saved.files}
+
+
+def _reference(case: str, tm: bridge.TrainingModel, average: bool = False) -> tuple[list[float], dict, list[dict]]:
+    """One process, 5 steps accumulating the ranks' shards: the losses, the final state, and each
+    rank's running statistics (its own shards only, or their mean when ``average``)."""
+    trainer = bridge.Trainer(tm)
+    gradient = OrtGraph(tm.gradient_model)
+    buffers = [{}, {}]
+    losses = []
+    for step in range(STEPS):
+        shards = _shards(case, list(tm.signature.random), step)
+        state = trainer.state()
+        for rank, (inputs, target) in enumerate(shards):
+            results = gradient({**state, **buffers[rank], **inputs, "target": target})
+            buffers[rank] = {k[len("updated_"):]: v for k, v in results.items() if k.startswith("updated_")}
+        if average:
+            buffers = [{k: np.mean([b[k] for b in buffers], axis=0) for k in buffers[0]}] * 2
+        losses.append(trainer.accumulate(shards)["loss"])
+    return losses, trainer.state(), buffers
+
+
+# -- equivalence -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_ranks_equal_one_process_on_the_concatenated_batch(models, ranks, case):
+    _, converted = models
+    tm = converted[case]
+    rank0, rank1 = _load(ranks, case, 0), _load(ranks, case, 1)
+    losses, state, statistics = _reference(case, tm)
+    np.testing.assert_allclose(rank0["losses"], losses, rtol=ULPS)
+    for name in tm.weights:  # the update graph ran on the same reduced gradients on both ranks
+        np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
+        np.testing.assert_allclose(rank0[name], state[name], rtol=ULPS, atol=ULPS, err_msg=name)
+    assert rank0["step"] == rank1["step"] == STEPS
+    for rank, saved in enumerate((rank0, rank1)):  # BatchNorm: each rank's running statistics, its shards'
+        for name, value in statistics[rank].items():
+            np.testing.assert_allclose(saved[name], value, rtol=ULPS, atol=ULPS, err_msg=f"rank {rank} {name}")
+    if not case.startswith("bn"):  # without BatchNorm: the step on the concatenated batch
+        big = bridge.Trainer(tm)
+        for step in range(STEPS):
+            shards = _shards(case, [], step)
+            big.step({"x": np.concatenate([s[0]["x"] for s in shards])}, np.concatenate([s[1] for s in shards]))
+        for name in tm.weights:
+            np.testing.assert_allclose(rank0[name], big.state()[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_batchnorm_statistics_averaged_over_the_ranks(models, ranks):
+    _, converted = models
+    rank0, rank1 = _load(ranks, "bn-adam-average", 0), _load(ranks, "bn-adam-average", 1)
+    losses, state, statistics = _reference("bn-adam", converted["bn-adam"], average=True)
+    np.testing.assert_allclose(rank0["losses"], losses, rtol=ULPS)
+    assert statistics[0]
+    for name, value in statistics[0].items():
+        np.testing.assert_array_equal(rank0[name], rank1[name])
+        np.testing.assert_allclose(rank0[name], value, rtol=ULPS, atol=ULPS, err_msg=name)
+    per_rank = _load(ranks, "bn-adam", 0)
+    assert not np.allclose(per_rank["bn.running_mean"], rank0["bn.running_mean"])  # the option changes them
+
+
+# -- the Trainer's loop, checkpoints, noise -----------------------------------------------------------
+
+def test_fit_and_evaluate_shard_the_data_and_report_the_whole_batch(models, ranks):
+    _, converted = models
+    rank0, rank1 = _load(ranks, "lifecycle", 0), _load(ranks, "lifecycle", 1)
+    single = bridge.Trainer(converted["mlp-sgd"], seed=7)  # same shuffling seed: the same global batches
+    data = features(22, seed=5)
+    single.fit(data, epochs=2, batch_size=8)
+    assert list(rank0["history_samples"]) == list(rank1["history_samples"]) == [22, 22]
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(rank0[f"history_{key}"], single.history[key], rtol=1e-5)
+        np.testing.assert_array_equal(rank0[f"history_{key}"], rank1[f"history_{key}"])
+    metrics = single.evaluate(data, batch_size=8)
+    for key, value in metrics.items():
+        np.testing.assert_allclose(rank0[f"eval_{key}"], value, rtol=1e-5)
+    for name in converted["mlp-sgd"].weights:
+        np.testing.assert_allclose(rank0[f"state_{name}"], single.state()[name], rtol=1e-5, atol=1e-6)
+
+
+def test_resumed_run_continues_bit_for_bit_and_on_one_process(models, ranks):
+    _, converted = models
+    rank0 = _load(ranks, "lifecycle", 0)
+    for name in converted["mlp-sgd"].weights:
+        np.testing.assert_array_equal(rank0[f"resumed_{name}"], rank0[f"state_{name}"], err_msg=name)
+    assert not list(ranks.glob("*.npz.tmp"))  # written atomically, by rank 0 only
+    single = bridge.Trainer(converted["mlp-sgd"], seed=7)  # another world size: 1
+    single.load_checkpoint(ranks / "fit.ckpt.npz")
+    assert single.epoch == 2
+    single.fit(features(22, seed=5), epochs=1, batch_size=8)
+    for name in converted["mlp-sgd"].weights:
+        np.testing.assert_allclose(single.state()[name], rank0[f"state_{name}"], rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_noise_is_seeded_per_rank(ranks):
+    rank0, rank1 = _load(ranks, "lifecycle", 0), _load(ranks, "lifecycle", 1)
+    (name,) = [key for key in rank0 if key.startswith("noise_")]
+    assert rank0[name].shape == (2, 4 * (SIZE - 2) ** 2)
+    for rank, saved in enumerate((rank0, rank1)):
+        want = np.random.default_rng([7, rank]).random(saved[name].shape).astype(np.float32)
+        np.testing.assert_array_equal(saved[name], want)
+    assert not np.array_equal(rank0[name], rank1[name])
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+def test_a_dead_or_silent_rank_fails_the_others_within_the_timeout(models):
+    directory, _ = models
+    context = run_local(_rank_dies, 2, (str(directory),), timeout=TIMEOUT, join=False)
+    for process in context.processes:
+        process.join(90)
+    assert [p.exitcode for p in context.processes] == [0, -signal.SIGKILL]
+    (silent, silent_seconds), (dead, dead_seconds) = np.load(directory / "dies.npy", allow_pickle=True)
+    assert "rank 0 of 2: the gradient all-reduce failed" in silent and "within 2 s" in silent
+    assert 1.5 < silent_seconds < 15
+    assert "rank 0 of 2: the gradient all-reduce failed" in dead and dead_seconds < 30
+
+
+def test_outside_a_process_group_is_a_clear_error(models):
+    directory, _ = models
+    with pytest.raises(DistributedError, match="init_process_group"):
+        DataParallelTrainer(directory / "mlp-sgd.onnx")
