@@ -90,6 +90,8 @@ def _rank_lifecycle(directory: Path) -> None:
     data = features(22, seed=5)  # global batches of 2 x 4: 8, 8, then 6 split 3 / 3
     trainer.fit(data, epochs=2, batch_size=4)
     metrics = trainer.evaluate(data, batch_size=4)
+    history = {f"history_{k}": np.array(trainer.history[k]) for k in ("loss", "samples", "dropped")}
+    fitted = {f"fitted_{k}": v for k, v in trainer.state().items()}
     checkpoint = trainer.save_checkpoint(directory / "fit.ckpt.npz")
     trainer.fit(data, epochs=1, batch_size=4)
     resumed = DataParallelTrainer(path, timeout=TIMEOUT, seed=7)
@@ -98,8 +100,7 @@ def _rank_lifecycle(directory: Path) -> None:
     bn = DataParallelTrainer(directory / "bn-sgd.onnx", timeout=TIMEOUT, seed=7)
     noise = bn.session._noise(bn.session.split_step.random_inputs, {}, 2)
     np.savez(directory / f"lifecycle.rank{trainer.rank}.npz", **{f"eval_{k}": v for k, v in metrics.items()},
-             **{f"history_{k}": np.array(trainer.history[k]) for k in ("loss", "accuracy", "samples", "dropped")},
-             **{f"state_{k}": v for k, v in trainer.state().items()},
+             **history, **fitted, **{f"state_{k}": v for k, v in trainer.state().items()},
              **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()})
 
 
@@ -219,14 +220,16 @@ def test_fit_and_evaluate_shard_the_data_and_report_the_whole_batch(models, rank
     data = features(22, seed=5)
     single.fit(data, epochs=2, batch_size=8)
     assert list(rank0["history_samples"]) == list(rank1["history_samples"]) == [22, 22]
-    for key in ("loss", "accuracy"):
-        np.testing.assert_allclose(rank0[f"history_{key}"], single.history[key], rtol=1e-5)
-        np.testing.assert_array_equal(rank0[f"history_{key}"], rank1[f"history_{key}"])
+    assert list(rank0["history_dropped"]) == [0, 0]
+    np.testing.assert_allclose(rank0["history_loss"], single.history["loss"], rtol=1e-5)
+    np.testing.assert_array_equal(rank0["history_loss"], rank1["history_loss"])
     metrics = single.evaluate(data, batch_size=8)
-    for key, value in metrics.items():
+    assert set(metrics) == {"loss", "accuracy", "samples"}
+    for key, value in metrics.items():  # the eval graph on each rank's shards, the metrics summed
         np.testing.assert_allclose(rank0[f"eval_{key}"], value, rtol=1e-5)
+        np.testing.assert_array_equal(rank0[f"eval_{key}"], rank1[f"eval_{key}"])
     for name in converted["mlp-sgd"].weights:
-        np.testing.assert_allclose(rank0[f"state_{name}"], single.state()[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rank0[f"fitted_{name}"], single.state()[name], rtol=1e-5, atol=1e-6)
 
 
 def test_resumed_run_continues_bit_for_bit_and_on_one_process(models, ranks):
