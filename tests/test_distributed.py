@@ -71,7 +71,15 @@ def _shards(case: str, noise: list[str], step: int) -> list[tuple[dict, np.ndarr
 
 # -- what each rank runs ---------------------------------------------------------------------------
 
-def _rank_cases(directory: str, noise: dict[str, list[str]]) -> None:
+def _rank_main(directory: str, noise: dict[str, list[str]]) -> None:
+    """What each rank runs: every case, the Trainer's loop, ``bridge train``, then rank 1 dies."""
+    _rank_cases(Path(directory), noise)
+    _rank_lifecycle(Path(directory))
+    _rank_cli(Path(directory))
+    _rank_dies(Path(directory))
+
+
+def _rank_cases(directory: Path, noise: dict[str, list[str]]) -> None:
     """Every case on this rank: 5 steps of its shards; results written to ``<case>.rank<r>.npz``."""
     directory = Path(directory)
     for case in CASES + ["bn-adam-average"]:
@@ -80,7 +88,6 @@ def _rank_cases(directory: str, noise: dict[str, list[str]]) -> None:
                                       average_buffers=case.endswith("average"))
         losses = [trainer.step(*_shards(case, noise[model], step)[trainer.rank])["loss"] for step in range(STEPS)]
         np.savez(directory / f"{case}.rank{trainer.rank}.npz", losses=np.array(losses), **trainer.state())
-    _rank_lifecycle(directory)
 
 
 def _rank_lifecycle(directory: Path) -> None:
@@ -104,9 +111,22 @@ def _rank_lifecycle(directory: Path) -> None:
              **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()})
 
 
-def _rank_dies(directory: str) -> None:
-    """Rank 1 stops answering (then is killed); rank 0 records how its steps fail and how long they took."""
-    directory = Path(directory)
+def _rank_cli(directory: Path) -> None:
+    """``bridge train`` as torchrun runs it on each rank (inside the process group); stdout per rank."""
+    from contextlib import redirect_stdout
+
+    from bridge.cli import main
+
+    np.savez(directory / "data.npz", **dict(zip(("x", "target"), features(20, seed=9))))
+    rank = torch.distributed.get_rank()
+    with open(directory / f"cli.rank{rank}.txt", "w") as out, redirect_stdout(out):
+        assert main(["train", str(directory / "mlp-adam.onnx"), "--data", str(directory / "data.npz"),
+                     "--batch-size", "4", "--epochs", "2", "--timeout", "60",
+                     "--checkpoint", str(directory / "cli.ckpt.npz")]) == 0
+
+
+def _rank_dies(directory: Path) -> None:
+    """Rank 1 stops answering, then is killed; rank 0 records how its steps fail and how long they took."""
     path = directory / "mlp-sgd.onnx"
     short = DataParallelTrainer(path, timeout=2.0)
     long = DataParallelTrainer(path, timeout=60.0)
@@ -141,11 +161,20 @@ def models(tmp_path_factory) -> tuple[Path, dict[str, bridge.TrainingModel]]:
 
 
 @pytest.fixture(scope="module")
-def ranks(models) -> Path:
-    """One spawn of 2 ranks running every case; the directory holding what they wrote."""
+def spawned(models) -> tuple[Path, list[int | None]]:
+    """One spawn of 2 ranks running ``_rank_main``: the directory of what they wrote, their exit codes."""
     directory, converted = models
     noise = {case: list(tm.signature.random) for case, tm in converted.items()}
-    run_local(_rank_cases, 2, (str(directory), noise), timeout=TIMEOUT)
+    context = run_local(_rank_main, 2, (str(directory), noise), timeout=TIMEOUT, join=False)
+    for process in context.processes:
+        process.join(600)
+    return directory, [process.exitcode for process in context.processes]
+
+
+@pytest.fixture(scope="module")
+def ranks(spawned) -> Path:
+    directory, exitcodes = spawned
+    assert exitcodes == [0, -signal.SIGKILL], "a rank failed: see its traceback above"
     return directory
 
 
@@ -258,13 +287,21 @@ def test_dropout_noise_is_seeded_per_rank(ranks):
 
 # -- failures --------------------------------------------------------------------------------------
 
-def test_a_dead_or_silent_rank_fails_the_others_within_the_timeout(models):
-    directory, _ = models
-    context = run_local(_rank_dies, 2, (str(directory),), timeout=TIMEOUT, join=False)
-    for process in context.processes:
-        process.join(90)
-    assert [p.exitcode for p in context.processes] == [0, -signal.SIGKILL]
-    (silent, silent_seconds), (dead, dead_seconds) = np.load(directory / "dies.npy", allow_pickle=True)
+def test_cli_train_in_a_process_group_is_data_parallel_and_only_rank_0_writes(models, ranks):
+    _, converted = models
+    printed = [(ranks / f"cli.rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert printed[0].startswith(f"wrote {ranks / 'cli.ckpt.npz'} (epoch 2") and printed[1] == ""
+    single = bridge.Trainer(converted["mlp-adam"])  # bridge train's seed 0, the batch of both ranks
+    single.fit(features(20, seed=9), epochs=2, batch_size=8)
+    resumed = bridge.Trainer(ranks / "mlp-adam.onnx")
+    resumed.load_checkpoint(ranks / "cli.ckpt.npz")
+    assert len(resumed.history.steps) == 6  # 20 samples in global batches of 8, 8, 4
+    for name in converted["mlp-adam"].weights:
+        np.testing.assert_allclose(resumed.state()[name], single.state()[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_dead_or_silent_rank_fails_the_others_within_the_timeout(ranks):
+    (silent, silent_seconds), (dead, dead_seconds) = np.load(ranks / "dies.npy", allow_pickle=True)
     assert "rank 0 of 2: the gradient all-reduce failed" in silent and "within 2 s" in silent
     assert 1.5 < silent_seconds < 15
     assert "rank 0 of 2: the gradient all-reduce failed" in dead and dead_seconds < 30
