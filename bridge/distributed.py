@@ -23,6 +23,7 @@ import onnx
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from .errors import BridgeError, InvalidOptionError
 from .runtime import StepSession, TrainingSession
@@ -312,7 +313,7 @@ def run_local(function: Callable[..., Any], nproc: int, args: tuple = (), timeou
     try:
         while not context.join():
             pass
-    except mp.ProcessException as exc:
+    except ProcessException as exc:
         raise DistributedError(f"rank {exc.error_index} of {nproc} failed: {_last_line(str(exc))}") from exc
     return None
 

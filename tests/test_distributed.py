@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import bridge
-from bridge.distributed import DataParallelTrainer, DistributedError, run_local
+from bridge.distributed import DataParallelTrainer, DistributedError, _free_port, run_local
 from bridge.runtime import OrtGraph
 from lifecycle_models import CLASSES, SIZE, batch, features, small_cnn, small_mlp
 
@@ -311,3 +311,77 @@ def test_outside_a_process_group_is_a_clear_error(models):
     directory, _ = models
     with pytest.raises(DistributedError, match="init_process_group"):
         DataParallelTrainer(directory / "mlp-sgd.onnx")
+
+
+# -- launchers and IREE (their own processes) ----------------------------------------------------------
+
+@pytest.mark.slow
+def test_cli_train_nproc_spawns_local_ranks(models, tmp_path):
+    from bridge.cli import main
+
+    directory, converted = models
+    np.savez(tmp_path / "data.npz", **dict(zip(("x", "target"), features(16, seed=11))))
+    assert main(["train", str(directory / "mlp-sgd.onnx"), "--data", str(tmp_path / "data.npz"), "--nproc", "2",
+                 "--batch-size", "4", "--checkpoint", str(tmp_path / "run.npz")]) == 0
+    single = bridge.Trainer(converted["mlp-sgd"])
+    single.fit(features(16, seed=11), epochs=1, batch_size=8)
+    resumed = bridge.Trainer(directory / "mlp-sgd.onnx")
+    resumed.load_checkpoint(tmp_path / "run.npz")
+    for name in converted["mlp-sgd"].weights:
+        np.testing.assert_allclose(resumed.state()[name], single.state()[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.exhaustive
+def test_cli_train_nproc_reports_the_rank_that_failed(models, tmp_path, capsys):
+    from bridge.cli import main
+
+    directory, _ = models
+    np.savez(tmp_path / "bad.npz", x=features(16, seed=11)[0])
+    assert main(["train", str(directory / "mlp-sgd.onnx"), "--data", str(tmp_path / "bad.npz"), "--nproc", "2",
+                 "--checkpoint", str(tmp_path / "run.npz")]) == 2
+    error = capsys.readouterr().err
+    assert "of 2 failed: bridge.errors.InvalidOptionError:" in error and "has no 'target' array" in error
+
+
+@pytest.mark.exhaustive
+def test_torchrun_launches_bridge_train(models, tmp_path):
+    import subprocess
+    import sys
+
+    directory, converted = models
+    np.savez(tmp_path / "data.npz", **dict(zip(("x", "target"), features(16, seed=11))))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(_free_port()), "-m", "bridge", "train", str(directory / "mlp-sgd.onnx"), "--data",
+               str(tmp_path / "data.npz"), "--batch-size", "4", "--checkpoint", str(tmp_path / "run.npz")]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrote ") == 1  # rank 0 only
+    single = bridge.Trainer(converted["mlp-sgd"])
+    single.fit(features(16, seed=11), epochs=1, batch_size=8)
+    resumed = bridge.Trainer(directory / "mlp-sgd.onnx")
+    resumed.load_checkpoint(tmp_path / "run.npz")
+    for name in converted["mlp-sgd"].weights:
+        np.testing.assert_allclose(resumed.state()[name], single.state()[name], rtol=1e-5, atol=1e-6)
+
+
+def _rank_iree(directory: str) -> None:
+    """3 steps of the mlp-sgd shards with the gradient and update graphs compiled by IREE (on rank 0)."""
+    trainer = DataParallelTrainer(Path(directory) / "mlp-sgd.onnx", backend="iree", timeout=TIMEOUT)
+    losses = [trainer.step(*_shards("mlp-sgd", [], step)[trainer.rank])["loss"] for step in range(3)]
+    np.savez(Path(directory) / f"iree.rank{trainer.rank}.npz", losses=np.array(losses), **trainer.state())
+
+
+@pytest.mark.exhaustive
+@pytest.mark.iree
+def test_two_ranks_on_iree_equal_one_process(models, tmp_path):
+    directory, converted = models
+    run_local(_rank_iree, 2, (str(directory),), timeout=TIMEOUT)
+    rank0, rank1 = _load(directory, "iree", 0), _load(directory, "iree", 1)
+    reference = bridge.Trainer(converted["mlp-sgd"])
+    losses = [reference.accumulate(_shards("mlp-sgd", [], step))["loss"] for step in range(3)]
+    np.testing.assert_allclose(rank0["losses"], losses, rtol=1e-5)
+    for name in converted["mlp-sgd"].weights:  # IREE vs onnxruntime: float32 kernels of their own
+        np.testing.assert_array_equal(rank0[name], rank1[name])
+        np.testing.assert_allclose(rank0[name], reference.state()[name], rtol=1e-5, atol=1e-6, err_msg=name)
