@@ -80,7 +80,10 @@ class Collectives:
     def _flat(self, arrays: dict[str, np.ndarray], what: str,
               start: Callable[[torch.Tensor], dist.Work]) -> dict[str, np.ndarray]:
         """``start`` one asynchronous collective per flat bucket (arrays of one dtype, at most
-        ``bucket_bytes``), all in flight together; the arrays unpacked from the results."""
+        ``bucket_bytes``), all in flight together; the arrays unpacked from the results. One rank
+        alone is its own result (gloo's worker threads would only add a hand-off)."""
+        if self.world_size == 1:
+            return arrays
         buckets = self._buckets(arrays)
         flats = [torch.from_numpy(np.concatenate([np.ravel(arrays[name]) for name in bucket])) for bucket in buckets]
 
