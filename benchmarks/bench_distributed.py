@@ -5,8 +5,10 @@
 Weak scaling: every rank steps on its own batch of ``--batch`` samples (the global batch is
 ranks x batch) with ``bridge.distributed.DataParallelTrainer`` in onnxruntime. After 5 warm-up
 steps, ``--steps`` steps are timed on every rank; reported: global samples per second (rank 0's
-wall time), the median step time, and the share of the step spent in collectives (the gradient
-all-reduce, waiting for the slowest rank included). More ranks than cores oversubscribe the CPU
+wall time), the median step time, the share of the step spent in collectives (the gradient
+all-reduce, waiting for the slowest rank included), and the transfer share: the median time of the
+same all-reduce started right after a barrier (no waiting), over the median step time. More ranks
+than cores oversubscribe the CPU
 (each onnxruntime session also starts its own threads), so the figures for them measure
 contention as much as communication; the machine's core count and load are printed with them.
 """
@@ -81,12 +83,28 @@ def _rank(path: str, shape: tuple[int, ...], batch: int, steps: int, report: str
         times.append(time.perf_counter() - begin)
         shares.append((trainer.collectives.seconds - communication) / times[-1])
     wall = time.perf_counter() - start
+    transfer = _transfer_seconds(trainer)
     figures = trainer.collectives.all_gather_object({"median_share": statistics.median(shares)}, "the figures")
     if trainer.rank == 0:
         Path(report).write_text(json.dumps({
             "ranks": trainer.world_size, "samples_per_s": trainer.world_size * batch * steps / wall,
             "step_ms": 1e3 * statistics.median(times),
-            "communication_share": statistics.mean(f["median_share"] for f in figures)}))
+            "communication_share": statistics.mean(f["median_share"] for f in figures),
+            "transfer_share": transfer / statistics.median(times)}))
+
+
+def _transfer_seconds(trainer: DataParallelTrainer, repeats: int = 20) -> float:
+    """The median time of the step's gradient all-reduce (same sizes) when every rank starts it at once."""
+    state = trainer.session.state
+    arrays = {"samples": np.float64(0), "loss": np.float64(0),
+              **{name: np.zeros(state[name[len("grad_"):]].shape) for name in trainer.session.split_step.gradients}}
+    seconds = []
+    for _ in range(repeats):
+        trainer.collectives.barrier("aligning the ranks")
+        start = time.perf_counter()
+        trainer.collectives.all_reduce(arrays, "the transfer probe")
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 def main() -> None:
@@ -98,8 +116,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} before the runs; "
           f"batch {args.batch} per rank, {args.steps} timed steps, Adam, onnxruntime")
-    print("| model (weights) | ranks | samples/s | speed-up | median step | communication share |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| model (weights) | ranks | samples/s | speed-up | median step | in collectives | transfer only |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as directory:
         for name in args.models:
             path, shape, weights = convert(name, Path(directory))
@@ -111,7 +129,8 @@ def main() -> None:
                 baseline = baseline or figures["samples_per_s"]
                 print(f"| {name} ({weights // 1000}k) | {ranks} | {figures['samples_per_s']:.0f} | "
                       f"{figures['samples_per_s'] / baseline:.2f} | {figures['step_ms']:.1f} ms | "
-                      f"{100 * figures['communication_share']:.0f}% |", flush=True)
+                      f"{100 * figures['communication_share']:.0f}% | {100 * figures['transfer_share']:.1f}% |",
+                      flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} after the runs")
 
 
