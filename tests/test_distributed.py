@@ -315,7 +315,7 @@ def test_outside_a_process_group_is_a_clear_error(models):
 
 # -- launchers and IREE (their own processes) ----------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # run_local and bridge train inside a group are in the default tier (the spawn above)
 def test_cli_train_nproc_spawns_local_ranks(models, tmp_path):
     from bridge.cli import main
 
