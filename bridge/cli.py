@@ -106,13 +106,34 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    """Train in this process, in ``--nproc`` local processes, or as one rank of a torchrun job."""
+    from .distributed import launched_by_torchrun, run_local
+
+    if args.nproc is not None:
+        if launched_by_torchrun():
+            raise InvalidOptionError("--nproc starts its own processes: leave it out under torchrun "
+                                     "(torchrun --nproc-per-node N -m bridge train ... starts them)")
+        run_local(_train_rank, args.nproc, (args,), timeout=args.timeout)
+        return 0
+    return _train_rank(args)
+
+
+def _train_rank(args: argparse.Namespace) -> int:
+    """One training run; data-parallel (a ``DataParallelTrainer``) inside a process group, where
+    only rank 0 prints and writes files."""
     import numpy as np
 
+    from .distributed import DataParallelTrainer, init_from_environment
     from .trainer import Trainer
 
-    trainer = Trainer(args.model, backend=args.backend, schedule=args.schedule,
-                      schedule_options=_json_option(args.schedule_options, "--schedule-options"),
-                      seed=args.seed, progress=True, accumulation_steps=args.accumulation_steps)
+    options = {"schedule": args.schedule, "seed": args.seed, "accumulation_steps": args.accumulation_steps,
+               "schedule_options": _json_option(args.schedule_options, "--schedule-options")}
+    if init_from_environment(args.timeout):
+        trainer = DataParallelTrainer(args.model, backend=args.backend, timeout=args.timeout, progress=True,
+                                      **options)
+    else:
+        trainer = Trainer(args.model, backend=args.backend, progress=True, **options)
+    leader = getattr(trainer, "rank", 0) == 0
     if args.resume:
         trainer.load_checkpoint(args.resume)
     with np.load(args.data) as saved:
@@ -122,6 +143,8 @@ def _train(args: argparse.Namespace) -> int:
     target = arrays.pop("target")
     trainer.fit((arrays, target), epochs=args.epochs, batch_size=args.batch_size)
     trainer.save_checkpoint(args.checkpoint)
+    if not leader:
+        return 0
     print(f"wrote {args.checkpoint} (epoch {trainer.epoch}, loss {trainer.history['loss'][-1]:.4g})")
     if args.plot:
         from .plot import plot_history
@@ -213,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one optimizer step per K batches (gradient accumulation; needs the .gradient.onnx "
                             "and .update.onnx that bridge convert writes)")
     train.add_argument("--plot", help="write the loss/accuracy curves to this .png (needs matplotlib)")
+    train.add_argument("--nproc", type=int, metavar="N",
+                       help="data-parallel on N local processes (gloo; --batch-size is per process); under "
+                            "torchrun (torchrun --nproc-per-node N -m bridge train ...) every rank joins its job "
+                            "without this flag (docs/distributed.md)")
+    train.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="data-parallel: a rank waits this long for the others before failing (default 300)")
     train.set_defaults(run=_train)
 
     export = commands.add_parser("export-inference", help="the source model with the trained weights of a checkpoint")

@@ -16,7 +16,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
@@ -69,13 +69,19 @@ class StepSession(ABC):
         onnxruntime on this session's state) so that ``accumulate`` can run."""
         self.split_step = SplitStep(gradient_model, update_model, providers)
 
-    def accumulate(self, micro_batches: list[tuple[Mapping[str, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
+    def accumulate(self, micro_batches: list[tuple[Mapping[str, np.ndarray], np.ndarray]],
+                   reduce: Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]] | None = None
+                   ) -> dict[str, np.ndarray]:
         """One optimizer step on the effective batch made of ``micro_batches`` (``(inputs, target)``
         pairs): the gradient graph on each, gradients and loss averaged weighted by micro-batch size
         (1 for a sum-reduced loss), then the update graph once (clipping included). Buffers (BatchNorm
         statistics) are updated per micro-batch, as torch does with accumulation. Returns ``loss``,
         ``grad_*`` (accumulated), ``updated_*`` and ``output_*`` (micro-batches concatenated); the
-        state is committed, or not, as for ``step`` (``on_nonfinite``)."""
+        state is committed, or not, as for ``step`` (``on_nonfinite``).
+
+        ``reduce`` (data-parallel training, ``bridge.distributed``) maps the float64 ``loss`` and
+        ``grad_*`` averaged over these micro-batches, and their sample count, to the values of the
+        whole (all-ranks) batch, before the update graph runs."""
         if self.split_step is None:
             raise BridgeError(f"this {type(self).__name__} has no gradient/update graphs: call "
                               "enable_accumulation(tm.gradient_model, tm.update_model) first")
@@ -97,6 +103,8 @@ class StepSession(ABC):
             buffers.update({name: results[UPDATED + name] for name in graph.buffers})
             for name in (n for n in results if n.startswith("output_")):
                 outputs.setdefault(name, []).append(results[name])
+        if reduce is not None:
+            sums = reduce(sums, total)
         grads = {name: sums[name].astype(self.state[name[len("grad_"):]].dtype) for name in graph.gradients}
         results = graph.update({**self.state, **grads})
         results.update({UPDATED + name: value for name, value in buffers.items()})

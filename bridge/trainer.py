@@ -139,7 +139,7 @@ class Trainer:
         self.accumulation_steps = _check_accumulation(accumulation_steps)
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
-        self.session = _session(backend, graph, eval_graph, initial, seed, on_nonfinite)
+        self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite)
         self._model = model  # where enable_accumulation finds the gradient and update graphs
         if self.accumulation_steps > 1:
             self._enable_accumulation()
@@ -168,7 +168,17 @@ class Trainer:
         sample-weighted mean) and ``output_*`` (micro-batches concatenated)."""
         self._enable_accumulation()
         batches = [(self._named(inputs), np.asarray(target)) for inputs, target in micro_batches]
-        return self._optimizer_step(lambda: self.session.accumulate(batches))
+        return self._optimizer_step(lambda: self._accumulate(batches))
+
+    def _make_session(self, backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto | None,
+                      state: dict[str, np.ndarray], seed: int, on_nonfinite: str) -> StepSession:
+        """The step session on ``backend`` (a hook: ``bridge.distributed`` builds its own)."""
+        return _session(backend, graph, evaluation, state, seed, on_nonfinite)
+
+    def _accumulate(self, batches: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
+        """One optimizer step of the session's gradient and update graphs over ``batches`` (a hook:
+        ``bridge.distributed`` reduces the gradients across ranks here)."""
+        return self.session.accumulate(batches)
 
     def _enable_accumulation(self) -> None:
         if self.session.split_step is not None:
@@ -218,7 +228,7 @@ class Trainer:
                 results = self.step(*micro[0]) if self.accumulation_steps == 1 else self.accumulate(micro)
                 totals.add(results["loss"], results.get(self._loss_output), target[np.concatenate(group)],
                            self._classes)
-            record.update(totals.metrics(), dropped=dropped, skipped=self.session.skipped_steps - skipped)
+            record.update(self._metrics(totals), dropped=dropped, skipped=self.session.skipped_steps - skipped)
             if validation is not None:
                 record.update({f"val_{k}": v for k, v in self.evaluate(validation, batch_size).items()})
             record["seconds"] = time.perf_counter() - start
@@ -240,25 +250,30 @@ class Trainer:
         for index in batches:
             results = self.session.evaluate({k: v[index] for k, v in inputs.items()}, target[index])
             totals.add(float(results["loss"]), results.get(self._loss_output), target[index], self._classes)
-        return totals.metrics()
+        return self._metrics(totals)
 
     # -- checkpoints and export ----------------------------------------------------------------
 
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
         """The session's state and this loop's position (epoch, schedule, shuffling, history)."""
-        extra = {"epoch": self.epoch, "schedule_position": self.schedule.position if self.schedule else 0,
-                 "shuffle_rng": self._rng.bit_generator.state,
-                 "history": {"epochs": self.history.epochs, "steps": self.history.steps}}
-        return self.session.save_checkpoint(path, extra=extra)
+        return self.session.save_checkpoint(path, extra=self._checkpoint_extra())
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Resume from ``save_checkpoint``: the continuation is bit-identical."""
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        """This loop's position, as a checkpoint holds it."""
+        return {"epoch": self.epoch, "schedule_position": self.schedule.position if self.schedule else 0,
+                "shuffle_rng": self._rng.bit_generator.state,
+                "history": {"epochs": self.history.epochs, "steps": self.history.steps}}
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Resume from ``save_checkpoint``: the continuation is bit-identical. Returns the
+        checkpoint's ``extra`` (this loop's position)."""
         extra = self.session.load_checkpoint(path)
         self.epoch = extra["epoch"]
         if self.schedule is not None:
             self.schedule.restore(extra["schedule_position"])
         self._rng.bit_generator.state = extra["shuffle_rng"]
         self.history = History(**extra["history"])
+        return extra
 
     def export_inference(self, path: str | os.PathLike) -> Path:
         """The source inference model with the trained weights and running statistics."""
@@ -277,6 +292,10 @@ class Trainer:
         if len(names) != 1:
             raise InvalidOptionError(f"the graph takes inputs {names}: pass a dict of arrays by name")
         return {names[0]: np.asarray(inputs)}
+
+    def _metrics(self, totals: _Totals) -> dict[str, float]:
+        """The metrics of ``totals`` (a hook: ``bridge.distributed`` sums them over the ranks first)."""
+        return totals.metrics()
 
     def _batch_size(self, batch_size: int | None) -> int:
         if self._batch is not None:
