@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import onnx
 import torch
+from onnx import numpy_helper
 
 from .errors import BridgeError, InvalidOptionError, ModelLoadError
 
@@ -78,22 +79,33 @@ def export_for_training(module: torch.nn.Module, example_inputs: Sequence[Any],
         raise InvalidOptionError(f"export_for_training needs a torch.nn.Module, got {type(module).__name__}")
     args = _example_tuple(example_inputs)
     input_names = _input_names(module, len(args))
+    twin = copy.deepcopy(module)  # a train-mode forward updates running statistics: not the caller's
     with torch.no_grad():
-        outputs = copy.deepcopy(module).train()(*args)
+        outputs = twin.train()(*args)
     count = len(outputs) if isinstance(outputs, (tuple, list)) else 1
     output_names = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
     axes = {name: {0: BATCH} for name in input_names + output_names} if dynamic_batch else None
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
-        torch.onnx.export(module, args, buffer, dynamo=False, opset_version=OPSET,
+        torch.onnx.export(twin, args, buffer, dynamo=False, opset_version=OPSET,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=input_names, output_names=output_names, dynamic_axes=axes)
     proto = onnx.load_from_string(buffer.getvalue())
+    _restore_state(proto, module)
     _check_parameters_kept(module, args, proto)
     if path is not None:
         onnx.save(proto, str(path))
     return proto
+
+
+def _restore_state(proto: onnx.ModelProto, module: torch.nn.Module) -> None:
+    """Initializers named after ``module``'s tensors get their values from before the export (whose
+    tracing forwards, in train mode, moved the running statistics)."""
+    state = module.state_dict(keep_vars=False)
+    for init in proto.graph.initializer:
+        if init.name in state:
+            init.CopyFrom(numpy_helper.from_array(state[init.name].detach().cpu().numpy(), init.name))
 
 
 def _as_module(model, example_inputs) -> tuple[torch.nn.Module, tuple, bool]:
