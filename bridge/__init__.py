@@ -12,6 +12,8 @@ from .errors import (  # noqa: E402
     UnsupportedOpError,
 )
 from .api import to_training_onnx  # noqa: E402
+from .from_torch import export_for_training  # noqa: E402
+from .source_checks import BridgeWarning, InferenceExportError, InferenceExportWarning  # noqa: E402
 from .compile import CompileError, CompiledModel, compile  # noqa: E402,A004
 from .runtime import TrainingSession  # noqa: E402
 from .training_model import TrainingModel  # noqa: E402
@@ -24,6 +26,7 @@ from .verify import VerifyReport, verify  # noqa: E402
 
 __all__ = [
     "BridgeError",
+    "BridgeWarning",
     "CheckpointError",
     "CompileError",
     "CompiledModel",
@@ -32,6 +35,8 @@ __all__ = [
     "NonFiniteError",
     "ModelLoadError",
     "History",
+    "InferenceExportError",
+    "InferenceExportWarning",
     "ShapeError",
     "StepInputError",
     "Trainer",
@@ -43,6 +48,7 @@ __all__ = [
     "check",
     "ir",
     "compile",
+    "export_for_training",
     "to_training_onnx",
     "verify",
 ]

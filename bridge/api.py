@@ -16,11 +16,13 @@ from .checks import CLASSES, LOSS_OUTPUT
 from .errors import BridgeError, InvalidOptionError, ShapeError
 from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
+from .from_torch import is_torch_source, load_torch_source
 from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable
 from .load import load_model
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
+from .source_checks import check_export
 from .trace import StepSignature, split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
@@ -35,7 +37,7 @@ _ONNX_TO_TORCH = {
 
 
 def to_training_onnx(
-    model: str | os.PathLike | onnx.ModelProto,
+    model: str | os.PathLike | onnx.ModelProto | torch.nn.Module | torch.export.ExportedProgram,
     loss: str | Callable = "mse",
     optim: str | type[torch.optim.Optimizer] = "sgd",
     *,
@@ -50,11 +52,16 @@ def to_training_onnx(
     dynamic_batch: bool | None = None,
     input_shapes: Mapping[str, Iterable[int]] | None = None,
     output_path: str | os.PathLike | None = None,
+    example_inputs: Iterable[torch.Tensor] | torch.Tensor | None = None,
+    strict: bool = False,
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
     Args:
-        model: path to an ``.onnx`` file (external data is loaded) or a ModelProto.
+        model: path to an ``.onnx`` file (external data is loaded) or a ModelProto; or a torch
+            source (docs/from_pytorch.md): a ``torch.nn.Module``, a ``torch.export.ExportedProgram``
+            or a path to a saved one (``.pt2``), which trains exactly its ``requires_grad``
+            parameters under their torch names.
         loss: a loss name (``bridge.losses.available_losses()``), a torch loss module or a
             callable ``(output, target) -> scalar``.
         optim: an optimizer name (``bridge.optimizers.available_optimizers()``) or a
@@ -74,17 +81,32 @@ def to_training_onnx(
             Default: symbolic if the model's data inputs have a symbolic first dim.
         input_shapes: full shapes for inputs with other symbolic dims, by input name.
         output_path: if given, the training model is also saved there.
+        example_inputs: for a torch module, the positional inputs of one forward call (the batch
+            size to trace with; an ExportedProgram brings its own).
+        strict: raise ``InferenceExportError`` instead of warning when an ONNX model shows signs of
+            an inference-optimized export (BatchNorm folded, parameters renamed; docs/from_pytorch.md).
     """
     loss_fn = make_loss(loss, dict(loss_options or {}))
     optimizer = make_optimizer(optim, dict(optim_options or {}))
     max_grad_norm = check_max_norm(clip_grad_norm)
+    parameters = None
+    if is_torch_source(model):
+        torch_source = load_torch_source(model, example_inputs, dynamic_batch)
+        model, parameters, dynamic_batch = torch_source.model, torch_source.parameters, torch_source.dynamic_batch
+        input_shapes = {**torch_source.input_shapes, **(input_shapes or {})}
+    elif example_inputs is not None:
+        raise InvalidOptionError("example_inputs= is for torch modules; an ONNX model declares its inputs")
     source = load_model(model)
+    if parameters is None:
+        check_export(source, strict=strict)
     original = _original(model)
     program = OnnxProgram(source)
     inputs = _example_inputs(source, program, batch_size, input_shapes or {})
     output_index = _output_index(program, output)
 
     candidates = differentiable_initializers(program, inputs, output_index)
+    if parameters is not None:
+        candidates = [name for name in candidates if name in parameters]
     scalars = [name for name in candidates if program.initializers[name].ndim == 0]
     weights = select_trainable(candidates, trainable, frozen, scalars)
     if not weights:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 from .compile import BACKENDS
 from .errors import BridgeError, InvalidOptionError
@@ -31,16 +32,25 @@ def _training_options(args: argparse.Namespace) -> dict:
 
 def _convert(args: argparse.Namespace) -> int:
     from .api import to_training_onnx
+    from .source_checks import BridgeWarning
 
-    tm = to_training_onnx(
-        args.model,
-        **_training_options(args),
-        clip_grad_norm=args.clip_grad_norm,
-        output=args.model_output,
-        trainable=args.trainable,
-        frozen=args.frozen,
-        batch_size=args.batch_size,
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        tm = to_training_onnx(
+            args.model,
+            **_training_options(args),
+            clip_grad_norm=args.clip_grad_norm,
+            output=args.model_output,
+            trainable=args.trainable,
+            frozen=args.frozen,
+            batch_size=args.batch_size,
+            strict=args.strict,
+        )
+    for warning in caught:
+        if issubclass(warning.category, BridgeWarning):
+            print(f"bridge: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     tm.save(args.output)
     state_path = args.state or str(args.output).removesuffix(".onnx") + ".state.npz"
     tm.save_state(state_path)
@@ -170,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="convert an inference model into a training-step model")
-    convert.add_argument("model", help="input .onnx file")
+    convert.add_argument("model", help="input .onnx file, or a saved torch.export.ExportedProgram (.pt2, "
+                         "docs/from_pytorch.md)")
     convert.add_argument("-o", "--output", required=True, help="output training .onnx file")
     convert.add_argument("--loss", default="mse", help="loss name (default mse)")
     convert.add_argument("--optim", default="sgd", help="optimizer name (default sgd)")
@@ -183,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--frozen", nargs="*", help="names or glob patterns of weights not to train")
     convert.add_argument("--batch-size", type=int, help="batch size for a symbolic batch dim")
     convert.add_argument("--state", help="where to write the initial state (.npz; default next to the output)")
+    convert.add_argument("--strict", action="store_true",
+                         help="fail (instead of warning) on an ONNX model exported for inference (BatchNorm folded, "
+                              "parameters renamed; docs/from_pytorch.md)")
     convert.set_defaults(run=_convert)
 
     verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "

@@ -595,3 +595,31 @@ def all_rows() -> list[OpRow]:
 
 
 ROWS: list[OpRow] = all_rows()
+
+
+# --- random ops (issue 15) ---
+# Train-mode exports' random ops read a per-step noise input (bridge/importer/ops/random.py). Each
+# row floors the draw where its range is known (uniform in [3, 3.5), normal 10.5 +- 0.01 * 5.8 at
+# most for float32 noise, Bernoulli of p in {0, 1}), so onnxruntime's own draws give the same
+# forward; the training step (update, float32 vs float64, onnx-mlir) runs with drawn noise.
+
+def _random_then_affine(op_type: str, variant: str, node_inputs: tuple[str, ...], attrs: dict) -> OpRow:
+    """``x * w + CastLike(Floor(op(...)), x)``: the floored draw is fixed, so the forward is."""
+    after = (Node("Floor", ("y",), ("f",)), Node("CastLike", ("f", "x"), ("fx",)), Node("Mul", ("x", "w"), ("xw",)),
+             Node("Add", ("xw", "fx"), ("z",)))
+    return row(op_type, variant, x(), w("w", (3, 4)), node_inputs=node_inputs, attrs=attrs, after=after)
+
+
+def _random() -> list[OpRow]:
+    bernoulli_after = (Node("Mul", ("x", "w"), ("xw",)), Node("Mul", ("xw", "y"), ("z",)))
+    return [
+        _random_then_affine("RandomUniformLike", "low_high", ("x",), {"low": 3.0, "high": 3.5}),
+        _random_then_affine("RandomNormalLike", "mean_scale", ("x",), {"mean": 10.5, "scale": 0.01}),
+        _random_then_affine("RandomUniform", "shape", (), {"shape": [3, 4], "low": 3.0, "high": 3.5}),
+        _random_then_affine("RandomNormal", "shape", (), {"shape": [3, 4], "mean": 10.5, "scale": 0.01}),
+        row("Bernoulli", "p_zero_one", x(), w("w", (3, 4)), x(name="p", values="int:2"), node_inputs=("p",), after=bernoulli_after, xfail_checks=("forward",),
+            xfail="onnxruntime's Bernoulli draws 1 with probability 1 - p (ONNX's reference evaluator: p)"),
+    ]
+
+
+ROWS += _random()
