@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from ..errors import ShapeError, UnsupportedOpError
 from ..load import default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
-from .shape_folding import FOLDERS, fold_symbolic, is_symbolic
+from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
 
 NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
 
@@ -157,7 +157,7 @@ class OnnxProgram:
         )
         if foldable and node.input:
             if any(is_symbolic(a) for a in args):
-                if node.op_type in FOLDERS:
+                if folds_symbolic(node.op_type, args):
                     return fold_symbolic(ctx, args)
                 return self._call(conv.fn, ctx, args, conv.static)  # traced: sizes stay symbolic
             with eager():
