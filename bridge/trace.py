@@ -127,12 +127,16 @@ class _LayerTags:
                     raise
                 raise ShapeError(f"{node.op_type} node '{node.name}' fails at a symbolic size ({exc}); "
                                  f"{_KEEP_STATIC}") from exc
+        self.check_symbolic(f"{node.op_type} node '{node.name}'")
+
+    def check_symbolic(self, where: str) -> None:
+        """Raise if a watched symbolic size has become a number (tracing specialised it)."""
         fixed = [(name, size.node.expr) for name, size in self.sizes if size.node.expr.is_number]
         if fixed:
             name, value = fixed[0]
             raise ShapeError(
-                f"{node.op_type} node '{node.name}' fixes the {name} size to {value} "
-                f"(a hard-coded shape); this model cannot train at any {name} size: {_KEEP_STATIC}"
+                f"{where} fixes the {name} size to {value} (a hard-coded shape, or an op that bridge unrolls "
+                f"over that dim, such as an RNN over time); this model cannot train at any {name} size: {_KEEP_STATIC}"
             )
 
     @contextlib.contextmanager
@@ -223,6 +227,7 @@ def trace_training_step(
         tags.hook_backward(loss_value)
         with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
             grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
+        tags.check_symbolic("the loss or the backward pass (a lowering of bridge.lowering)")
         state = {}
         for (weight, slot), value in zip(signature.state, state_values):
             state.setdefault(weight, {})[slot] = value

@@ -14,6 +14,7 @@ import torch
 from onnx import TensorProto, helper
 
 import bridge
+from bridge.cli import main
 from zoo.harness import Case, assert_first_step, assert_onnx_mlir_clean, module_oracle, name_map, perturb
 from zoo.torch_models import VOCAB, _HFOutput, _LSTMTagger
 
@@ -73,6 +74,35 @@ def _export(module: torch.nn.Module, inputs: dict[str, np.ndarray], path, per_to
     return str(path)
 
 
+class _TinyAttention(torch.nn.Module):
+    """Embedding + a learned position table sliced to the sequence length + one causal attention
+    head + a per-token head; with ``pinned`` the table is sliced to a constant length (8)."""
+
+    def __init__(self, pinned: bool = False):
+        super().__init__()
+        torch.manual_seed(4)
+        self.pinned = pinned
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.positions = torch.nn.Parameter(torch.randn(POSITIONS, 8) * 0.1)
+        self.qkv = torch.nn.Linear(8, 24)
+        self.head = torch.nn.Linear(8, VOCAB)
+
+    def forward(self, input_ids):
+        length = 8 if self.pinned else input_ids.shape[1]
+        x = self.embed(input_ids) + self.positions[:length]
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(1, 2) / 8 ** 0.5
+        causal = torch.ones(input_ids.shape[1], input_ids.shape[1]).tril() == 0
+        attention = scores.masked_fill(causal, -1e4).softmax(-1)
+        return self.head(x + attention @ v)
+
+
+def _tiny_model(tmp_path, pinned: bool = False) -> tuple[torch.nn.Module, str]:
+    module = _TinyAttention(pinned)
+    inputs, _ = _batch(["input_ids"], True, 2, 8, seed=0)
+    return module, _export(module, inputs, tmp_path / "tiny.onnx", per_token=True)
+
+
 def _convert(path: str, **options) -> bridge.TrainingModel:
     return bridge.to_training_onnx(path, loss="ce", optim="adam", optim_options={"lr": LR}, **options)
 
@@ -122,3 +152,83 @@ def test_bert_trains_at_lengths_12_and_20_from_one_file(tmp_path):
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_text_zoo_dynamic_dims_match_torch_and_static(name, tmp_path):
     _check_text_model(name, tmp_path)
+
+
+def test_tiny_attention_trains_at_two_lengths_like_torch_and_static(tmp_path):
+    module, path = _tiny_model(tmp_path)
+    tm = _convert(path, dynamic_dims={"input_ids": {0: "batch", 1: "seq"}}, input_shapes={"input_ids": list(TRACE)})
+    assert _dims(tm.model, ["input_ids", "target"]) == {"input_ids": ["batch", "seq"], "target": ["batch", "seq"]}
+    assert _dims(tm.update_model, ["input_ids"]) == {}  # the update graph reads no data
+    assert bridge.check(tm.model, target="onnx-mlir") == []
+    mapping, _ = name_map(module, path)
+    for seed, (batch, length) in enumerate(SIZES):
+        inputs, target = _batch(["input_ids"], True, batch, length, seed)
+        got = tm.session().step(inputs, target)
+        case = Case(f"tiny@{batch}x{length}", path, inputs, target, "ce", set(tm.weights),
+                    module_oracle(module, mapping, inputs, target, "ce", LR), lr=LR, rtol=RTOL)
+        assert_first_step(case, got, *case.oracle(), tm.initial_state())
+        static = _convert(path, dynamic_dims=False, input_shapes={"input_ids": [batch, length]}).session()
+        for key, value in static.step(inputs, target).items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_a_length_pinned_by_a_constant_slice_names_the_node(tmp_path):
+    _, path = _tiny_model(tmp_path, pinned=True)
+    dims = {"input_ids": {0: "batch", 1: "seq"}}
+    with pytest.raises(bridge.ShapeError, match=r"Add node '/Add' fixes the seq size to 8"):
+        _convert(path, dynamic_dims=dims, input_shapes={"input_ids": [3, 8]})
+    with pytest.raises(bridge.ShapeError, match=r"Add node '/Add' fails on these inputs"):
+        _convert(path, dynamic_dims=dims, input_shapes={"input_ids": [3, 5]})
+    tm = _convert(path, dynamic_dims={"input_ids": {0: "batch"}}, input_shapes={"input_ids": [3, 8]})
+    assert _dims(tm.model, ["input_ids"]) == {"input_ids": ["batch", 8]}
+
+
+def _dropout_model() -> onnx.ModelProto:
+    """[batch, seq, 4] -> MatMul -> Dropout(0.5): noise of the activations' symbolic shape."""
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 3], np.linspace(-1, 1, 12).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="matmul"),
+         helper.make_node("Dropout", ["h"], ["y"], name="drop", ratio=0.5)],
+        "dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", 3])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
+def test_noise_inputs_follow_the_symbolic_dims(tmp_path):
+    tm = bridge.to_training_onnx(_dropout_model(), loss="mse", dynamic_dims=True, input_shapes={"x": [3, 5, 4]})
+    assert _dims(tm.model, ["x", "drop.noise", "target"]) == {
+        "x": ["batch", "T", 4], "drop.noise": ["batch", "T", 3], "target": ["batch", "T", 3]}
+    rng = np.random.default_rng(0)
+    for batch, length in SIZES:
+        inputs = {"x": rng.standard_normal((batch, length, 4)).astype(np.float32)}
+        target = rng.standard_normal((batch, length, 3)).astype(np.float32)
+        drawn = tm.session(seed=0).step(inputs, target)  # noise drawn at this size by the runtime
+        assert np.isfinite(drawn["loss"])
+        noise = {"drop.noise": rng.random((batch, length, 3)).astype(np.float32)}
+        static = bridge.to_training_onnx(_dropout_model(), loss="mse", dynamic_dims=False,
+                                         input_shapes={"x": [batch, length, 4]})
+        got = tm.session().step({**inputs, **noise}, target)
+        for key, value in static.session().step({**inputs, **noise}, target).items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
+
+
+def test_dynamic_dims_options_are_checked():
+    model = _dropout_model()
+    for options, message in [({"dynamic_dims": {"z": [0]}}, "unknown inputs"),
+                             ({"dynamic_dims": {"x": {3: "d"}}}, "has rank 3"),
+                             ({"dynamic_dims": True, "dynamic_batch": True}, "not both")]:
+        with pytest.raises(bridge.InvalidOptionError, match=message):
+            bridge.to_training_onnx(model, loss="mse", **options)
+
+
+def test_cli_dynamic_and_input_shapes(tmp_path, capsys):
+    model = tmp_path / "dropout.onnx"
+    onnx.save(_dropout_model(), model)
+    out = tmp_path / "train.onnx"
+    assert main(["convert", str(model), "-o", str(out), "--dynamic", "--input-shapes", "x=1x6x4"]) == 0
+    assert _dims(onnx.load(out), ["x"]) == {"x": ["batch", "T", 4]}
+    assert main(["convert", str(model), "-o", str(out), "--dynamic-dims", '{"x": {"1": "seq"}}',
+                 "--input-shapes", "x=2x6x4"]) == 0
+    assert _dims(onnx.load(out), ["x"]) == {"x": [2, "seq", 4]}
+    assert main(["convert", str(model), "-o", str(out), "--input-shapes", "x=2,6,4"]) == 2
+    assert "NAME=DIMxDIM" in capsys.readouterr().err

@@ -47,8 +47,15 @@ def eager():
         yield
 
 
-def _no_scope(node: onnx.NodeProto) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
+@contextlib.contextmanager
+def _named_errors(node: onnx.NodeProto):
+    """The default node scope: a converter that fails on the given inputs (e.g. a sequence length
+    the model pins, broadcast against a constant table) raises ``ShapeError`` naming the node."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise ShapeError(f"{node.op_type} node '{node.name}' fails on these inputs ({exc}); give the shapes "
+                         "the model takes (input_shapes=)") from exc
 
 
 class OnnxProgram:
@@ -106,7 +113,7 @@ class OnnxProgram:
         inputs: dict[str, torch.Tensor],
         tensors: dict[str, torch.Tensor],
         training: bool,
-        node_scope: NodeScope = _no_scope,
+        node_scope: NodeScope = _named_errors,
         random: dict[str, torch.Tensor] | None = None,
         evaluation: bool = False,
     ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
