@@ -55,8 +55,13 @@ def cat(b, node, tensors, dim=0):
     tensors = [t for t in tensors if t.shape is None or 0 not in t.shape]
     if len(tensors) == 1:
         return tensors[0]
-    dtype = node.meta["val"].dtype
-    return b.op("Concat", *[b.cast(t, dtype) for t in tensors], axis=dim % len(_out_shape(node)))
+    dtype, shape = node.meta["val"].dtype, _out_shape(node)
+    result = b.op("Concat", *[b.cast(t, dtype) for t in tensors], axis=dim % len(shape))
+    if is_static(shape) and not all(t.shape is not None and is_static(t.shape) for t in tensors):
+        # symbolic parts of a static whole (a position table's gradient: [seq] + [32 - seq] rows):
+        # a Reshape states the static shape, which IREE's shape inference cannot derive
+        return b.reshape(result, shape)
+    return result
 
 
 _END = np.iinfo(np.int64).max  # a Slice end past any length
