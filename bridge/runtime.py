@@ -22,11 +22,12 @@ import numpy as np
 import onnx
 import sympy
 
-from .checks import NonFiniteError, StepChecks, check_policy, nonfinite_outputs
+from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, nonfinite_outputs
 from .errors import BridgeError
 
 UPDATED = "updated_"
 RANDOM_INPUTS = "bridge.random_inputs"  # model metadata: JSON list of the noise inputs drawn every step
+DIM_BOUNDS = "bridge.dim_bounds"  # model metadata: JSON {dim name: the largest size the graph holds for}
 
 
 class StepSession(ABC):
@@ -42,6 +43,7 @@ class StepSession(ABC):
         self.state = {name: np.asarray(value) for name, value in state.items()}
         # name -> (shape, dtype); a dim is an int, a dim name or expression (``seq``, ``batch*seq``), or None: the batch
         self.random_inputs: dict[str, tuple[list, np.dtype]] = {}
+        self.dim_bounds: dict[str, int] = {}  # the largest size of a symbolic dim the graph holds for
         self._rng = np.random.default_rng(seed)
         self.checks = checks
         self.on_nonfinite = check_policy(on_nonfinite)
@@ -110,12 +112,27 @@ class StepSession(ABC):
                inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
         """Uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step, for the noise inputs
         that ``inputs`` does not give, shaped from the batch: a symbolic dim of a noise input (its
-        name, or an expression of names) takes the sizes that dim has in ``inputs`` and ``target``
-        (the graph's declared shapes, ``checks``); None is the batch (the target's length)."""
-        sizes = _dim_sizes(checks, {**inputs, "target": target})
+        name, or an expression of names) takes the size that dim has in ``inputs`` and ``target``;
+        None is the batch (the target's length)."""
+        sizes = self._dim_sizes(checks, inputs, target)
         sizes.setdefault(None, _batch(target))
         return {name: self._rng.random([_size(d, sizes, name) for d in shape]).astype(dtype)
                 for name, (shape, dtype) in random_inputs.items() if name not in inputs}
+
+    def _dim_sizes(self, checks: StepChecks | None, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict:
+        """The size of every named (symbolic) dim in this batch (by the graph's declared shapes,
+        ``checks``), each within the largest size the graph holds for (``dim_bounds``)."""
+        feed = {**inputs, "target": target}
+        sizes = {}
+        for name, (shape, _) in ({} if checks is None else checks.specs).items():
+            value = feed.get(name)
+            if value is not None and np.ndim(value) == len(shape):
+                sizes.update({dim: size for dim, size in zip(shape, np.shape(value)) if isinstance(dim, str)})
+        for dim, bound in self.dim_bounds.items():
+            if sizes.get(dim, 0) > bound:
+                raise StepInputError(f"dim '{dim}' is {sizes[dim]} in this batch, but the model holds for sizes up to "
+                                     f"{bound} only (its graph slices a constant of that length, e.g. a position table)")
+        return sizes
 
     def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Feed ``updated_*`` back into the state, unless the loss or an update is not finite
@@ -242,19 +259,10 @@ class TrainingSession(StepSession):
         self._graph = OrtGraph(model, providers)
         self.output_names = self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))
+        self.dim_bounds = json.loads({p.key: p.value for p in model.metadata_props}.get(DIM_BOUNDS, "{}"))
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._graph(feed)
-
-
-def _dim_sizes(checks: StepChecks | None, feed: Mapping[str, np.ndarray]) -> dict:
-    """The size of every named (symbolic) dim of the data inputs and target in ``feed``."""
-    sizes = {}
-    for name, (shape, _) in ({} if checks is None else checks.specs).items():
-        value = feed.get(name)
-        if value is not None and np.ndim(value) == len(shape):
-            sizes.update({dim: size for dim, size in zip(shape, np.shape(value)) if isinstance(dim, str)})
-    return sizes
 
 
 def _size(dim, sizes: Mapping, noise: str) -> int:

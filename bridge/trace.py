@@ -305,7 +305,8 @@ def _subgraph(graph_module: torch.fx.GraphModule, boundary: list[torch.fx.Node],
             env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[node] for node in outputs))
     result = torch.fx.GraphModule(graph_module, graph)
-    result.meta[DIM_NAMES] = graph_module.meta.get(DIM_NAMES, {})
+    for key in (DIM_NAMES, DIM_BOUNDS):
+        result.meta[key] = graph_module.meta.get(key, {})
     return result
 
 
@@ -363,10 +364,23 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor],
     graph_module.graph.eliminate_dead_code()
     graph_module.recompile()
     graph_module.meta[DIM_NAMES] = dim_names
+    graph_module.meta[DIM_BOUNDS] = {} if fake_mode is None else _upper_bounds(fake_mode.shape_env, dim_names)
     return graph_module
 
 
 DIM_NAMES = "bridge.dim_names"  # GraphModule.meta key: {sympy symbol: dim name}
+DIM_BOUNDS = "bridge.dim_bounds"  # GraphModule.meta key and model metadata: {dim name: largest size}
+
+
+def _upper_bounds(shape_env: ShapeEnv, dim_names: Mapping[sympy.Symbol, str]) -> dict[str, int]:
+    """The largest size of each named dim that the traced graph holds for, where the model bounds
+    it (a sequence length slicing a position table of 32 rows: 32)."""
+    bounds: dict[str, int] = {}
+    for symbol, name in dim_names.items():
+        upper = shape_env.var_to_range[symbol].upper if symbol in shape_env.var_to_range else None
+        if isinstance(upper, sympy.Integer):
+            bounds[name] = min(bounds.get(name, int(upper)), int(upper))
+    return bounds
 
 
 def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: dict[str, torch.Tensor],

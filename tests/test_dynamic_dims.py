@@ -248,3 +248,13 @@ def test_iree_compiled_once_trains_at_two_lengths(tmp_path):
     for seed, (batch, length) in enumerate(SIZES):
         inputs, target = _batch(["input_ids"], True, batch, length, seed)
         assert_steps_match([iree.step(inputs, target)], [ort.step(inputs, target)])
+
+
+def test_a_length_beyond_the_position_table_is_refused(tmp_path):
+    """The tiny model slices a 32-row position table to the length: the graph holds up to 32."""
+    _, path = _tiny_model(tmp_path)
+    tm = _convert(path, dynamic_dims=True, input_shapes={"input_ids": list(TRACE)})
+    session = tm.session()
+    session.step(*_batch(["input_ids"], True, 2, POSITIONS, 0))
+    with pytest.raises(bridge.StepInputError, match=f"dim 'seq' is {POSITIONS + 1} .* up to {POSITIONS}"):
+        session.step(*_batch(["input_ids"], True, 2, POSITIONS + 1, 0))

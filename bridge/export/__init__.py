@@ -8,6 +8,7 @@ tracer attached to its FX node.
 from __future__ import annotations
 
 import importlib
+import json
 import operator
 import pkgutil
 import re
@@ -19,7 +20,8 @@ import torch.fx
 from onnx import helper
 
 from ..errors import LoweringError
-from ..trace import DIM_NAMES, StepSignature
+from ..runtime import DIM_BOUNDS as DIM_BOUNDS_KEY
+from ..trace import DIM_BOUNDS, DIM_NAMES, StepSignature
 from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value
 
 OPSET = 18
@@ -85,7 +87,11 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
         elif node.op == "output":
             outputs = node.args[0]
     graph_name = "bridge_eval_step" if not signature.training else f"bridge_{_GRAPH_NAMES[signature.part]}"
-    return _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name, dim_names)
+    model = _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name, dim_names)
+    if graph_module.meta.get(DIM_BOUNDS):  # read by the runtime, which refuses larger sizes (docs/dynamic_batch.md)
+        entry = model.metadata_props.add()
+        entry.key, entry.value = DIM_BOUNDS_KEY, json.dumps(graph_module.meta[DIM_BOUNDS])
+    return model
 
 
 def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):

@@ -24,7 +24,7 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     start, end = _bounds(start, end, step, length)
     if step == 1:
         parts = [x.narrow(dim, 0, start), src, x.narrow(dim, end, length - end)]
-        return torch.cat([p for p in parts if p.shape[dim] > 0], dim)
+        return torch.cat([p for p in parts if not statically_known_true(p.shape[dim] == 0)], dim)  # no guard on a symbolic size
     position = {p: length + k for k, p in enumerate(range(start, end, step))}
     index = torch.tensor([position.get(p, p) for p in range(length)], dtype=torch.int64)
     return torch.cat([x, src], dim).index_select(dim, index)
