@@ -112,20 +112,30 @@ def _dims(model: onnx.ModelProto, names) -> dict[str, list]:
             for v in model.graph.input if v.name in names}
 
 
-def _check_text_model(name: str, tmp_path, sizes=SIZES, static: bool = True) -> None:
+def _text_model(name: str, tmp_path) -> tuple[torch.nn.Module, str]:
     build, names, per_token = TEXT[name]
     module = build()
-    example, _ = _batch(names, per_token, *TRACE, seed=0)
-    path = _export(module, example, tmp_path / f"{name}.onnx", per_token)
-    tm = _convert(path, dynamic_dims=True, input_shapes={n: list(TRACE) for n in names})
+    return module, _export(module, _batch(names, per_token, *TRACE, seed=0)[0], tmp_path / f"{name}.onnx", per_token)
+
+
+def _check_text_model(name: str, tmp_path, static: bool = True) -> None:
+    """Convert once, then at each of ``SIZES`` (an RNN: at the trace length, its batch alone
+    symbolic) the first step = torch's, and with ``static`` = the static conversion's."""
+    _, names, per_token = TEXT[name]
+    module, path = _text_model(name, tmp_path)
+    rnn = name == "lstm_tagger"
+    dims = {"input_ids": {0: "batch"}} if rnn else True
+    tm = _convert(path, dynamic_dims=dims, input_shapes={n: list(TRACE) for n in names})
+    seq = TRACE[1] if rnn else "seq"
     for graph in (tm.model, tm.eval_model, tm.gradient_model):
-        dims = _dims(graph, [*names, "target"])
-        assert all(shape[:2] == ["batch", "seq"] for n, shape in dims.items() if n != "target"), dims
-        assert dims["target"] == (["batch", "seq"] if per_token else ["batch"]), dims
+        shapes = _dims(graph, [*names, "target"])
+        assert all(shape[:2] == ["batch", seq] for n, shape in shapes.items() if n != "target"), shapes
+        assert shapes["target"] == (["batch", seq] if per_token else ["batch"]), shapes
     assert_onnx_mlir_clean(tm, name)
     mapping, missing = name_map(module, path)
     assert not missing
-    for seed, (batch, length) in enumerate(sizes):
+    for seed, (batch, length) in enumerate(SIZES):
+        length = TRACE[1] if rnn else length
         inputs, target = _batch(names, per_token, batch, length, seed)
         case = Case(f"{name}@{batch}x{length}", path, inputs, target, "ce", set(tm.weights),
                     module_oracle(module, mapping, inputs, target, "ce", LR), lr=LR, rtol=RTOL)
@@ -143,18 +153,27 @@ def _check_text_model(name: str, tmp_path, sizes=SIZES, static: bool = True) -> 
                                            err_msg=f"{name}@{batch}x{length}: {key} vs the static conversion")
 
 
+def test_an_rnn_pins_the_length_and_names_its_node(tmp_path):
+    """bridge unrolls an LSTM over time: a symbolic length is refused, naming the LSTM node."""
+    _, path = _text_model("lstm_tagger", tmp_path)
+    with pytest.raises(bridge.ShapeError, match=r"LSTM node '/lstm/LSTM' fixes the seq size to 5"):
+        _convert(path, dynamic_dims=True, input_shapes={"input_ids": list(TRACE)})
+
+
 @pytest.mark.slow
 def test_bert_trains_at_lengths_12_and_20_from_one_file(tmp_path):
     _check_text_model("bert", tmp_path, static=False)
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("name", ["bert", "gpt2"])
+@pytest.mark.parametrize("name", sorted(TEXT))
 def test_text_zoo_dynamic_dims_match_torch_and_static(name, tmp_path):
     _check_text_model(name, tmp_path)
 
 
 def test_tiny_attention_trains_at_two_lengths_like_torch_and_static(tmp_path):
+    """One file at (2, 12) and (3, 20) = torch, and = the static conversion at (3, 20); its
+    position table bounds the length (bridge.dim_bounds)."""
     module, path = _tiny_model(tmp_path)
     tm = _convert(path, dynamic_dims={"input_ids": {0: "batch", 1: "seq"}}, input_shapes={"input_ids": list(TRACE)})
     assert _dims(tm.model, ["input_ids", "target"]) == {"input_ids": ["batch", "seq"], "target": ["batch", "seq"]}
@@ -167,9 +186,14 @@ def test_tiny_attention_trains_at_two_lengths_like_torch_and_static(tmp_path):
         case = Case(f"tiny@{batch}x{length}", path, inputs, target, "ce", set(tm.weights),
                     module_oracle(module, mapping, inputs, target, "ce", LR), lr=LR, rtol=RTOL)
         assert_first_step(case, got, *case.oracle(), tm.initial_state())
-        static = _convert(path, dynamic_dims=False, input_shapes={"input_ids": [batch, length]}).session()
-        for key, value in static.step(inputs, target).items():
-            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+    static = _convert(path, dynamic_dims=False, input_shapes={"input_ids": [batch, length]}).session()
+    for key, value in static.step(inputs, target).items():  # at the last size (every size: exhaustive tier)
+        np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+    # the 32-row position table bounds the length: 32 trains, 33 is refused before the step
+    session = tm.session()
+    session.step(*_batch(["input_ids"], True, 2, POSITIONS, 0))
+    with pytest.raises(bridge.StepInputError, match=f"dim 'seq' is {POSITIONS + 1} .* up to {POSITIONS}"):
+        session.step(*_batch(["input_ids"], True, 2, POSITIONS + 1, 0))
 
 
 def test_a_length_pinned_by_a_constant_slice_names_the_node(tmp_path):
@@ -179,8 +203,6 @@ def test_a_length_pinned_by_a_constant_slice_names_the_node(tmp_path):
         _convert(path, dynamic_dims=dims, input_shapes={"input_ids": [3, 8]})
     with pytest.raises(bridge.ShapeError, match=r"Add node '/Add' fails on these inputs"):
         _convert(path, dynamic_dims=dims, input_shapes={"input_ids": [3, 5]})
-    tm = _convert(path, dynamic_dims={"input_ids": {0: "batch"}}, input_shapes={"input_ids": [3, 8]})
-    assert _dims(tm.model, ["input_ids"]) == {"input_ids": ["batch", 8]}
 
 
 def _dropout_model() -> onnx.ModelProto:
@@ -249,12 +271,3 @@ def test_iree_compiled_once_trains_at_two_lengths(tmp_path):
         inputs, target = _batch(["input_ids"], True, batch, length, seed)
         assert_steps_match([iree.step(inputs, target)], [ort.step(inputs, target)])
 
-
-def test_a_length_beyond_the_position_table_is_refused(tmp_path):
-    """The tiny model slices a 32-row position table to the length: the graph holds up to 32."""
-    _, path = _tiny_model(tmp_path)
-    tm = _convert(path, dynamic_dims=True, input_shapes={"input_ids": list(TRACE)})
-    session = tm.session()
-    session.step(*_batch(["input_ids"], True, 2, POSITIONS, 0))
-    with pytest.raises(bridge.StepInputError, match=f"dim 'seq' is {POSITIONS + 1} .* up to {POSITIONS}"):
-        session.step(*_batch(["input_ids"], True, 2, POSITIONS + 1, 0))
