@@ -50,6 +50,7 @@ def to_training_onnx(
     frozen: Iterable[str] | str | None = None,
     batch_size: int | None = None,
     dynamic_batch: bool | None = None,
+    dynamic_dims: bool | Mapping[str, Mapping[int, str] | Iterable[int]] | None = None,
     input_shapes: Mapping[str, Iterable[int]] | None = None,
     output_path: str | os.PathLike | None = None,
     example_inputs: Iterable[torch.Tensor] | torch.Tensor | None = None,
@@ -79,7 +80,12 @@ def to_training_onnx(
             the model's own, or 2 for a symbolic batch).
         dynamic_batch: keep the batch dim symbolic, so one file trains at any batch size.
             Default: symbolic if the model's data inputs have a symbolic first dim.
-        input_shapes: full shapes for inputs with other symbolic dims, by input name.
+        dynamic_dims: the symbolic dims, by input name (``{"input_ids": {0: "batch", 1: "seq"}}``,
+            or a list of axes to keep the source's dim names), or True: every dim that is symbolic
+            in the source model (dim 0 named ``batch``). Replaces ``dynamic_batch``, a
+            batch-only shorthand (docs/dynamic_batch.md).
+        input_shapes: full shapes for inputs with other symbolic dims, by input name; with
+            symbolic dims, the sizes to trace at (a symbolic dim is traced at 2 or more).
         output_path: if given, the training model is also saved there.
         example_inputs: for a torch module, the positional inputs of one forward call (the batch
             size to trace with; an ExportedProgram brings its own).
@@ -101,7 +107,8 @@ def to_training_onnx(
         check_export(source, strict=strict)
     original = _original(model)
     program = OnnxProgram(source)
-    inputs = _example_inputs(source, program, batch_size, input_shapes or {})
+    dims = _dim_spec(source, program, dynamic_batch, dynamic_dims)
+    inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
     output_index = _output_index(program, output)
 
     candidates = differentiable_initializers(program, inputs, output_index)
@@ -134,15 +141,12 @@ def to_training_onnx(
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
 
-    if dynamic_batch is None:
-        dynamic_batch = _has_symbolic_batch(source, program)
     graph_module = trace_training_step(
         program, loss_fn, optimizer, signature, tensors, {**inputs, **random}, target, output_index,
-        dynamic_batch=dynamic_batch, max_grad_norm=max_grad_norm,
+        dims=dims, max_grad_norm=max_grad_norm,
     )
     eval_signature = signature.for_eval(list(program.output_names))
-    eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index,
-                                  dynamic_batch=dynamic_batch)
+    eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index, dims=dims)
     gradient_signature, update_signature = signature.split()
     gradient_module, update_module = split_step(graph_module, signature)
     source_hash = hashlib.sha256(source.SerializeToString()).hexdigest()
@@ -222,10 +226,54 @@ def _check_names_free(source: onnx.ModelProto, signature: StepSignature) -> None
                           "its own inputs and outputs (docs/ir.md); rename them in the source model")
 
 
+BATCH = "batch"  # the dim_param of a symbolic batch
+TRACE_SIZE = 7  # the size a symbolic non-batch dim is traced at when neither the model nor input_shapes gives one
+_MIN_TRACE_SIZE = 2  # tracing specialises sizes 0 and 1, so a symbolic dim is traced at 2 or more
+
+
+def _dim_spec(model: onnx.ModelProto, program: OnnxProgram, dynamic_batch: bool | None,
+              dynamic_dims: bool | Mapping[str, Mapping[int, str] | Iterable[int]] | None) -> dict[str, dict[int, str]]:
+    """The symbolic dims of the data inputs: input name -> {axis: dim name}."""
+    values = {v.name: v for v in model.graph.input if v.name in program.input_names}
+    ranks = {name: len(v.type.tensor_type.shape.dim) for name, v in values.items()}
+    if dynamic_dims is None or dynamic_dims is False:
+        if dynamic_dims is False or not (_has_symbolic_batch(model, program) if dynamic_batch is None else dynamic_batch):
+            return {}
+        return {name: {0: BATCH} for name, rank in ranks.items() if rank}
+    if dynamic_batch is not None:
+        raise InvalidOptionError("give dynamic_dims= or dynamic_batch=, not both (dynamic_dims names the batch dim "
+                                 f"too, e.g. {{'input': {{0: '{BATCH}'}}}})")
+    if dynamic_dims is True:
+        return {name: axes for name, v in values.items()
+                if (axes := {axis: _source_dim_name(v, axis) for axis, d in enumerate(v.type.tensor_type.shape.dim)
+                             if not d.HasField("dim_value")})}
+    unknown = sorted(set(dynamic_dims) - set(values))
+    if unknown:
+        raise InvalidOptionError(f"dynamic_dims names unknown inputs {unknown}; inputs: {list(values)}")
+    spec = {}
+    for name, axes in dynamic_dims.items():
+        named = dict(axes) if isinstance(axes, Mapping) else {axis: _source_dim_name(values[name], axis) for axis in axes}
+        bad = [axis for axis in named if not isinstance(axis, int) or not -ranks[name] <= axis < ranks[name]]
+        if bad:
+            raise InvalidOptionError(f"dynamic_dims['{name}'] names axes {bad}, but input '{name}' has rank {ranks[name]}")
+        spec[name] = {axis % ranks[name]: str(dim) for axis, dim in named.items()}
+    return spec
+
+
+def _source_dim_name(value: onnx.ValueInfoProto, axis: int) -> str:
+    """The name of a symbolic dim: ``batch`` for dim 0, else the source's dim_param (or ``<input>_<axis>``)."""
+    dim = value.type.tensor_type.shape.dim[axis]
+    if axis == 0:
+        return BATCH
+    return dim.dim_param or f"{value.name}_{axis}"
+
+
 def _example_inputs(
-    model: onnx.ModelProto, program: OnnxProgram, batch_size: int | None, shapes: Mapping[str, Iterable[int]]
+    model: onnx.ModelProto, program: OnnxProgram, batch_size: int | None, shapes: Mapping[str, Iterable[int]],
+    dims: Mapping[str, Mapping[int, str]],
 ) -> dict[str, torch.Tensor]:
-    """Tensors with the shapes and dtypes of the graph's data inputs (symbolic dims resolved)."""
+    """Tensors with the shapes and dtypes of the graph's data inputs (symbolic dims resolved;
+    the symbolic dims of ``dims`` at a size of 2 or more, see ``TRACE_SIZE``)."""
     unknown = sorted(set(shapes) - set(program.input_names))
     if unknown:
         raise InvalidOptionError(f"input_shapes names unknown inputs {unknown}; inputs: {program.input_names}")
@@ -235,29 +283,34 @@ def _example_inputs(
         if value.name not in program.input_names:
             continue
         tensor_type = value.type.tensor_type
+        symbolic = dims.get(value.name, {})
         if value.name in shapes:
-            dims = [int(d) for d in shapes[value.name]]
+            sizes = [int(d) for d in shapes[value.name]]
         else:
-            dims = []
+            sizes = []
             for axis, dim in enumerate(tensor_type.shape.dim):
                 if dim.HasField("dim_value"):
-                    dims.append(dim.dim_value)
+                    sizes.append(dim.dim_value)
                 elif axis == 0:
-                    dims.append(batch_size or 2)
+                    sizes.append(batch_size or 2)
+                elif axis in symbolic:
+                    sizes.append(TRACE_SIZE)
                 else:
                     raise InvalidOptionError(
                         f"input '{value.name}' has symbolic dim {axis} ('{dim.dim_param}'); "
-                        f"give its shape with input_shapes={{'{value.name}': [...]}}"
+                        f"give its shape with input_shapes={{'{value.name}': [...]}} or keep it symbolic "
+                        f"with dynamic_dims={{'{value.name}': {{{axis}: '{dim.dim_param or 'name'}'}}}}"
                     )
-            if batch_size and dims:
-                dims[0] = batch_size
+            if batch_size and sizes:
+                sizes[0] = batch_size
+        sizes = [max(size, _MIN_TRACE_SIZE) if axis in symbolic else size for axis, size in enumerate(sizes)]
         dtype = _ONNX_TO_TORCH.get(tensor_type.elem_type)
         if dtype is None:
             raise BridgeError(f"input '{value.name}' has an unsupported element type {tensor_type.elem_type}")
         if dtype.is_floating_point:
-            inputs[value.name] = torch.randn(dims, generator=generator).to(dtype)
+            inputs[value.name] = torch.randn(sizes, generator=generator).to(dtype)
         else:
-            inputs[value.name] = torch.zeros(dims, dtype=dtype)
+            inputs[value.name] = torch.zeros(sizes, dtype=dtype)
     return inputs
 
 

@@ -30,6 +30,38 @@ def _training_options(args: argparse.Namespace) -> dict:
             "optim_options": _json_option(args.optim_options, "--optim-options")}
 
 
+def _input_shapes(items: list[str] | None) -> dict[str, list[int]] | None:
+    """``--input-shapes input_ids=2x12 mask=2x12`` -> ``{"input_ids": [2, 12], "mask": [2, 12]}``."""
+    if not items:
+        return None
+    shapes = {}
+    for item in items:
+        name, _, dims = item.rpartition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.split("x")] if dims else []
+        except ValueError:
+            name = ""
+        if not name:
+            raise InvalidOptionError(f"--input-shapes: give NAME=DIMxDIM... such as input_ids=2x12, got '{item}'")
+    return shapes
+
+
+def _dynamic_dims(args: argparse.Namespace) -> bool | dict | None:
+    """``--dynamic`` (every symbolic dim of the model) or ``--dynamic-dims`` (a JSON object of
+    input -> {axis: dim name} or [axes]) as ``to_training_onnx``'s ``dynamic_dims``."""
+    if args.dynamic_dims is None:
+        return True if args.dynamic else None
+    if args.dynamic:
+        raise InvalidOptionError("give --dynamic or --dynamic-dims, not both")
+    spec = _json_option(args.dynamic_dims, "--dynamic-dims")
+    try:
+        return {name: axes if isinstance(axes, list) else {int(axis): dim for axis, dim in axes.items()}
+                for name, axes in spec.items()}
+    except (AttributeError, ValueError) as exc:
+        raise InvalidOptionError("--dynamic-dims: give a JSON object of input -> {axis: dim name} such as "
+                                 f"'{{\"input_ids\": {{\"0\": \"batch\", \"1\": \"seq\"}}}}', got {args.dynamic_dims}") from exc
+
+
 def _convert(args: argparse.Namespace) -> int:
     from .api import to_training_onnx
     from .source_checks import BridgeWarning
@@ -45,6 +77,8 @@ def _convert(args: argparse.Namespace) -> int:
             frozen=args.frozen,
             batch_size=args.batch_size,
             strict=args.strict,
+            dynamic_dims=_dynamic_dims(args),
+            input_shapes=_input_shapes(args.input_shapes),
         )
     for warning in caught:
         if issubclass(warning.category, BridgeWarning):
@@ -193,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--trainable", nargs="*", help="names or glob patterns of the weights to train")
     convert.add_argument("--frozen", nargs="*", help="names or glob patterns of weights not to train")
     convert.add_argument("--batch-size", type=int, help="batch size for a symbolic batch dim")
+    convert.add_argument("--dynamic", action="store_true",
+                         help="keep symbolic every dim the model has symbolic (batch, sequence length, ...; dim 0 "
+                              "named batch), so one file trains at any size of them (docs/dynamic_batch.md)")
+    convert.add_argument("--dynamic-dims", metavar="JSON",
+                         help="the symbolic dims, a JSON object of input -> {axis: dim name}, e.g. "
+                              "'{\"input_ids\": {\"0\": \"batch\", \"1\": \"seq\"}}'")
+    convert.add_argument("--input-shapes", nargs="+", metavar="NAME=DIMS",
+                         help="shapes to trace at, e.g. input_ids=2x12 (needed for symbolic dims other than the "
+                              "batch that stay static; a symbolic dim is traced at 2 or more)")
     convert.add_argument("--state", help="where to write the initial state (.npz; default next to the output)")
     convert.add_argument("--strict", action="store_true",
                          help="fail (instead of warning) on an ONNX model exported for inference (BatchNorm folded, "

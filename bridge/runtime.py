@@ -20,12 +20,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
+import sympy
 
-from .checks import NonFiniteError, StepChecks, check_policy, nonfinite_outputs
+from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, nonfinite_outputs
 from .errors import BridgeError
 
 UPDATED = "updated_"
 RANDOM_INPUTS = "bridge.random_inputs"  # model metadata: JSON list of the noise inputs drawn every step
+DIM_BOUNDS = "bridge.dim_bounds"  # model metadata: JSON {dim name: the largest size the graph holds for}
 
 
 class StepSession(ABC):
@@ -39,7 +41,9 @@ class StepSession(ABC):
                  checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = "",
                  eval_model: onnx.ModelProto | None = None):
         self.state = {name: np.asarray(value) for name, value in state.items()}
-        self.random_inputs: dict[str, tuple[list, np.dtype]] = {}  # name -> (shape, dtype); None dims = batch
+        # name -> (shape, dtype); a dim is an int, a dim name or expression (``seq``, ``batch*seq``), or None: the batch
+        self.random_inputs: dict[str, tuple[list, np.dtype]] = {}
+        self.dim_bounds: dict[str, int] = {}  # the largest size of a symbolic dim the graph holds for
         self._rng = np.random.default_rng(seed)
         self.checks = checks
         self.on_nonfinite = check_policy(on_nonfinite)
@@ -60,7 +64,7 @@ class StepSession(ABC):
         """Run one training step; returns every output (loss, grad_*, updated_*, output_*)."""
         if self.checks is not None:
             self.checks.check(inputs, target)
-        feed = {**self.state, **self._noise(self.random_inputs, inputs, _batch(target)), **inputs, "target": target}
+        feed = {**self.state, **self._noise(self.random_inputs, self.checks, inputs, target), **inputs, "target": target}
         return self._commit(self._run(feed))
 
     def enable_accumulation(self, gradient_model: onnx.ModelProto, update_model: onnx.ModelProto,
@@ -94,8 +98,8 @@ class StepSession(ABC):
         outputs: dict[str, list[np.ndarray]] = {}
         for inputs, target in micro_batches:
             graph.checks.check(inputs, target)
-            feed = {**self.state, **buffers, **self._noise(graph.random_inputs, inputs, _batch(target)), **inputs,
-                    "target": target}
+            feed = {**self.state, **buffers, **self._noise(graph.random_inputs, graph.checks, inputs, target),
+                    **inputs, "target": target}
             results = graph.gradient(feed)
             weight = len(target) / total if graph.mean_loss else 1.0
             for name in ["loss"] + graph.gradients:
@@ -112,12 +116,31 @@ class StepSession(ABC):
         results.update({name: np.concatenate(parts) for name, parts in outputs.items()})
         return self._commit(results)
 
-    def _noise(self, random_inputs: Mapping[str, tuple[list, np.dtype]], inputs: Mapping[str, np.ndarray],
-               batch: int | None) -> dict[str, np.ndarray]:
+    def _noise(self, random_inputs: Mapping[str, tuple[list, np.dtype]], checks: StepChecks | None,
+               inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
         """Uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step, for the noise inputs
-        that ``inputs`` does not give."""
-        return {name: self._rng.random([batch if d is None else d for d in shape]).astype(dtype)
+        that ``inputs`` does not give, shaped from the batch: a symbolic dim of a noise input (its
+        name, or an expression of names) takes the size that dim has in ``inputs`` and ``target``;
+        None is the batch (the target's length)."""
+        sizes = self._dim_sizes(checks, inputs, target)
+        sizes.setdefault(None, _batch(target))
+        return {name: self._rng.random([_size(d, sizes, name) for d in shape]).astype(dtype)
                 for name, (shape, dtype) in random_inputs.items() if name not in inputs}
+
+    def _dim_sizes(self, checks: StepChecks | None, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict:
+        """The size of every named (symbolic) dim in this batch (by the graph's declared shapes,
+        ``checks``), each within the largest size the graph holds for (``dim_bounds``)."""
+        feed = {**inputs, "target": target}
+        sizes = {}
+        for name, (shape, _) in ({} if checks is None else checks.specs).items():
+            value = feed.get(name)
+            if value is not None and np.ndim(value) == len(shape):
+                sizes.update({dim: size for dim, size in zip(shape, np.shape(value)) if isinstance(dim, str)})
+        for dim, bound in self.dim_bounds.items():
+            if sizes.get(dim, 0) > bound:
+                raise StepInputError(f"dim '{dim}' is {sizes[dim]} in this batch, but the model holds for sizes up to "
+                                     f"{bound} only (its graph slices a constant of that length, e.g. a position table)")
+        return sizes
 
     def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Feed ``updated_*`` back into the state, unless the loss or an update is not finite
@@ -221,12 +244,12 @@ class SplitStep:
 
 
 def random_inputs(model: onnx.ModelProto, graph: OrtGraph) -> dict[str, tuple[list, np.dtype]]:
-    """The noise inputs of ``model`` (model metadata): name -> (shape, dtype), None for the batch dim."""
+    """The noise inputs of ``model`` (model metadata): name -> (shape, dtype), a symbolic dim by its dim_param."""
     random = json.loads({p.key: p.value for p in model.metadata_props}.get(RANDOM_INPUTS, "[]"))
     found = {}
     for value in graph.session.get_inputs():
         if value.name in random:
-            shape = [d if isinstance(d, int) else None for d in value.shape]
+            shape = [d if isinstance(d, (int, str)) else None for d in value.shape]
             found[value.name] = (shape, np.float64 if value.type == "tensor(double)" else np.float32)
     return found
 
@@ -248,9 +271,23 @@ class TrainingSession(StepSession):
         self._graph = OrtGraph(model, providers, threads)
         self.output_names = self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))
+        self.dim_bounds = json.loads({p.key: p.value for p in model.metadata_props}.get(DIM_BOUNDS, "{}"))
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._graph(feed)
+
+
+def _size(dim, sizes: Mapping, noise: str) -> int:
+    """A dim of noise input ``noise``: an int, a named dim, or an expression of named dims (``batch*seq``)."""
+    if isinstance(dim, int):
+        return dim
+    if dim in sizes:
+        return sizes[dim]
+    symbols = {name: sympy.Symbol(name) for name in sizes if isinstance(name, str)}
+    value = sympy.parse_expr(dim, local_dict=symbols).subs({symbols[n]: v for n, v in sizes.items() if n in symbols})
+    if not value.is_Integer:
+        raise BridgeError(f"noise input '{noise}' has dim '{dim}', which the batch's dims {sorted(symbols)} do not give")
+    return int(value)
 
 
 def _batch(target) -> int | None:

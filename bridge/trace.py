@@ -15,12 +15,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 import onnx
+import sympy
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
@@ -97,12 +99,20 @@ def output_name(model_output: str) -> str:
 
 
 class _LayerTags:
-    """Tags traced nodes with their phase and source layer (see module docstring)."""
+    """Tags traced nodes with their phase and source layer (see module docstring), and stops at
+    the ONNX node that fixes a symbolic dim (see ``forward``)."""
 
-    def __init__(self):
-        self.batch_sizes: list[torch.SymInt] = []  # symbolic batch sizes of inputs and target
+    def __init__(self, dim_names: Mapping[sympy.Symbol, str] | None = None):
+        self.dim_names = dict(dim_names or {})
+        self.sizes: list[tuple[str, torch.SymInt]] = []  # (dim name, size) of the symbolic dims of the data
         self._starts: list[int] = []
         self._layers: list[str] = []
+
+    def watch(self, data) -> None:
+        """Watch the symbolic dims of the data tensors (inputs, noise, target) of this trace."""
+        self.sizes = [(self.dim_names.get(size.node.expr, str(size.node.expr)), size)
+                      for tensor in data for size in tensor.shape
+                      if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol)]
 
     def _annotate(self, phase: str, layer: str, kind: str) -> dict:
         return {"phase": phase, "layer": layer, "kind": kind}
@@ -111,12 +121,23 @@ class _LayerTags:
     def forward(self, node: onnx.NodeProto):
         self._record(node.name, node.op_type)
         with fx_traceback.annotate(self._annotate("forward", node.name, node.op_type)):
-            yield
-        fixed = [size.node.expr for size in self.batch_sizes if size.node.expr.is_number]
+            try:
+                yield
+            except RuntimeError as exc:  # e.g. a symbolic length broadcast against a constant table
+                if not self.sizes:
+                    raise
+                raise ShapeError(f"{node.op_type} node '{node.name}' fails at a symbolic size ({exc}); "
+                                 f"{_KEEP_STATIC}") from exc
+        self.check_symbolic(f"{node.op_type} node '{node.name}'")
+
+    def check_symbolic(self, where: str) -> None:
+        """Raise if a watched symbolic size has become a number (tracing specialised it)."""
+        fixed = [(name, size.node.expr) for name, size in self.sizes if size.node.expr.is_number]
         if fixed:
+            name, value = fixed[0]
             raise ShapeError(
-                f"{node.op_type} node '{node.name}' fixes the batch size to {fixed[0]} "
-                "(a hard-coded shape); this model cannot train at any batch size: use dynamic_batch=False"
+                f"{where} fixes the {name} size to {value} (a hard-coded shape, or an op that bridge unrolls "
+                f"over that dim, such as an RNN over time); this model cannot train at any {name} size: {_KEEP_STATIC}"
             )
 
     @contextlib.contextmanager
@@ -156,6 +177,13 @@ class _LayerTags:
         return prehook
 
 
+# What to do about a dim the model pins.
+_KEEP_STATIC = ("keep that dim static (dynamic_dims= without it; for the batch, dynamic_batch=False), "
+                "see docs/dynamic_batch.md")
+
+DimSpec = Mapping[str, Mapping[int, str]]  # data input name -> {axis: dim name} of its symbolic dims
+
+
 def trace_training_step(
     program: OnnxProgram,
     loss: Loss,
@@ -165,18 +193,22 @@ def trace_training_step(
     example_inputs: dict[str, torch.Tensor],
     example_target: torch.Tensor,
     output_index: int,
-    dynamic_batch: bool = False,
+    dims: DimSpec | None = None,
     max_grad_norm: float | None = None,
 ) -> torch.fx.GraphModule:
     """Trace forward + loss + backward + optimizer update into one FX graph.
 
-    With ``dynamic_batch`` the data inputs and the target get a symbolic first dim (one
-    symbol, the batch), and every size derived from it stays symbolic in the graph.
+    With ``dims`` the data inputs get those symbolic dims (one symbol per dim name), the noise
+    inputs and the target the symbolic sizes that follow from them, and every size derived from
+    them stays symbolic in the graph.
     With ``max_grad_norm`` the gradients are clipped by global norm before the update
     (the ``grad_*`` outputs stay the unclipped gradients of the loss).
     """
     n_weights, n_buffers, n_state = len(signature.weights), len(signature.buffers), len(signature.state)
-    tags = _LayerTags()
+    data, dim_names = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs},
+                                 {n: example_inputs[n] for n in signature.random}, example_target, output_index,
+                                 tensors, training=True)
+    tags = _LayerTags(dim_names)
 
     def train_step(*flat):
         weights = dict(zip(signature.weights, flat[:n_weights]))
@@ -186,8 +218,7 @@ def trace_training_step(
         data = flat[n_weights + n_buffers + n_state + 2:]
         inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
         random = dict(zip(signature.random, data[len(signature.inputs):-1]))
-        if dynamic_batch:
-            tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
+        tags.watch(data)
 
         outputs, updated_buffers = program.run(
             inputs, {**weights, **buffers}, training=True, node_scope=tags.forward, random=random
@@ -197,6 +228,7 @@ def trace_training_step(
         tags.hook_backward(loss_value)
         with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
             grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
+        tags.check_symbolic("the loss or the backward pass (a lowering of bridge.lowering)")
         state = {}
         for (weight, slot), value in zip(signature.state, state_values):
             state.setdefault(weight, {})[slot] = value
@@ -221,10 +253,8 @@ def trace_training_step(
         + [tensors[name] for name in signature.buffers]
         + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
         + [tensors["step"], tensors["lr"]]
-        + [example_inputs[name] for name in signature.inputs + signature.random]
-        + [example_target]
     )
-    return _trace(train_step, flat_args, len(signature.inputs) + len(signature.random) + 1, dynamic_batch)
+    return _trace(train_step, flat_args, data, dim_names)
 
 
 def split_step(graph_module: torch.fx.GraphModule,
@@ -275,7 +305,10 @@ def _subgraph(graph_module: torch.fx.GraphModule, boundary: list[torch.fx.Node],
         if node in needed:
             env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[node] for node in outputs))
-    return torch.fx.GraphModule(graph_module, graph)
+    result = torch.fx.GraphModule(graph_module, graph)
+    for key in (DIM_NAMES, DIM_BOUNDS):
+        result.meta[key] = graph_module.meta.get(key, {})
+    return result
 
 
 def trace_eval_step(
@@ -286,60 +319,104 @@ def trace_eval_step(
     example_inputs: dict[str, torch.Tensor],
     example_target: torch.Tensor,
     output_index: int,
-    dynamic_batch: bool = False,
+    dims: DimSpec | None = None,
 ) -> torch.fx.GraphModule:
     """Trace the eval step (``signature.training`` is False): the forward in inference mode
     (BatchNorm with its running statistics, Dropout off) and the loss; returns the loss and
     the model outputs named in ``signature.outputs``."""
     n_weights, n_buffers = len(signature.weights), len(signature.buffers)
-    tags = _LayerTags()
+    data, dim_names = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs}, {},
+                                 example_target, output_index, tensors, training=False)
+    tags = _LayerTags(dim_names)
 
     def eval_step(*flat):
         tensors = dict(zip(signature.weights + signature.buffers, flat[:n_weights + n_buffers]))
         data = flat[n_weights + n_buffers:]
         inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
-        if dynamic_batch:
-            tags.batch_sizes = [t.shape[0] for t in data if t.dim() and isinstance(t.shape[0], torch.SymInt)]
+        tags.watch(data)
         outputs, _ = program.run(inputs, tensors, training=False, node_scope=tags.forward, evaluation=True)
         with tags.scope("loss", "loss", loss.name):
             loss_value = loss(outputs[output_index], target)
         return (loss_value, *(outputs[program.output_names.index(name)] for name in signature.outputs))
 
-    flat_args = (
-        [tensors[name].detach() for name in signature.weights + signature.buffers]
-        + [example_inputs[name] for name in signature.inputs]
-        + [example_target]
-    )
-    return _trace(eval_step, flat_args, len(signature.inputs) + 1, dynamic_batch)
+    flat_args = [tensors[name].detach() for name in signature.weights + signature.buffers]
+    return _trace(eval_step, flat_args, data, dim_names)
 
 
-def _trace(step, flat_args: list[torch.Tensor], n_data: int, dynamic_batch: bool) -> torch.fx.GraphModule:
-    """``make_fx`` of ``step`` with the lowering table; the last ``n_data`` arguments (data and
-    target) get a symbolic batch with ``dynamic_batch``. Values no output needs are dropped."""
-    mode = "real"
-    if dynamic_batch:
-        flat_args = _with_symbolic_batch(flat_args, n_data)
+def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor],
+           dim_names: dict[sympy.Symbol, str]) -> torch.fx.GraphModule:
+    """``make_fx`` of ``step`` on ``flat_args`` + ``data`` with the lowering table; symbolic when
+    ``data`` are fake tensors with symbolic dims (``_data_args``), whose names the graph module
+    keeps in ``meta[DIM_NAMES]``. Values no output needs are dropped."""
+    fake_mode = next((t.fake_mode for t in data if isinstance(t, FakeTensor)), None)
+    if fake_mode is not None:
+        flat_args = [fake_mode.from_tensor(t, static_shapes=True) for t in flat_args] + list(data)
         mode = "symbolic"
-    # Real-mode make_fx records each value's metadata as a fake tensor, by default in a new
-    # FakeTensorMode per value; one shared mode gives the same graph in half the time (measured).
-    shared_fakes = (torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
-                    if mode == "real" else contextlib.nullcontext())
+        # Real-mode make_fx records each value's metadata as a fake tensor, by default in a new
+        # FakeTensorMode per value; one shared mode gives the same graph in half the time (measured).
+        shared_fakes = contextlib.nullcontext()
+    else:
+        flat_args = list(flat_args) + list(data)
+        mode = "real"
+        shared_fakes = torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
     with fx_traceback.preserve_node_meta(), shared_fakes:
         graph_module = make_fx(step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
     graph_module.graph.eliminate_dead_code()
     eliminate_common_subexpressions(graph_module.graph)
     graph_module.recompile()
+    graph_module.meta[DIM_NAMES] = dim_names
+    graph_module.meta[DIM_BOUNDS] = {} if fake_mode is None else _upper_bounds(fake_mode.shape_env, dim_names)
     return graph_module
 
 
-def _with_symbolic_batch(flat_args: list[torch.Tensor], n_data: int) -> list[torch.Tensor]:
-    """Fake tensors for tracing: the last ``n_data`` (inputs, target) get a symbolic dim 0."""
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-    fakes = []
-    for index, tensor in enumerate(flat_args):
-        dynamic = index >= len(flat_args) - n_data and tensor.dim() > 0
-        sizes = [DimDynamic.DYNAMIC if dynamic and axis == 0 else DimDynamic.STATIC for axis in range(tensor.dim())]
-        fake = fake_mode.from_tensor(tensor, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
-        fakes.append(fake)
-    return fakes
+DIM_NAMES = "bridge.dim_names"  # GraphModule.meta key: {sympy symbol: dim name}
+DIM_BOUNDS = "bridge.dim_bounds"  # GraphModule.meta key and model metadata: {dim name: largest size}
+
+
+def _upper_bounds(shape_env: ShapeEnv, dim_names: Mapping[sympy.Symbol, str]) -> dict[str, int]:
+    """The largest size of each named dim that the traced graph holds for, where the model bounds
+    it (a sequence length slicing a position table of 32 rows: 32)."""
+    bounds: dict[str, int] = {}
+    for symbol, name in dim_names.items():
+        upper = shape_env.var_to_range[symbol].upper if symbol in shape_env.var_to_range else None
+        if isinstance(upper, sympy.Integer):
+            bounds[name] = min(bounds.get(name, int(upper)), int(upper))
+    return bounds
+
+
+def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: dict[str, torch.Tensor],
+               random: dict[str, torch.Tensor], target: torch.Tensor, output_index: int,
+               tensors: dict[str, torch.Tensor], training: bool) -> tuple[list[torch.Tensor], dict]:
+    """The data arguments of a trace (inputs, noise, target) and the names of their symbols.
+
+    Without ``dims``: the example tensors themselves. With ``dims``: fake tensors whose dims
+    named there are symbolic, one fresh symbol per dim (no duck sizing: two dims of equal example
+    size stay two symbols until the model itself equates them). The noise inputs and the target
+    get their symbolic shapes from a forward pass on those fakes (a noise input of a Dropout on
+    ``[batch, heads, seq, seq]`` activations, a target ``[batch, seq]``)."""
+    if not dims:
+        return [*inputs.values(), *random.values(), target], {}
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
+    fakes, dim_names = {}, {}
+    for name, tensor in inputs.items():
+        axes = {axis % max(tensor.dim(), 1): dim for axis, dim in dims.get(name, {}).items()}
+        sizes = [DimDynamic.DYNAMIC if axis in axes else DimDynamic.STATIC for axis in range(tensor.dim())]
+        fakes[name] = fake_mode.from_tensor(tensor, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+        for axis, dim in axes.items():
+            expr = fakes[name].shape[axis]
+            if not isinstance(expr, torch.SymInt):
+                raise ShapeError(f"dim {axis} ('{dim}') of input '{name}' has size {expr} in the example, which "
+                                 "tracing fixes (sizes 0 and 1 are specialised): trace at a size of 2 or more "
+                                 "(input_shapes=)")
+            dim_names.setdefault(expr.node.expr, dim)
+    tags = _LayerTags(dim_names)
+    tags.watch(fakes.values())
+    drawn: dict[str, torch.Tensor] = {}
+    with fake_mode, torch.no_grad():
+        outputs, _ = program.run(fakes, tensors, training=training, node_scope=tags.forward, random=drawn,
+                                 evaluation=not training)
+        spec = loss.target_spec(outputs[output_index])
+        fake_target = torch.empty(spec.shape, dtype=spec.dtype)
+    noise = [drawn[name].to(random[name].dtype) if name in drawn else random[name] for name in random]
+    return [*fakes.values(), *noise, fake_target], dim_names

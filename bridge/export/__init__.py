@@ -8,17 +8,20 @@ tracer attached to its FX node.
 from __future__ import annotations
 
 import importlib
+import json
 import operator
 import pkgutil
 import re
 
 import onnx
+import sympy
 import torch
 import torch.fx
 from onnx import helper
 
 from ..errors import LoweringError
-from ..trace import StepSignature
+from ..runtime import DIM_BOUNDS as DIM_BOUNDS_KEY
+from ..trace import DIM_BOUNDS, DIM_NAMES, StepSignature
 from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value
 
 OPSET = 18
@@ -58,7 +61,8 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
     env: dict[torch.fx.Node, object] = {}
     input_names = iter(signature.input_names())
     graph_inputs = []
-    batch_sizes: list[torch.SymInt] = []
+    sizes: list[torch.SymInt] = []
+    dim_names = graph_module.meta.get(DIM_NAMES, {})
     for node in graph_module.graph.nodes:
         if node.op == "placeholder":
             name = next(input_names)
@@ -68,22 +72,26 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
             for axis, size in enumerate(env[node].shape):
                 if isinstance(size, torch.SymInt):
                     b.add_symbol_source(size, env[node], axis)
-                    batch_sizes.append(size)
+                    sizes.append(size)
         elif node.op == "get_attr":
             b.tags = {}
             tensor = getattr(graph_module, node.target)
             env[node] = b.const(tensor.detach().numpy(), name=node.target)
         elif node.op == "call_function":
             env[node] = _emit(b, node, env)
-            if any(size.node.expr.is_number for size in batch_sizes):
+            if any(size.node.expr.is_number for size in sizes):
                 raise LoweringError(
-                    f"the ONNX emitter of {node.target} (FX node '{node.name}') turned the symbolic batch "
-                    "size into a number (int() or == on a SymInt); it must build sizes with b.shape_tensor"
+                    f"the ONNX emitter of {node.target} (FX node '{node.name}') turned a symbolic size "
+                    "into a number (int() or == on a SymInt); it must build sizes with b.shape_tensor"
                 )
         elif node.op == "output":
             outputs = node.args[0]
     graph_name = "bridge_eval_step" if not signature.training else f"bridge_{_GRAPH_NAMES[signature.part]}"
-    return _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name)
+    model = _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name, dim_names)
+    if graph_module.meta.get(DIM_BOUNDS):  # read by the runtime, which refuses larger sizes (docs/dynamic_batch.md)
+        entry = model.metadata_props.add()
+        entry.key, entry.value = DIM_BOUNDS_KEY, json.dumps(graph_module.meta[DIM_BOUNDS])
+    return model
 
 
 def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
@@ -118,16 +126,17 @@ def _with_meta(result, node: torch.fx.Node):
     return result
 
 
-BATCH_DIM = "batch"
 _GRAPH_NAMES = {"step": "training_step", "gradient": "gradient_step", "update": "update_step"}
 
 # Python arithmetic on symbolic sizes that yields a float (e.g. 1 / numel in a mean's backward).
 _FLOAT_SIZE_OPS = {operator.truediv: "Div", operator.mul: "Mul", operator.add: "Add", operator.sub: "Sub"}
 
 
-def _dims(shape) -> list:
-    """Static dims as ints; the symbolic batch as the dim_param ``batch``."""
-    return [BATCH_DIM if isinstance(d, torch.SymInt) else d for d in shape]
+def _dims(shape, dim_names: dict[sympy.Symbol, str]) -> list:
+    """Static dims as ints; a symbolic dim as a dim_param: its name (``batch``, ``seq``), or for a
+    size computed from named dims, that expression (``batch*seq``)."""
+    names = {symbol: sympy.Symbol(name) for symbol, name in dim_names.items()}
+    return [str(d.node.expr.xreplace(names)) if isinstance(d, torch.SymInt) else d for d in shape]
 
 
 def _alias_phase(output: str) -> str:
@@ -140,7 +149,7 @@ def _alias_phase(output: str) -> str:
 
 
 def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: list[str],
-              graph_name: str) -> onnx.ModelProto:
+              graph_name: str, dim_names: dict[sympy.Symbol, str]) -> onnx.ModelProto:
     rename: dict[str, str] = {}
     produced = {out for node in b.nodes for out in node.output}
     for value, name in zip(results, names):
@@ -156,9 +165,9 @@ def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: 
             node.input[i] = rename.get(name, name)
         for i, name in enumerate(node.output):
             node.output[i] = rename.get(name, name)
-    inputs = [helper.make_tensor_value_info(v, TORCH_TO_ONNX[v.dtype], _dims(v.shape)) for v in graph_inputs]
+    inputs = [helper.make_tensor_value_info(v, TORCH_TO_ONNX[v.dtype], _dims(v.shape, dim_names)) for v in graph_inputs]
     outputs = [
-        helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], _dims(value.shape))
+        helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], _dims(value.shape, dim_names))
         for value, name in zip(results, names)
     ]
     graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, b.initializers)

@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from ..errors import ShapeError, UnsupportedOpError
 from ..load import default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
-from .shape_folding import FOLDERS, fold_symbolic, is_symbolic
+from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
 
 NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
 
@@ -47,8 +47,15 @@ def eager():
         yield
 
 
-def _no_scope(node: onnx.NodeProto) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
+@contextlib.contextmanager
+def _named_errors(node: onnx.NodeProto):
+    """The default node scope: a converter that fails on the given inputs (e.g. a sequence length
+    the model pins, broadcast against a constant table) raises ``ShapeError`` naming the node."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise ShapeError(f"{node.op_type} node '{node.name}' fails on these inputs ({exc}); give the shapes "
+                         "the model takes (input_shapes=)") from exc
 
 
 class OnnxProgram:
@@ -106,7 +113,7 @@ class OnnxProgram:
         inputs: dict[str, torch.Tensor],
         tensors: dict[str, torch.Tensor],
         training: bool,
-        node_scope: NodeScope = _no_scope,
+        node_scope: NodeScope = _named_errors,
         random: dict[str, torch.Tensor] | None = None,
         evaluation: bool = False,
     ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
@@ -157,7 +164,7 @@ class OnnxProgram:
         )
         if foldable and node.input:
             if any(is_symbolic(a) for a in args):
-                if node.op_type in FOLDERS:
+                if folds_symbolic(node.op_type, args):
                     return fold_symbolic(ctx, args)
                 return self._call(conv.fn, ctx, args, conv.static)  # traced: sizes stay symbolic
             with eager():

@@ -93,6 +93,17 @@ FOLDERS: dict[str, Callable] = {
 }
 
 
+# Ops that pick from or rearrange their first input by the others: folded on a shape array only.
+# On a constant tensor with symbolic bounds (a position table sliced to the sequence length) they
+# are traced, so the bound stays symbolic (numpy would turn it into a number).
+_INDEXING = {"Slice", "Gather", "Reshape"}
+
+
+def folds_symbolic(op_type: str, args: list) -> bool:
+    """True when a node whose arguments involve symbolic sizes is folded here (else it is traced)."""
+    return op_type in FOLDERS and (op_type not in _INDEXING or is_symbolic(args[0]))
+
+
 def fold_symbolic(ctx: NodeContext, args: list) -> list:
     """Evaluate a shape-arithmetic node over (partly) symbolic numpy object arrays."""
     folder = FOLDERS.get(ctx.node.op_type)

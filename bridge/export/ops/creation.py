@@ -12,6 +12,9 @@ aten = torch.ops.aten
 
 def _filled(b, node, value):
     val = node.meta["val"]
+    if isinstance(value, (Value, torch.SymInt, torch.SymFloat)):  # a symbolic size as data (e.g. a sequence length)
+        fill = b.operand(value, val.dtype)
+        return fill if val.dim() == 0 else b.op("Expand", fill, b.shape_tensor(list(val.shape)))
     if not is_static(val.shape):
         return b.op("Expand", b.scalar(value, val.dtype), b.shape_tensor(list(val.shape)))
     return b.const(np.full([int(d) for d in val.shape], value, dtype=TORCH_TO_NUMPY[val.dtype]))

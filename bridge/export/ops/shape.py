@@ -55,28 +55,42 @@ def cat(b, node, tensors, dim=0):
     tensors = [t for t in tensors if t.shape is None or 0 not in t.shape]
     if len(tensors) == 1:
         return tensors[0]
-    dtype = node.meta["val"].dtype
-    return b.op("Concat", *[b.cast(t, dtype) for t in tensors], axis=dim % len(_out_shape(node)))
+    dtype, shape = node.meta["val"].dtype, _out_shape(node)
+    result = b.op("Concat", *[b.cast(t, dtype) for t in tensors], axis=dim % len(shape))
+    if is_static(shape) and not all(t.shape is not None and is_static(t.shape) for t in tensors):
+        # symbolic parts of a static whole (a position table's gradient: [seq] + [32 - seq] rows):
+        # a Reshape states the static shape, which IREE's shape inference cannot derive
+        return b.reshape(result, shape)
+    return result
+
+
+_END = np.iinfo(np.int64).max  # a Slice end past any length
 
 
 @emits(aten.slice.Tensor, aten.slice_copy.Tensor)
 def slice_(b, node, x, dim=0, start=None, end=None, step=1):
+    """ONNX Slice, whose bounds follow torch's (negative: from the end; clamped to the axis). A
+    symbolic length or bound (a sequence length) is passed as is, never compared with a number."""
     dim %= x.rank
     length = x.shape[dim]
     start = 0 if start is None else start
-    end = length if end is None else end
-    start = max(0, min(length, start + length if start < 0 else start))
-    end = max(0, min(length, end + length if end < 0 else end))
-    if start == 0 and end == length and step == 1:
+    end = _END if end is None else end
+    if is_static([length, start, end]):
+        start = max(0, min(length, start + length if start < 0 else start))
+        end = max(0, min(length, end + length if end < 0 else end))
+        if start == 0 and end == length and step == 1:
+            return x
+    elif is_static([start, end]) and start == 0 and end == _END and step == 1:
         return x
-    return b.op("Slice", x, b.ints([start]), b.ints([end]), b.ints([dim]), b.ints([step]))
+    return b.op("Slice", x, b.dim(start), b.dim(end), b.ints([dim]), b.ints([step]))
 
 
 @emits(aten.select.int, aten.select_copy.int)
 def select(b, node, x, dim, index):
+    """A one-element Slice; a negative index counts from the end (so a symbolic length needs no value)."""
     dim %= x.rank
-    index %= x.shape[dim]
-    sliced = b.op("Slice", x, b.ints([index]), b.ints([index + 1]), b.ints([dim]))
+    stop = index + 1 if index + 1 != 0 else _END
+    sliced = b.op("Slice", x, b.ints([index]), b.ints([stop]), b.ints([dim]))
     return b.reshape(sliced, _out_shape(node))
 
 

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ...errors import ShapeError
 from ...lowering import padding
@@ -147,6 +148,8 @@ def _whole_axis(start: int, end: int, step: int, length) -> bool:
         return False
     if isinstance(length, torch.SymInt):
         return start == 0 and end >= 2**31 - 1
+    if isinstance(end, torch.SymInt):  # a symbolic end (a sequence length) on a static axis: no guard on it
+        return start == 0 and statically_known_true(end >= length)
     return (start == 0 or start <= -length) and end >= length
 
 
