@@ -24,8 +24,7 @@ import bridge
 from reference import assert_steps_match, bridge_steps, torch_steps
 from single_op import one_node_model
 
-pytest.importorskip("iree.compiler", reason="IREE is an install extra: pip install bridge[iree]")
-pytestmark = pytest.mark.iree
+pytestmark = pytest.mark.iree  # skipped without the bridge[iree] extra (conftest.py)
 
 FLOAT32_RTOL = 1e-5  # float32 steps vs torch float64 on these tiny graphs (measured worst: 3e-7)
 
