@@ -173,8 +173,9 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     tm = bridge.to_training_onnx(path, loss=loss, optim="adam", optim_options={"lr": 1e-3}, input_shapes=shapes,
                                  dynamic_batch=mode == "dynamic")
-    if mode == "dynamic":  # a batch size the graph was not traced with
-        inputs, target = {k: _rows(v, 3) for k, v in inputs.items()}, _rows(target, 3)
+    if mode == "dynamic":  # a batch size the graph was not traced with (one more: BatchNorm on 1x1 maps
+        batch = len(target) + 1  # at batch 3 is too ill-conditioned for float32, docs/dynamic_batch.md)
+        inputs, target = {k: _rows(v, batch) for k, v in inputs.items()}, _rows(target, batch)
     mapping, _ = name_map(module, path)
     rtol = LOOSE_RTOL.get(name, 1e-4) if mode == "dynamic" else 1e-4
     oracle = module_oracle(module, mapping, inputs, target, loss, 1e-3)
@@ -212,12 +213,17 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
             case, tm = _torch_case(kind, name, mode, tmp_path)
         expected = case.oracle()
     convert = time.perf_counter() - start
-    compiled = bridge.compile(tm)
-    iree, ort = compiled.session(seed=0), tm.session(seed=0)
-    got, want = iree.step(case.inputs, case.target), ort.step(case.inputs, case.target)
-    assert_first_step(replace(case, name=f"{case.name} IREE vs onnxruntime"), got, want, {}, tm.initial_state())
-    if expected is not None:
-        assert_first_step(replace(case, name=f"{case.name} IREE vs torch float64"), got, *expected, tm.initial_state())
+    try:
+        compiled = bridge.compile(tm)
+        iree, ort = compiled.session(seed=0), tm.session(seed=0)
+        got, want = iree.step(case.inputs, case.target), ort.step(case.inputs, case.target)
+        assert_first_step(replace(case, name=f"{case.name} IREE vs onnxruntime"), got, want, {}, tm.initial_state())
+        if expected is not None:
+            assert_first_step(replace(case, name=f"{case.name} IREE vs torch float64"), got, *expected,
+                              tm.initial_state())
+    except (AssertionError, bridge.BridgeError) as exc:  # reported at once: the whole tier runs for hours
+        print(f"\nIREE-ZOO FAILED {request.node.callspec.id}: {type(exc).__name__}: {str(exc)[:1500]}")
+        raise
     print(f"\nIREE-ZOO {request.node.callspec.id}: convert {convert:.1f} s, compile {compiled.seconds:.1f} s, "
           f"step IREE {_median_step_seconds(iree, case.inputs, case.target) * 1e3:.1f} ms, "
           f"onnxruntime {_median_step_seconds(ort, case.inputs, case.target) * 1e3:.1f} ms")
