@@ -4,6 +4,10 @@ Facts come from ``bridge/data/onnx_mlir_cpu_ops.json`` (onnx-mlir's CPU op table
 ops, their opset range and the limitation text). Beyond op and opset, every limitation that
 can be decided from the graph alone has a rule here (``@rule("OpType")``): attributes,
 outputs requested, inputs that must be constant, element types.
+
+``target="iree"``: the graph patterns IREE (3.13, torch-mlir's ONNX import) was measured to
+reject (``@rule(..., target="iree")``, docs/onnx-mlir.md), then, when IREE is installed, an
+actual compile whose errors become violations of the nodes they name.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from onnx import TensorProto, numpy_helper
 from .errors import InvalidOptionError
 from .ir import read_model
 
-TARGETS = ("onnx-mlir",)
+TARGETS = ("onnx-mlir", "iree")
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE}
 SHORT_INTS = {TensorProto.INT8, TensorProto.INT16, TensorProto.UINT8, TensorProto.UINT16}
 
@@ -59,9 +63,13 @@ class _Graph:
                 if value is not None:
                     self.constants[node.output[0]] = value
         self.types = {init.name: init.data_type for init in graph.initializer}
+        self.shapes = {init.name: list(init.dims) for init in graph.initializer}
         for value in list(graph.input) + list(graph.output) + list(graph.value_info):
             if value.type.HasField("tensor_type"):
                 self.types[value.name] = value.type.tensor_type.elem_type
+                if value.type.tensor_type.HasField("shape"):
+                    self.shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None
+                                               for d in value.type.tensor_type.shape.dim]
 
     def constant(self, name: str) -> np.ndarray | None:
         tensor = self.constants.get(name)
@@ -69,15 +77,15 @@ class _Graph:
 
 
 Rule = Callable[[onnx.NodeProto, _Graph], Iterator[str]]
-RULES: dict[str, list[Rule]] = {}
+RULES: dict[str, dict[str, list[Rule]]] = {target: {} for target in TARGETS}
 
 
-def rule(*op_types: str):
-    """Register a check of nodes of ``op_types``: yields the problem of each violation."""
+def rule(*op_types: str, target: str = "onnx-mlir"):
+    """Register a check of nodes of ``op_types`` for ``target``: yields the problem of each violation."""
 
     def register(fn: Rule) -> Rule:
         for op in op_types:
-            RULES.setdefault(op, []).append(fn)
+            RULES[target].setdefault(op, []).append(fn)
         return fn
 
     return register
@@ -219,6 +227,27 @@ def _slice_axes(node, graph):
         yield f"axes '{node.input[3]}' is not a constant"
 
 
+@rule("Conv", target="iree")
+def _conv_unread_padded_end(node, graph):
+    """A strided Conv with a 1-wide output whose padded input has an end no window reads
+    (docs/onnx-mlir.md; bridge's emitter pads exactly the read extent)."""
+    shape = graph.shapes.get(node.input[0])
+    if not shape or any(size is None for size in shape[2:]) or _attr(node, "auto_pad", b"NOTSET") != b"NOTSET":
+        return
+    kernel = _attr(node, "kernel_shape") or (graph.shapes.get(node.input[1]) or [None, None])[2:]
+    rank = len(shape) - 2
+    if len(kernel) != rank or None in kernel:
+        return
+    strides, dilations = _attr(node, "strides", [1] * rank), _attr(node, "dilations", [1] * rank)
+    pads = _attr(node, "pads", [0] * 2 * rank)
+    for axis, (size, k, s, d) in enumerate(zip(shape[2:], kernel, strides, dilations)):
+        padded = size + pads[axis] + pads[rank + axis]
+        windows = (padded - d * (k - 1) - 1) // s + 1
+        if windows == 1 and s > 1 and padded > d * (k - 1) + 1:
+            yield (f"strided Conv with a 1-wide output whose padded input (axis {axis + 2}: {padded}) is longer "
+                   f"than the window reads ({d * (k - 1) + 1}): pad or slice to the read extent")
+
+
 @rule("Add", "Sub", "Mul", "Div", "Clip")
 def _short_ints(node, graph):
     elem = graph.types.get(node.input[0])
@@ -235,10 +264,16 @@ def _walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 
 
 def check(model: str | os.PathLike | onnx.ModelProto, target: str = "onnx-mlir") -> list[Violation]:
-    """Every node (and the opset) that ``target`` does not compile; empty when all is clean."""
+    """Every node (and the opset) that ``target`` does not compile; empty when all is clean.
+
+    ``target="iree"`` checks IREE's known patterns, then compiles the model with IREE when it
+    is installed (``bridge.compile``): each compiler error is a violation of the node it names.
+    """
     if target not in TARGETS:
         raise InvalidOptionError(f"unknown check target '{target}'; targets: {', '.join(TARGETS)}")
     model = read_model(model)
+    if target == "iree":
+        return _check_iree(model)
     table = op_table()
     violations = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -259,6 +294,37 @@ def check(model: str | os.PathLike | onnx.ModelProto, target: str = "onnx-mlir")
                 node.name, node.op_type,
                 f"opset {opset} outside the supported range {entry['min_opset']}..{entry['max_opset']}", limitation,
             ))
-        for check_node in RULES.get(node.op_type, ()):
+        for check_node in RULES[target].get(node.op_type, ()):
             violations.extend(Violation(node.name, node.op_type, problem, limitation) for problem in check_node(node, graph))
     return violations
+
+
+def iree_installed() -> bool:
+    """Whether ``bridge check --target iree`` can compile (the ``bridge[iree]`` extra)."""
+    from .compile import MissingExtraError, require_iree
+
+    try:
+        require_iree()
+    except MissingExtraError:
+        return False
+    return True
+
+
+def _check_iree(model: onnx.ModelProto) -> list[Violation]:
+    """IREE's pattern rules; if they pass and IREE is installed, the compile's own errors."""
+    from .compile import CompileError, compile as compile_model
+
+    graph = _Graph(model)
+    violations = [
+        Violation(node.name, node.op_type, problem)
+        for node in _walk(model.graph) for check_node in RULES["iree"].get(node.op_type, ())
+        for problem in check_node(node, graph)
+    ]
+    if violations or not iree_installed():
+        return violations
+    try:
+        compile_model(model)
+    except CompileError as exc:
+        return [Violation(name, op or "graph", f"IREE: {message}") for name, op, message in exc.diagnostics] or [
+            Violation("", "graph", str(exc))]
+    return []

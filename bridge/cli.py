@@ -6,6 +6,7 @@ import json
 import sys
 import warnings
 
+from .check import TARGETS as CHECK_TARGETS
 from .compile import BACKENDS
 from .errors import BridgeError, InvalidOptionError
 
@@ -110,7 +111,11 @@ def _verify(args: argparse.Namespace) -> int:
 def _compile(args: argparse.Namespace) -> int:
     from .compile import compile as compile_model
 
-    compiled = compile_model(args.model, backend=args.backend, output=args.output, target_cpu=args.target_cpu)
+    def progress(line: str) -> None:
+        print(f"bridge compile: {line}", file=sys.stderr, flush=True)
+
+    compiled = compile_model(args.model, backend=args.backend, output=args.output, target_cpu=args.target_cpu,
+                             progress=progress)
     print(f"wrote {args.output} ({len(compiled.vmfb)} bytes, compiled in {compiled.seconds:.1f} s)")
     return 0
 
@@ -140,8 +145,11 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .check import check
+    from .check import check, iree_installed
 
+    if args.target == "iree" and not iree_installed():
+        print("IREE is not installed (pip install 'bridge[iree]'): known patterns checked, no compile run",
+              file=sys.stderr)
     violations = check(args.model, target=args.target)
     for violation in violations:
         print(violation)
@@ -275,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="list what a compiler would reject in an .onnx (exit 1 if any)")
     check.add_argument("model", help=".onnx file")
-    check.add_argument("--target", default="onnx-mlir", choices=["onnx-mlir"], help="compiler (default onnx-mlir)")
+    check.add_argument("--target", default="onnx-mlir", choices=list(CHECK_TARGETS),
+                       help="compiler (default onnx-mlir: its op table; iree: known patterns, then an IREE compile)")
     check.set_defaults(run=_check)
 
     train = commands.add_parser("train", help="train a converted model on arrays from an .npz (docs/training.md)")

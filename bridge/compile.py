@@ -14,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import onnx
@@ -37,7 +37,32 @@ _IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
 
 
 class CompileError(BridgeError):
-    """The MLIR compiler rejected the model; the message names the offending ONNX nodes."""
+    """The MLIR compiler rejected the model; the message names the offending ONNX nodes.
+
+    ``diagnostics`` holds each error as ``(node name, op type, message)`` (empty names when the
+    compiler located the error nowhere in the graph)."""
+
+    def __init__(self, message: str, diagnostics: list[tuple[str, str, str]] | None = None):
+        super().__init__(message)
+        self.diagnostics = diagnostics or []
+
+
+class MissingExtraError(BridgeError, ImportError):
+    """An optional dependency of bridge is not installed; the message names the install extra."""
+
+
+def require_iree(part: str = "compiler") -> None:
+    """Raise ``MissingExtraError`` naming ``pip install bridge[iree]`` unless IREE's ``part`` imports."""
+    try:
+        __import__(f"iree.{part}")
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"IREE ({'iree-base-compiler' if part == 'compiler' else 'iree-base-runtime'}) is not installed: "
+            f"pip install 'bridge[iree]' ({exc})"
+        ) from exc
+
+
+Progress = Callable[[str], None]
 
 
 @dataclass
@@ -69,6 +94,7 @@ class CompiledModel:
 
 def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
     """The model as MLIR in torch-mlir's ONNX form (``iree-import-onnx``), node names as locations."""
+    require_iree()
     from iree.compiler import ir
     from iree.compiler.extras import onnx_importer
 
@@ -103,6 +129,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     *,
     target_cpu: str = "host",
     extra_args: tuple[str, ...] = (),
+    progress: Progress | None = None,
 ) -> CompiledModel:
     """Compile a training ONNX model for the CPU; returns the module (also written to ``output``).
 
@@ -112,14 +139,21 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         output: where to write the ``.vmfb`` (optional).
         target_cpu: ``--iree-llvmcpu-target-cpu`` (``host``; ``generic`` for a portable module).
         extra_args: further ``iree-compile`` flags.
+        progress: called with a line as each phase starts and ends (``import``: ONNX -> MLIR,
+            ``compile``: iree-compile), with the elapsed time; ``bridge compile`` prints them.
     """
-    import iree.compiler.tools as iree_tools
-
     if backend not in BACKENDS:
         raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
+    require_iree()
+    import iree.compiler.tools as iree_tools
+
     proto = _load(model)
+    report = progress or (lambda line: None)
     start = time.perf_counter()
+    report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
     mlir = to_mlir(proto)
+    report(f"import: done ({time.perf_counter() - start:.1f} s)")
+    report(f"compile: iree-compile, llvm-cpu, target cpu {target_cpu}")
     try:
         vmfb = iree_tools.compile_str(
             mlir,
@@ -128,7 +162,10 @@ def compile(  # noqa: A001 - bridge.compile is the public name
             extra_args=[*_IREE_FLAGS, f"--iree-llvmcpu-target-cpu={target_cpu}", *extra_args],
         )
     except iree_tools.CompilerToolError as exc:
-        raise CompileError(_describe_failure(str(exc), proto)) from exc
+        report(f"compile: failed ({time.perf_counter() - start:.1f} s)")
+        diagnostics = compiler_diagnostics(str(exc), proto)
+        raise CompileError(_describe_failure(diagnostics, str(exc), proto), diagnostics) from exc
+    report(f"compile: done ({time.perf_counter() - start:.1f} s in all)")
     compiled = CompiledModel(vmfb, backend, time.perf_counter() - start, _initial_state(model))
     if output is not None:
         compiled.save(output)
@@ -171,29 +208,38 @@ def _initial_state(model) -> dict[str, np.ndarray] | None:
 
 
 _ERROR = re.compile(r"error: (.*)")
-_LOCATION = re.compile(r'loc\("([^"]*)"\)')
+_LOCATION = re.compile(r"loc\((?:[^()]|\([^()]*\))*\)")
+_QUOTED = re.compile(r'"([^"]+)"')
 
 
-def _describe_failure(report: str, model: onnx.ModelProto) -> str:
-    """The compiler's errors, each with the ONNX node (name, op type, bridge layer) it is about."""
+def compiler_diagnostics(report: str, model: onnx.ModelProto) -> list[tuple[str, str, str]]:
+    """Each ``error:`` of an iree-compile report as ``(node name, op type, message)``.
+
+    A diagnostic's MLIR location is the ONNX node's name, plain (``loc("name")``) or nested in
+    fused/callsite locations; the first quoted name that is a node of ``model`` is the node."""
     diagnostics = report.split("Diagnostics:\n", 1)[-1].split("\n\nInvoked with:", 1)[0]
     nodes = {node.name: node for node in model.graph.node}
-    lines = []
+    found = []
     for line in diagnostics.splitlines():
         error = _ERROR.search(line)
         if not error:
             continue
         message = _LOCATION.sub("", error.group(1)).lstrip(": ")
         message = message.split(": %", 1)[0].split(" %", 1)[0][:300]
-        names = [name for name in _LOCATION.findall(line) if name in nodes]
-        if names:
-            node = nodes[names[0]]
-            layer = {p.key: p.value for p in node.metadata_props}.get("bridge.layer")
-            where = f"node '{node.name}' ({node.op_type}{f', layer {layer}' if layer else ''})"
-        else:
-            where = "the graph"
-        lines.append(f"{where}: {message}")
+        names = [name for name in _QUOTED.findall(line) if name in nodes]
+        node = nodes[names[0]] if names else None
+        found.append((node.name if node else "", node.op_type if node else "", message))
+    return found
+
+
+def _describe_failure(diagnostics: list[tuple[str, str, str]], report: str, model: onnx.ModelProto) -> str:
+    """The compiler's errors, each with the ONNX node (name, op type, bridge layer) it is about."""
+    layers = {node.name: {p.key: p.value for p in node.metadata_props}.get("bridge.layer") for node in model.graph.node}
+    lines = []
+    for name, op, message in diagnostics:
+        layer = f", layer {layers[name]}" if layers.get(name) else ""
+        lines.append(f"{f'node {name!r} ({op}{layer})' if name else 'the graph'}: {message}")
     if not lines:
-        lines = [diagnostics.strip()[:1000]]
+        lines = [report.split("Diagnostics:\n", 1)[-1].strip()[:1000]]
     more = f"\n  ... and {len(lines) - _MAX_ERRORS} more" if len(lines) > _MAX_ERRORS else ""
     return "IREE could not compile the model:\n  " + "\n  ".join(lines[:_MAX_ERRORS]) + more

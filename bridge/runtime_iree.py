@@ -13,7 +13,7 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from .compile import INPUTS_KEY, OUTPUTS_KEY, RANDOM_KEY, CompiledModel
+from .compile import INPUTS_KEY, OUTPUTS_KEY, RANDOM_KEY, CompiledModel, require_iree
 from .errors import InvalidOptionError, ModelLoadError
 from .checks import StepChecks
 from .runtime import StepSession, graph_hash
@@ -29,6 +29,7 @@ class IreeTrainingSession(StepSession):
         """``training_model``, the ONNX graph the module was compiled from, enables the batch checks
         and makes checkpoints interchangeable with onnxruntime sessions of that graph (same hash);
         ``eval_model`` enables ``evaluate`` (run in onnxruntime on this session's state)."""
+        require_iree("runtime")
         import iree.runtime as rt
 
         if isinstance(module, CompiledModel):

@@ -6,6 +6,8 @@ onnxruntime (which tests/test_*.py compare with PyTorch).
 """
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,8 +19,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main as cli_main
+from bridge.compile import MissingExtraError
 from bridge.runtime_iree import IreeTrainingSession
 from reference import assert_steps_match
+
+pytestmark = pytest.mark.iree
 
 
 @dataclass
@@ -198,16 +203,20 @@ def test_cli_compile_and_mlir_make_a_self_describing_module(tmp_path):
         assert_steps_match([iree.step(inputs, target)], [ort.step(inputs, target)])
 
 
-def test_compile_error_names_the_offending_node():
+def _convtranspose_output_shape() -> onnx.ModelProto:
     weight = numpy_helper.from_array(np.ones((2, 3, 3, 3), np.float32), "W")
     node = helper.make_node("ConvTranspose", ["x", "W"], ["y"], name="decoder/up/ConvTranspose",
                             strides=[2, 2], output_shape=[8, 8])
     graph = helper.make_graph([node], "convtranspose_output_shape",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    with pytest.raises(bridge.CompileError, match=r"node 'decoder/up/ConvTranspose' \(ConvTranspose\)"):
-        bridge.compile(model)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_compile_error_names_the_offending_node():
+    with pytest.raises(bridge.CompileError, match=r"node 'decoder/up/ConvTranspose' \(ConvTranspose\)") as error:
+        bridge.compile(_convtranspose_output_shape())
+    assert [d[:2] for d in error.value.diagnostics] == [("decoder/up/ConvTranspose", "ConvTranspose")]
 
 
 def test_bad_arguments_raise_bridge_errors(tmp_path):
@@ -218,3 +227,49 @@ def test_bad_arguments_raise_bridge_errors(tmp_path):
     (tmp_path / "junk.vmfb").write_bytes(b"not a module")
     with pytest.raises(bridge.ModelLoadError, match="IREE module"):
         IreeTrainingSession(tmp_path / "junk.vmfb", {})
+
+
+def test_check_target_iree_flags_the_known_pattern_and_compiles_the_rest():
+    """A known IREE pattern is flagged without compiling; other graphs are compiled, and the
+    compiler's errors become violations of the node they name."""
+    from repros.iree_conv_unread_pad import build
+
+    flagged = bridge.check(build(), target="iree")
+    assert [(v.node, v.op) for v in flagged] == [("strided_conv", "Conv")] * 2  # both spatial axes
+    assert "1-wide output" in flagged[0].problem
+    assert bridge.check(build(end_pad=0), target="iree") == []
+    compiled = bridge.check(_convtranspose_output_shape(), target="iree")
+    assert [(v.node, v.op) for v in compiled] == [("decoder/up/ConvTranspose", "ConvTranspose")]
+    assert compiled[0].problem.startswith("IREE: ")
+
+
+def test_cli_compile_reports_phases_and_check_iree(tmp_path, capsys):
+    from repros.iree_conv_unread_pad import build
+
+    path = tmp_path / "conv.onnx"
+    onnx.save(build(end_pad=0), str(path))
+    assert cli_main(["compile", str(path), "-o", str(tmp_path / "conv.vmfb")]) == 0
+    err = capsys.readouterr().err
+    for phase in (r"import: 1 ONNX nodes", r"import: done \(\d+\.\d s\)", r"compile: iree-compile",
+                  r"compile: done \(\d+\.\d s in all\)"):
+        assert re.search(phase, err), (phase, err)
+    onnx.save(build(), str(path))
+    assert cli_main(["check", str(path), "--target", "iree"]) == 1
+    assert "strided_conv (Conv)" in capsys.readouterr().out
+
+
+def test_missing_iree_names_the_install_extra(monkeypatch, capsys, tmp_path):
+    from repros.iree_conv_unread_pad import build
+
+    monkeypatch.setitem(sys.modules, "iree.compiler", None)  # import iree.compiler -> ImportError
+    monkeypatch.setitem(sys.modules, "iree.runtime", None)
+    with pytest.raises(MissingExtraError, match=r"pip install 'bridge\[iree\]'"):
+        bridge.compile(build())
+    with pytest.raises(MissingExtraError, match=r"bridge\[iree\]"):
+        IreeTrainingSession(b"", {})
+    path = tmp_path / "conv.onnx"
+    onnx.save(build(end_pad=0), str(path))
+    assert cli_main(["check", str(path), "--target", "iree"]) == 0  # the patterns, no compile
+    assert "bridge[iree]" in capsys.readouterr().err
+    assert cli_main(["compile", str(path), "-o", str(tmp_path / "conv.vmfb")]) == 2
+    assert "bridge[iree]" in capsys.readouterr().err

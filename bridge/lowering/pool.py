@@ -5,10 +5,11 @@ Every scatter back to the input is the input gradient of a Conv with a CONSTANT 
 ConvTranspose nor MaxPool's Indices output is needed:
 
 * max pooling: the window elements are strided slices of the ``-inf``-padded forward
-  input, stacked on a new axis ``K`` (one per kernel offset); ``argmax`` over it picks the
-  FIRST maximum, as torch does; ``where(argmax == k, grad, 0)`` routes each window's
-  gradient to its offset (no ``-inf * 0``); the scatter is the input gradient of a
-  per-channel Conv whose constant weight is the one-hot of each offset.
+  input, one per kernel offset; their elementwise Max is the pooled value; offset by offset,
+  ``where(window == max, remaining, 0)`` routes the gradient not yet taken, so only the
+  FIRST maximum of a window gets it, as torch does (no ArgMax, no ``-inf * 0``); the
+  scatter is the input gradient of a per-channel Conv whose constant weight is the one-hot
+  of each offset.
 * average pooling: ``grad / divisor`` (a constant computed with torch's divisor rule:
   count_include_pad, ceil_mode, divisor_override), scattered by a Conv with a ones weight.
   Forward windows that ceil_mode adds (or a divisor_override) become a sum Conv divided
@@ -81,8 +82,20 @@ def max_pool_backward(rank, grad_output, x, kernel_size, stride, padding, dilati
     unbatched = x.dim() == rank + 1
     x, grad_output = _channels_first(x, rank), _channels_first(grad_output, rank)
     n, channels, sizes, outputs = x.shape[0], x.shape[1], list(x.shape[2:]), list(grad_output.shape[2:])
+    routed = _route_to_first_max(_windows(x, kernel, stride, padding, dilation, outputs), grad_output)
+    count = len(routed)
+    stacked = aten.cat.default([aten.unsqueeze.default(r, 2) for r in routed], 2)
+    stacked = aten.reshape.default(stacked, [n, channels * count] + outputs)
+    weight = _one_hot_weight(channels, kernel, grad_output)
+    grad_input = input_grad(stacked, weight, sizes, stride, padding, dilation, channels)
+    return aten.squeeze.dims(grad_input, [0]) if unbatched else grad_input
+
+
+def _windows(x, kernel, stride, padding, dilation, outputs) -> list[torch.Tensor]:
+    """One ``[N, C, O...]`` tensor per kernel offset: the element each window holds there
+    (strided slices of the ``-inf``-padded input, in torch's row-major window order)."""
     pad = []
-    for size, o, k, s, p, d in reversed(list(zip(sizes, outputs, kernel, stride, padding, dilation))):
+    for size, o, k, s, p, d in reversed(list(zip(x.shape[2:], outputs, kernel, stride, padding, dilation))):
         pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
     padded = aten.constant_pad_nd.default(x, pad, float("-inf"))
     windows = []
@@ -90,18 +103,28 @@ def max_pool_backward(rank, grad_output, x, kernel_size, stride, padding, dilati
         window = padded
         for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation)):
             window = aten.slice.Tensor(window, axis + 2, j * d, j * d + (o - 1) * s + 1, s)
-        windows.append(aten.unsqueeze.default(window, 2))
-    stacked = aten.cat.default(windows, 2)
-    first_max = aten.argmax.default(stacked, 2, True)
-    count = len(windows)
-    offsets = _constant(np.arange(count).reshape([1, 1, count] + [1] * rank), first_max)
-    routed = aten.where.self(
-        aten.eq.Tensor(first_max, offsets), aten.unsqueeze.default(grad_output, 2), _constant(np.zeros(()), grad_output)
-    )
-    routed = aten.reshape.default(routed, [n, channels * count] + outputs)
-    weight = _one_hot_weight(channels, kernel, grad_output)
-    grad_input = input_grad(routed, weight, sizes, stride, padding, dilation, channels)
-    return aten.squeeze.dims(grad_input, [0]) if unbatched else grad_input
+        windows.append(window)
+    return windows
+
+
+def _route_to_first_max(windows: list[torch.Tensor], grad_output: torch.Tensor) -> list[torch.Tensor]:
+    """Per kernel offset, the gradient that offset receives: all of a window's gradient goes to
+    its FIRST maximum (torch's choice among ties), none to the others.
+
+    The max is an elementwise Max of the offsets (exact, so ``==`` finds it); the gradient not
+    yet routed is carried from offset to offset and cleared once taken. Only Max, Equal and
+    Where: no ArgMax over a stacked window axis (which IREE compiles to a stack buffer past its
+    32 KiB limit at real sizes, and whose results were wrong upstream of resnet18's max pool).
+    """
+    pooled = functools.reduce(aten.maximum.default, windows)
+    zero = _constant(np.zeros(()), grad_output)
+    remaining, routed = grad_output, []
+    for index, window in enumerate(windows):
+        is_max = aten.eq.Tensor(window, pooled)
+        routed.append(aten.where.self(is_max, remaining, zero))
+        if index + 1 < len(windows):
+            remaining = aten.where.self(is_max, zero, remaining)
+    return routed
 
 
 def avg_pool_divisor(

@@ -27,31 +27,38 @@ def convolution(b: GraphBuilder, node, x, weight, bias, stride, padding, dilatio
         raise LoweringError(f"aten.convolution with transposed=True reached export at {_where(node)}; it must be lowered")
     rank = weight.rank - 2
     padding, stride, dilation = per_dim(padding, rank), per_dim(stride, rank), per_dim(dilation, rank)
-    x = _crop_unread_tail(b, x, weight.shape[2:], stride, padding, dilation)
+    x, end_pads = _fit_to_read_extent(b, x, weight.shape[2:], stride, padding, dilation)
     inputs = [x, weight] + ([bias] if bias is not None else [])
     return b.op(
         "Conv", *inputs, kernel_shape=list(weight.shape[2:]), strides=stride,
-        pads=padding + padding, dilations=dilation, group=groups,
+        pads=padding + end_pads, dilations=dilation, group=groups,
     )
 
 
-def _crop_unread_tail(b: GraphBuilder, x: Value, kernel, stride, padding, dilation) -> Value:
-    """Slice off the input elements past the end padding that no window reads.
+def read_extent(size: int, k: int, s: int, p: int, d: int) -> int:
+    """How far past the begin padding the windows of a Conv read: ``(windows - 1) * s + d * (k - 1) + 1``."""
+    windows = (size + 2 * p - d * (k - 1) - 1) // s + 1
+    return (windows - 1) * s + d * (k - 1) + 1
 
-    Same result; it avoids an IREE defect (a strided Conv whose windows leave input elements
-    unread fails to compile, e.g. x [2,4,4,4], W [6,4,3,3], stride 2, no pads).
+
+def _fit_to_read_extent(b: GraphBuilder, x: Value, kernel, stride, padding, dilation) -> tuple[Value, list[int]]:
+    """The input and end pads whose padded extent is exactly what the windows read.
+
+    Same result; it avoids an IREE defect: a strided Conv whose windows leave the end of the
+    padded input unread fails to compile when its output is 1 wide along that axis (e.g. a 3x3
+    kernel, stride 2, padding 1 on a 2x2 input: ``inferred ... dimension #2 to be 4, but found 3``).
+    The end pad shrinks to what is read; where even the input's tail is unread, it is sliced off.
     """
-    ends = []
+    ends, sizes = [], []
     for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation):
-        total = size + 2 * p
-        windows = (total - d * (k - 1) - 1) // s + 1
-        unread_input = total - ((windows - 1) * s + d * (k - 1) + 1) - p
-        ends.append(size - max(unread_input, 0))
-    if ends == list(x.shape[2:]):
-        return x
+        end = read_extent(size, k, s, p, d) - p - size
+        ends.append(max(end, 0))
+        sizes.append(size + min(end, 0))
+    if sizes == list(x.shape[2:]):
+        return x, ends
     axes = list(range(2, x.rank))
-    return b.op("Slice", x, b.ints([0] * len(axes)), b.ints(ends), b.ints(axes),
-                shape=list(x.shape[:2]) + ends, dtype=x.dtype)
+    return b.op("Slice", x, b.ints([0] * len(axes)), b.ints(sizes), b.ints(axes),
+                shape=list(x.shape[:2]) + sizes, dtype=x.dtype), ends
 
 
 def _indices_used(node) -> bool:

@@ -1,0 +1,1 @@
+"""Minimal standalone repros of compiler defects bridge's emitted graphs avoid (docs/onnx-mlir.md)."""
