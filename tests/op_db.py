@@ -96,7 +96,7 @@ class OpRow:
     attrs: dict = field(default_factory=dict)
     opset: int = 18
     outputs: int = 1  # outputs of the op's node (the loss applies to the first model output)
-    out_dtype: Any = np.float32
+    out_dtype: Any = np.float32  # of every model output, or a tuple: one per output
     grad: bool = True
     dynamic_batch: bool = True
     xfail: str | None = None
@@ -164,7 +164,7 @@ class OpRow:
         graph = helper.make_graph(
             nodes, self.id,
             [helper.make_tensor_value_info(k, ELEM_ALL[v.dtype], v.shape) for k, v in data.items()],
-            [helper.make_tensor_value_info(n, ELEM_ALL[np.dtype(self.out_dtype)], None) for n in model_outputs],
+            [helper.make_tensor_value_info(n, ELEM_ALL[np.dtype(t)], None) for n, t in zip(model_outputs, self._out_dtypes(model_outputs))],
             [numpy_helper.from_array(np.asarray(v), k) for k, v in self.initializers().items()],
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
@@ -173,6 +173,9 @@ class OpRow:
         _complete_output_shapes(model, data)
         onnx.checker.check_model(model)
         return model
+
+    def _out_dtypes(self, outputs) -> tuple:
+        return self.out_dtype if isinstance(self.out_dtype, tuple) else (self.out_dtype,) * len(outputs)
 
     def oracle_model(self) -> onnx.ModelProto | None:
         """The model whose reference-evaluator run is the gradient oracle, where it is not the row's."""
@@ -588,10 +591,74 @@ def _sequence() -> list[OpRow]:
     ]
 
 
+# --- issue 12 part A ---
+def _scaled_data(shape) -> tuple[Arg, Arg, Node]:
+    """A data input times a trainable weight: the op's ``data`` input whose gradient is checked."""
+    return x(shape), w("wd", shape[1:]), Node("Mul", ("x", "wd"), ("data",))
+
+
+def _scatter(op_type: str, variant: str, shape, indices: Arg, updates: Arg, **options) -> OpRow:
+    """A scatter into ``x * wd`` (both ``wd`` and the updates trained)."""
+    data, wd, mul = _scaled_data(shape)
+    return row(op_type, variant, data, wd, indices, updates, node_inputs=("data", indices.name, updates.name),
+               before=(mul,), **options)
+
+
+def _scatters() -> list[OpRow]:
+    idx = c("indices", [[[1, 0, 2, 1], [2, 1, 0, 0]]])  # no duplicate along axis 1
+    dup = c("indices", [[[1, 0, 2, 1], [1, 1, 0, 2]]])  # column 0 hits position 1 twice
+    upd = w("updates", (1, 2, 4), "distinct")
+    nd_idx = c("indices", [[1], [0]])
+    nd_dup = c("indices", [[1, 2], [0, 0], [1, 2]])
+    return [
+        _scatter("ScatterElements", "none_axis1", (2, 3, 4), idx, upd, attrs={"axis": 1}, dynamic_batch=False),
+        _scatter("ScatterElements", "negative_indices", (2, 3, 4), c("indices", [[[-1, 0, -3, 1]]]),
+                 w("updates", (1, 1, 4)), attrs={"axis": 1}, dynamic_batch=False),
+        _scatter("ScatterElements", "add_duplicates", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "add"}, dynamic_batch=False),
+        _scatter("ScatterElements", "mul_duplicates", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "mul"}, dynamic_batch=False),
+        _scatter("ScatterElements", "max", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "max"}, dynamic_batch=False),
+        _scatter("ScatterElements", "min", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "min"}, dynamic_batch=False),
+        _scatter("ScatterElements", "axis-1_data_indices", (2, 3, 4), x((2, 3, 2), "int:4", dtype=np.int64, name="ids"),
+                 w("updates", (2, 3, 2)), attrs={"axis": -1}, dynamic_batch=False),
+        _scatter("ScatterND", "none_rows", (2, 3, 4), nd_idx, w("updates", (2, 3, 4)), dynamic_batch=False),
+        _scatter("ScatterND", "none_depth2", (2, 3, 4), c("indices", [[1, 2], [0, 0]]), w("updates", (2, 4)),
+                 dynamic_batch=False),
+        _scatter("ScatterND", "add_duplicates", (2, 3, 4), nd_dup, w("updates", (3, 4)), attrs={"reduction": "add"},
+                 dynamic_batch=False),
+        _scatter("ScatterND", "mul_duplicates", (2, 3, 4), nd_dup, w("updates", (3, 4)), attrs={"reduction": "mul"},
+                 dynamic_batch=False),
+        _scatter("ScatterND", "max", (2, 3, 4), nd_dup, w("updates", (3, 4), "distinct"), attrs={"reduction": "max"},
+                 dynamic_batch=False),
+        _scatter("ScatterND", "min", (2, 3, 4), nd_dup, w("updates", (3, 4), "distinct"), attrs={"reduction": "min"},
+                 dynamic_batch=False),
+    ]
+
+
+def _topk(variant: str, *args: Arg, **options) -> OpRow:
+    """TopK with both outputs (the loss trains through the values)."""
+    return row("TopK", variant, x(values="distinct"), *args, outputs=2, out_dtype=(np.float32, np.int64), **options)
+
+
+def _selection() -> list[OpRow]:
+    return [
+        _topk("largest_last_axis", c("k", [2])),
+        _topk("smallest_axis1", c("k", [2]), attrs={"axis": 1, "largest": 0}),
+        _topk("k_attribute_opset9", opset=9, attrs={"axis": 2, "k": 3}),
+        row("GatherND", "depth2_negative", x(), c("indices", [[1, -1], [0, 2]]), dynamic_batch=False),
+        row("GatherND", "batch_dims1_depth2", x((2, 3, 4, 2)), x((2, 2, 2), "int:3", dtype=np.int64, name="indices"),
+            attrs={"batch_dims": 1}),
+        row("Gather", "scalar_index", x(), c("indices", 1), attrs={"axis": 1}),
+    ]
+
+
+def _issue12a() -> list[OpRow]:
+    return _scatters() + _selection()
+
+
 def all_rows() -> list[OpRow]:
     """Every row of the database, in a stable order."""
     return (_elementwise() + _activations() + _reductions() + _linear() + _conv() + _pool() + _normalization()
-            + _dropout() + _tensor() + _resize() + _rnn() + _sequence())
+            + _dropout() + _tensor() + _resize() + _rnn() + _sequence() + _issue12a())
 
 
 ROWS: list[OpRow] = all_rows()
