@@ -24,7 +24,8 @@ from onnx.reference import ReferenceEvaluator
 from single_op import ELEM
 
 DATA, WEIGHT, CONST, ABSENT = "data", "weight", "const", "absent"
-ELEM_ALL = {**ELEM, np.dtype(np.int32): onnx.TensorProto.INT32}
+ELEM_ALL = {**ELEM, np.dtype(np.int32): onnx.TensorProto.INT32, np.dtype(np.uint8): onnx.TensorProto.UINT8,
+            np.dtype(np.uint32): onnx.TensorProto.UINT32}
 BATCH = 2  # the batch size of every row's model (dim 0 of each batched data input)
 # The trainable Mul in front of ops whose float inputs are all data: values in [0.75, 1.25]
 # keep the domains below (|unit| * 1.25 < 1, gt1 * 0.75 > 1).
@@ -651,8 +652,61 @@ def _selection() -> list[OpRow]:
     ]
 
 
+def _folded() -> list[OpRow]:
+    """Ops whose output size depends on values known before the model runs."""
+    uniq = c("u", [[1.5, 0.5], [1.5, 0.5], [2.0, -1.0], [0.5, 0.5]], np.float32)
+    unique = {"outputs": 4, "out_dtype": (np.float32, np.int64, np.int64, np.int64), "grad": False}
+    return [
+        row("NonZero", "constant", c("v", [[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]], np.float32), out_dtype=np.int64,
+            grad=False),
+        row("Compress", "axis1", x(), c("condition", [True, False, True], np.bool_), attrs={"axis": 1}),
+        row("Compress", "flattened_short_condition", x(), c("condition", [False, True, True, False, True], np.bool_),
+            dynamic_batch=False),
+        row("Unique", "sorted_flat", uniq, **unique),
+        row("Unique", "unsorted_flat", uniq, attrs={"sorted": 0}, **unique),
+        row("Unique", "axis0", uniq, attrs={"axis": 0}, **unique),
+    ]
+
+
+def _lrn(variant: str, shape, size: int, alpha: float, beta: float, bias: float = 1.0) -> OpRow:
+    """LRN with an oracle from the spec (the reference evaluator's LRN windows over the batch dim, not
+    the channels): squares padded along the channels, ``size`` shifted slices summed."""
+    channels, before, after = shape[1], (size - 1) // 2, size // 2
+    slices = []
+    for k in range(size):
+        slices += [const(f"s{k}", [k], np.int64), const(f"e{k}", [k + channels], np.int64),
+                   Node("Slice", ("padded", f"s{k}", f"e{k}", "axis1"), (f"win{k}",))]
+    oracle = (const("pads", [0, before, 0, 0, 0, after, 0, 0], np.int64), const("axis1", [1], np.int64),
+              *exact("scale", float(np.float32(alpha)) / size), *exact("bias", float(np.float32(bias))),
+              *exact("beta", float(np.float32(beta))), Node("Mul", ("x", "x"), ("sq",)),
+              Node("Pad", ("sq", "pads"), ("padded",)), *slices,
+              Node("Sum", tuple(f"win{k}" for k in range(size)), ("window",)), Node("Mul", ("window", "scale"), ("scaled",)),
+              Node("Add", ("scaled", "bias"), ("base",)), Node("Pow", ("base", "beta"), ("den",)),
+              Node("Div", ("x", "den"), ("y",)))
+    attrs = {"size": size, "alpha": alpha, "beta": beta, "bias": bias}
+    return row("LRN", variant, x(shape), attrs=attrs, oracle=oracle)
+
+
+def _local() -> list[OpRow]:
+    """Element-wise and channel-window ops, sequence reversal and bit shifts."""
+    return [
+        row("Shrink", "soft", x(), attrs={"lambd": 0.5, "bias": 0.5}),
+        row("Shrink", "hard", x(), attrs={"lambd": 0.3}),
+        _lrn("size3", (2, 5, 3, 3), size=3, alpha=0.2, beta=0.75, bias=1.5),
+        _lrn("size5_default_bias", (2, 6, 2, 3), size=5, alpha=0.3, beta=0.5),
+        row("ReverseSequence", "time_major", x((4, 2, 3), batched=False), c("lens", [4, 2]),
+            attrs={"time_axis": 0, "batch_axis": 1}, dynamic_batch=False),
+        row("ReverseSequence", "batch_major_data_lengths", x((2, 4, 3)), x((2,), "int:5", dtype=np.int64, name="lens"),
+            attrs={"time_axis": 1, "batch_axis": 0}),
+        row("BitShift", "left_uint8", x((2, 4), "int:16", dtype=np.uint8), c("s", [1, 2, 3, 0], np.uint8),
+            attrs={"direction": "LEFT"}, out_dtype=np.uint8, grad=False),
+        row("BitShift", "right_uint32", x((2, 4), "int:4096", dtype=np.uint32), c("s", [1, 2, 3, 0], np.uint32),
+            attrs={"direction": "RIGHT"}, out_dtype=np.uint32, grad=False),
+    ]
+
+
 def _issue12a() -> list[OpRow]:
-    return _scatters() + _selection()
+    return _scatters() + _selection() + _folded() + _local()
 
 
 def all_rows() -> list[OpRow]:

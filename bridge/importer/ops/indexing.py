@@ -39,3 +39,17 @@ def gather_nd(ctx, data, indices):
     rows = data.reshape([batch * math.prod(indexed)] + rest)
     out = rows.index_select(0, flat.reshape(-1))
     return out.reshape(list(indices.shape[:-1]) + rest)
+
+
+@converter("ReverseSequence")
+def reverse_sequence(ctx, x, lengths):
+    """Each batch entry's first ``lengths[b]`` steps along ``time_axis`` reversed, the rest kept:
+    one ``gather`` along the time axis with source steps ``where(t < len, len - 1 - t, t)``."""
+    time_axis, batch_axis = ctx.attr("time_axis", 0), ctx.attr("batch_axis", 1)
+    steps = torch.arange(x.shape[time_axis]).unsqueeze(1)  # [T, 1]
+    lengths = lengths.to(torch.int64).reshape(1, lengths.shape[0])  # [1, B]
+    source = torch.where(steps < lengths, lengths - 1 - steps, steps)  # [T, B]
+    if time_axis > batch_axis:
+        source = source.t()
+    index = source.reshape(list(source.shape) + [1] * (x.dim() - 2)).expand(x.shape)
+    return torch.gather(x, time_axis, index)
