@@ -705,8 +705,31 @@ def _local() -> list[OpRow]:
     ]
 
 
+def _grid_samples() -> list[OpRow]:
+    """Grids in about [-2, 2]: a third of the points sample outside the input (padding)."""
+    x2, grid = x((2, 2, 4, 5)), w("grid", (2, 3, 4, 2))
+    fixed = c("grid", np.random.default_rng(1).uniform(-1.3, 1.3, (2, 3, 4, 2)), np.float32)
+    static = {"dynamic_batch": False}
+    return [
+        row("GridSample", "bilinear_zeros", x2, grid, opset=16, **static),
+        row("GridSample", "bilinear_border_align_corners", x2, grid, opset=16,
+            attrs={"padding_mode": "border", "align_corners": 1}, **static),
+        row("GridSample", "nearest_zeros", x2, fixed, opset=16, attrs={"mode": "nearest"}, **static),
+        row("GridSample", "nearest_border", x2, fixed, opset=16, attrs={"mode": "nearest", "padding_mode": "border"},
+            **static),
+        row("GridSample", "bicubic_zeros", x2, grid, opset=16, attrs={"mode": "bicubic"}, **static),
+        row("GridSample", "cubic_reflection", x2, grid, opset=20, attrs={"mode": "cubic", "padding_mode": "reflection"},
+            **static),
+        row("GridSample", "linear_reflection_align_corners", x2, grid, opset=20,
+            attrs={"padding_mode": "reflection", "align_corners": 1}, **static),
+        row("GridSample", "linear_3d_border", x((2, 2, 3, 3, 4)), w("grid", (2, 2, 3, 2, 3)), opset=20,
+            attrs={"padding_mode": "border"}, **static),
+        row("GridSample", "data_grid", x2, x((2, 3, 4, 2), name="g"), opset=16),
+    ]
+
+
 def _issue12a() -> list[OpRow]:
-    return _scatters() + _selection() + _folded() + _local()
+    return _scatters() + _selection() + _folded() + _local() + _grid_samples()
 
 
 def all_rows() -> list[OpRow]:
