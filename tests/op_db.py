@@ -728,8 +728,27 @@ def _grid_samples() -> list[OpRow]:
     ]
 
 
+def _pool_and_resize() -> list[OpRow]:
+    """AveragePool dilations (opset 19) and Resize antialias when downsampling (opset 18)."""
+    x2, x8 = x((2, 3, 6, 6)), x((2, 2, 8, 8))
+    return [
+        row("AveragePool", "2d_dilated_opset19", x2, opset=19, attrs={"kernel_shape": [2, 2], "dilations": [2, 2]}),
+        row("AveragePool", "2d_dilated_pads_ceil_include", x2, opset=19,
+            attrs={"kernel_shape": [3, 3], "dilations": [2, 2], "strides": [2, 2], "pads": [1, 1, 2, 2],
+                   "ceil_mode": 1, "count_include_pad": 1}),
+        row("AveragePool", "1d_dilated_pads_exclude", x((2, 3, 9)), opset=19,
+            attrs={"kernel_shape": [3], "dilations": [3], "pads": [2, 1]}),
+        row("Resize", "linear_antialias_downsample", x8, absent(), c("scales", [1, 1, 0.5, 0.375], np.float32),
+            opset=18, attrs={"mode": "linear", "antialias": 1}),
+        row("Resize", "cubic_antialias_sizes", x8, absent(), absent(), c("sizes", [2, 2, 3, 5]),
+            opset=18, attrs={"mode": "cubic", "antialias": 1}, dynamic_batch=False),
+        row("Resize", "cubic_antialias_exclude_outside", x8, absent(), c("scales", [1, 1, 0.5, 0.5], np.float32),
+            opset=18, attrs={"mode": "cubic", "antialias": 1, "exclude_outside": 1}),
+    ]
+
+
 def _issue12a() -> list[OpRow]:
-    return _scatters() + _selection() + _folded() + _local() + _grid_samples()
+    return _scatters() + _selection() + _folded() + _local() + _grid_samples() + _pool_and_resize()
 
 
 def all_rows() -> list[OpRow]:
