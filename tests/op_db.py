@@ -24,7 +24,8 @@ from onnx.reference import ReferenceEvaluator
 from single_op import ELEM
 
 DATA, WEIGHT, CONST, ABSENT = "data", "weight", "const", "absent"
-ELEM_ALL = {**ELEM, np.dtype(np.int32): onnx.TensorProto.INT32}
+ELEM_ALL = {**ELEM, np.dtype(np.int32): onnx.TensorProto.INT32, np.dtype(np.uint8): onnx.TensorProto.UINT8,
+            np.dtype(np.uint32): onnx.TensorProto.UINT32}
 BATCH = 2  # the batch size of every row's model (dim 0 of each batched data input)
 # The trainable Mul in front of ops whose float inputs are all data: values in [0.75, 1.25]
 # keep the domains below (|unit| * 1.25 < 1, gt1 * 0.75 > 1).
@@ -96,7 +97,7 @@ class OpRow:
     attrs: dict = field(default_factory=dict)
     opset: int = 18
     outputs: int = 1  # outputs of the op's node (the loss applies to the first model output)
-    out_dtype: Any = np.float32
+    out_dtype: Any = np.float32  # of every model output, or a tuple: one per output
     grad: bool = True
     dynamic_batch: bool = True
     xfail: str | None = None
@@ -164,7 +165,7 @@ class OpRow:
         graph = helper.make_graph(
             nodes, self.id,
             [helper.make_tensor_value_info(k, ELEM_ALL[v.dtype], v.shape) for k, v in data.items()],
-            [helper.make_tensor_value_info(n, ELEM_ALL[np.dtype(self.out_dtype)], None) for n in model_outputs],
+            [helper.make_tensor_value_info(n, ELEM_ALL[np.dtype(t)], None) for n, t in zip(model_outputs, self._out_dtypes(model_outputs))],
             [numpy_helper.from_array(np.asarray(v), k) for k, v in self.initializers().items()],
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
@@ -173,6 +174,9 @@ class OpRow:
         _complete_output_shapes(model, data)
         onnx.checker.check_model(model)
         return model
+
+    def _out_dtypes(self, outputs) -> tuple:
+        return self.out_dtype if isinstance(self.out_dtype, tuple) else (self.out_dtype,) * len(outputs)
 
     def oracle_model(self) -> onnx.ModelProto | None:
         """The model whose reference-evaluator run is the gradient oracle, where it is not the row's."""
@@ -588,10 +592,169 @@ def _sequence() -> list[OpRow]:
     ]
 
 
+# --- issue 12 part A ---
+def _scaled_data(shape) -> tuple[Arg, Arg, Node]:
+    """A data input times a trainable weight: the op's ``data`` input whose gradient is checked."""
+    return x(shape), w("wd", shape[1:]), Node("Mul", ("x", "wd"), ("data",))
+
+
+def _scatter(op_type: str, variant: str, shape, indices: Arg, updates: Arg, **options) -> OpRow:
+    """A scatter into ``x * wd`` (both ``wd`` and the updates trained)."""
+    data, wd, mul = _scaled_data(shape)
+    return row(op_type, variant, data, wd, indices, updates, node_inputs=("data", indices.name, updates.name),
+               before=(mul,), **options)
+
+
+def _scatters() -> list[OpRow]:
+    idx = c("indices", [[[1, 0, 2, 1], [2, 1, 0, 0]]])  # no duplicate along axis 1
+    dup = c("indices", [[[1, 0, 2, 1], [1, 1, 0, 2]]])  # column 0 hits position 1 twice
+    upd = w("updates", (1, 2, 4), "distinct")
+    nd_idx = c("indices", [[1], [0]])
+    nd_dup = c("indices", [[1, 2], [0, 0], [1, 2]])
+    return [
+        _scatter("ScatterElements", "none_axis1", (2, 3, 4), idx, upd, attrs={"axis": 1}, dynamic_batch=False),
+        _scatter("ScatterElements", "negative_indices", (2, 3, 4), c("indices", [[[-1, 0, -3, 1]]]),
+                 w("updates", (1, 1, 4)), attrs={"axis": 1}, dynamic_batch=False),
+        _scatter("ScatterElements", "add_duplicates", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "add"}, dynamic_batch=False),
+        _scatter("ScatterElements", "mul_duplicates", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "mul"}, dynamic_batch=False),
+        _scatter("ScatterElements", "max", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "max"}, dynamic_batch=False),
+        _scatter("ScatterElements", "min", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "min"}, dynamic_batch=False),
+        _scatter("ScatterElements", "axis-1_data_indices", (2, 3, 4), x((2, 3, 2), "int:4", dtype=np.int64, name="ids"),
+                 w("updates", (2, 3, 2)), attrs={"axis": -1}, dynamic_batch=False),
+        _scatter("ScatterND", "none_rows", (2, 3, 4), nd_idx, w("updates", (2, 3, 4)), dynamic_batch=False),
+        _scatter("ScatterND", "none_depth2", (2, 3, 4), c("indices", [[1, 2], [0, 0]]), w("updates", (2, 4)),
+                 dynamic_batch=False),
+        _scatter("ScatterND", "add_duplicates", (2, 3, 4), nd_dup, w("updates", (3, 4)), attrs={"reduction": "add"},
+                 dynamic_batch=False),
+        _scatter("ScatterND", "mul_duplicates", (2, 3, 4), nd_dup, w("updates", (3, 4)), attrs={"reduction": "mul"},
+                 dynamic_batch=False),
+        _scatter("ScatterND", "max", (2, 3, 4), nd_dup, w("updates", (3, 4), "distinct"), attrs={"reduction": "max"},
+                 dynamic_batch=False),
+        _scatter("ScatterND", "min", (2, 3, 4), nd_dup, w("updates", (3, 4), "distinct"), attrs={"reduction": "min"},
+                 dynamic_batch=False),
+    ]
+
+
+def _topk(variant: str, *args: Arg, **options) -> OpRow:
+    """TopK with both outputs (the loss trains through the values)."""
+    return row("TopK", variant, x(values="distinct"), *args, outputs=2, out_dtype=(np.float32, np.int64), **options)
+
+
+def _selection() -> list[OpRow]:
+    return [
+        _topk("largest_last_axis", c("k", [2])),
+        _topk("smallest_axis1", c("k", [2]), attrs={"axis": 1, "largest": 0}),
+        _topk("k_attribute_opset9", opset=9, attrs={"axis": 2, "k": 3}),
+        row("GatherND", "depth2_negative", x(), c("indices", [[1, -1], [0, 2]]), dynamic_batch=False),
+        row("GatherND", "batch_dims1_depth2", x((2, 3, 4, 2)), x((2, 2, 2), "int:3", dtype=np.int64, name="indices"),
+            attrs={"batch_dims": 1}),
+        row("Gather", "scalar_index", x(), c("indices", 1), attrs={"axis": 1}),
+    ]
+
+
+def _folded() -> list[OpRow]:
+    """Ops whose output size depends on values known before the model runs."""
+    uniq = c("u", [[1.5, 0.5], [1.5, 0.5], [2.0, -1.0], [0.5, 0.5]], np.float32)
+    unique = {"outputs": 4, "out_dtype": (np.float32, np.int64, np.int64, np.int64), "grad": False}
+    return [
+        row("NonZero", "constant", c("v", [[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]], np.float32), out_dtype=np.int64,
+            grad=False),
+        row("Compress", "axis1", x(), c("condition", [True, False, True], np.bool_), attrs={"axis": 1}),
+        row("Compress", "flattened_short_condition", x(), c("condition", [False, True, True, False, True], np.bool_),
+            dynamic_batch=False),
+        row("Unique", "sorted_flat", uniq, **unique),
+        row("Unique", "unsorted_flat", uniq, attrs={"sorted": 0}, **unique),
+        row("Unique", "axis0", uniq, attrs={"axis": 0}, **unique),
+    ]
+
+
+def _lrn(variant: str, shape, size: int, alpha: float, beta: float, bias: float = 1.0) -> OpRow:
+    """LRN with an oracle from the spec (the reference evaluator's LRN windows over the batch dim, not
+    the channels): squares padded along the channels, ``size`` shifted slices summed."""
+    channels, before, after = shape[1], (size - 1) // 2, size // 2
+    slices = []
+    for k in range(size):
+        slices += [const(f"s{k}", [k], np.int64), const(f"e{k}", [k + channels], np.int64),
+                   Node("Slice", ("padded", f"s{k}", f"e{k}", "axis1"), (f"win{k}",))]
+    oracle = (const("pads", [0, before, 0, 0, 0, after, 0, 0], np.int64), const("axis1", [1], np.int64),
+              *exact("scale", float(np.float32(alpha)) / size), *exact("bias", float(np.float32(bias))),
+              *exact("beta", float(np.float32(beta))), Node("Mul", ("x", "x"), ("sq",)),
+              Node("Pad", ("sq", "pads"), ("padded",)), *slices,
+              Node("Sum", tuple(f"win{k}" for k in range(size)), ("window",)), Node("Mul", ("window", "scale"), ("scaled",)),
+              Node("Add", ("scaled", "bias"), ("base",)), Node("Pow", ("base", "beta"), ("den",)),
+              Node("Div", ("x", "den"), ("y",)))
+    attrs = {"size": size, "alpha": alpha, "beta": beta, "bias": bias}
+    return row("LRN", variant, x(shape), attrs=attrs, oracle=oracle)
+
+
+def _local() -> list[OpRow]:
+    """Element-wise and channel-window ops, sequence reversal and bit shifts."""
+    return [
+        row("Shrink", "soft", x(), attrs={"lambd": 0.5, "bias": 0.5}),
+        row("Shrink", "hard", x(), attrs={"lambd": 0.3}),
+        _lrn("size3", (2, 5, 3, 3), size=3, alpha=0.2, beta=0.75, bias=1.5),
+        _lrn("size5_default_bias", (2, 6, 2, 3), size=5, alpha=0.3, beta=0.5),
+        row("ReverseSequence", "time_major", x((4, 2, 3), batched=False), c("lens", [4, 2]),
+            attrs={"time_axis": 0, "batch_axis": 1}, dynamic_batch=False),
+        row("ReverseSequence", "batch_major_data_lengths", x((2, 4, 3)), x((2,), "int:5", dtype=np.int64, name="lens"),
+            attrs={"time_axis": 1, "batch_axis": 0}),
+        row("BitShift", "left_uint8", x((2, 4), "int:16", dtype=np.uint8), c("s", [1, 2, 3, 0], np.uint8),
+            attrs={"direction": "LEFT"}, out_dtype=np.uint8, grad=False),
+        row("BitShift", "right_uint32", x((2, 4), "int:4096", dtype=np.uint32), c("s", [1, 2, 3, 0], np.uint32),
+            attrs={"direction": "RIGHT"}, out_dtype=np.uint32, grad=False),
+    ]
+
+
+def _grid_samples() -> list[OpRow]:
+    """Grids in about [-2, 2]: a third of the points sample outside the input (padding)."""
+    x2, grid = x((2, 2, 4, 5)), w("grid", (2, 3, 4, 2))
+    fixed = c("grid", np.random.default_rng(1).uniform(-1.3, 1.3, (2, 3, 4, 2)), np.float32)
+    static = {"dynamic_batch": False}
+    return [
+        row("GridSample", "bilinear_zeros", x2, grid, opset=16, **static),
+        row("GridSample", "bilinear_border_align_corners", x2, grid, opset=16,
+            attrs={"padding_mode": "border", "align_corners": 1}, **static),
+        row("GridSample", "nearest_zeros", x2, fixed, opset=16, attrs={"mode": "nearest"}, **static),
+        row("GridSample", "nearest_border", x2, fixed, opset=16, attrs={"mode": "nearest", "padding_mode": "border"},
+            **static),
+        row("GridSample", "bicubic_zeros", x2, grid, opset=16, attrs={"mode": "bicubic"}, **static),
+        row("GridSample", "cubic_reflection", x2, grid, opset=20, attrs={"mode": "cubic", "padding_mode": "reflection"},
+            **static),
+        row("GridSample", "linear_reflection_align_corners", x2, grid, opset=20,
+            attrs={"padding_mode": "reflection", "align_corners": 1}, **static),
+        row("GridSample", "linear_3d_border", x((2, 2, 3, 3, 4)), w("grid", (2, 2, 3, 2, 3)), opset=20,
+            attrs={"padding_mode": "border"}, **static),
+        row("GridSample", "data_grid", x2, x((2, 3, 4, 2), name="g"), opset=16),
+    ]
+
+
+def _pool_and_resize() -> list[OpRow]:
+    """AveragePool dilations (opset 19) and Resize antialias when downsampling (opset 18)."""
+    x2, x8 = x((2, 3, 6, 6)), x((2, 2, 8, 8))
+    return [
+        row("AveragePool", "2d_dilated_opset19", x2, opset=19, attrs={"kernel_shape": [2, 2], "dilations": [2, 2]}),
+        row("AveragePool", "2d_dilated_pads_ceil_include", x2, opset=19,
+            attrs={"kernel_shape": [3, 3], "dilations": [2, 2], "strides": [2, 2], "pads": [1, 1, 2, 2],
+                   "ceil_mode": 1, "count_include_pad": 1}),
+        row("AveragePool", "1d_dilated_pads_exclude", x((2, 3, 9)), opset=19,
+            attrs={"kernel_shape": [3], "dilations": [3], "pads": [2, 1]}),
+        row("Resize", "linear_antialias_downsample", x8, absent(), c("scales", [1, 1, 0.5, 0.375], np.float32),
+            opset=18, attrs={"mode": "linear", "antialias": 1}),
+        row("Resize", "cubic_antialias_sizes", x8, absent(), absent(), c("sizes", [2, 2, 3, 5]),
+            opset=18, attrs={"mode": "cubic", "antialias": 1}, dynamic_batch=False),
+        row("Resize", "cubic_antialias_exclude_outside", x8, absent(), c("scales", [1, 1, 0.5, 0.5], np.float32),
+            opset=18, attrs={"mode": "cubic", "antialias": 1, "exclude_outside": 1}),
+    ]
+
+
+def _issue12a() -> list[OpRow]:
+    return _scatters() + _selection() + _folded() + _local() + _grid_samples() + _pool_and_resize()
+
+
 def all_rows() -> list[OpRow]:
     """Every row of the database, in a stable order."""
     return (_elementwise() + _activations() + _reductions() + _linear() + _conv() + _pool() + _normalization()
-            + _dropout() + _tensor() + _resize() + _rnn() + _sequence())
+            + _dropout() + _tensor() + _resize() + _rnn() + _sequence() + _issue12a())
 
 
 ROWS: list[OpRow] = all_rows()

@@ -97,3 +97,26 @@ def test_source_value_named_like_the_contract(data_name, weight_name):
 def test_empty_model_output():
     with pytest.raises(bridge.ShapeError, match="'y' is empty"):
         bridge.to_training_onnx(_mul_model("x", shape=(2, 0)))
+
+
+@pytest.mark.parametrize("op_type, attrs", [("NonZero", {}), ("Unique", {}), ("Compress", {"axis": 1})])
+def test_output_size_decided_by_data_names_the_node(op_type, attrs):
+    """NonZero, Unique and Compress convert only where the values that decide their output size
+    are known before the model runs (issue 12)."""
+    inputs = ["h", "positive"] if op_type == "Compress" else ["h"]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "W"], ["h"], name="scale"),
+            helper.make_node("Greater", ["h", "zero"], ["positive"], name="sign"),
+            helper.make_node(op_type, inputs, ["picked"], name="selector", **attrs),
+        ],
+        "data_dependent_size",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("picked", TensorProto.FLOAT if op_type != "NonZero" else TensorProto.INT64,
+                                       ["n"])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "W"), numpy_helper.from_array(np.zeros((), np.float32), "zero")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(bridge.ShapeError, match=f"{op_type} node 'selector'.*known before the model runs"):
+        bridge.to_training_onnx(model)

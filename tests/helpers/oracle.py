@@ -27,6 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_grid_sample import GridSample as _ReferenceGridSample
 
 import bridge
 
@@ -65,7 +66,20 @@ class Gelu(OpRun):
         return (y.astype(x.dtype),)
 
 
-REFERENCE_OPS = [Erf, Gelu]  # replace onnx.reference's float32-only implementations
+class GridSample(_ReferenceGridSample):
+    """GridSample with its pixel coordinates at the grid's precision (onnx.reference's are float32)
+    and opset 16's mode names (bilinear, bicubic)."""
+
+    def _gs_denormalize_coordinates(self, n, dims, align_corners: bool):
+        return np.array([self._gs_denormalize(v, d, align_corners) for v, d in zip(n, dims)], dtype=n.dtype)
+
+    def _run(self, X, grid, mode=None, padding_mode=None, align_corners=None):
+        mode = mode or self.mode
+        return super()._run(X, grid, {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode), padding_mode,
+                            align_corners)
+
+
+REFERENCE_OPS = [Erf, Gelu, GridSample]  # replace onnx.reference's float32-only implementations
 # Ops whose stash_type (the precision of the statistics) defaults to float32; onnx.reference's
 # LayerNormalization computes at the input's precision and rejects stash_type=DOUBLE.
 STASHED = ("GroupNormalization",)

@@ -148,3 +148,11 @@ def hardmax(ctx, x):
     axis = _softmax_axis(ctx, x)
     index = torch.argmax(x, dim=axis, keepdim=True)
     return torch.zeros_like(x).scatter(axis, index, 1.0)
+
+
+@converter("Shrink")
+def shrink(ctx, x):
+    """``x + bias`` below ``-lambd``, ``x - bias`` above ``lambd``, 0 between."""
+    lambd, bias = ctx.attr("lambd", 0.5), ctx.attr("bias", 0.0)
+    y = torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x)))
+    return y.to(x.dtype)

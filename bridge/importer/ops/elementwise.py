@@ -151,3 +151,12 @@ def cast(ctx, x):
 @converter("CastLike")
 def cast_like(ctx, x, like):
     return x.to(like.dtype)
+
+
+@converter("BitShift")
+def bit_shift(ctx, x, y):
+    """Unsigned shifts (uint16/32/64 are computed as int64: exact below 2**63)."""
+    if x.dtype != y.dtype:  # a uint16/32/64 constant next to a widened (int64) value
+        x, y = x.to(torch.int64), y.to(torch.int64)
+    left = ctx.attr("direction") == "LEFT"
+    return torch.bitwise_left_shift(x, y) if left else torch.bitwise_right_shift(x, y)

@@ -8,6 +8,7 @@ autograd's backward are both plain Reduce/Sub/Mul/Sqrt ops that onnx-mlir accept
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ...errors import ShapeError
 from ..registry import converter
@@ -125,3 +126,16 @@ def mean_variance_normalization(ctx, x):
     mean = x.mean(dims, keepdim=True)
     centered = x - mean
     return centered / (torch.sqrt((centered * centered).mean(dims, keepdim=True)) + 1e-9)
+
+
+@converter("LRN")
+def lrn(ctx, x):
+    """Local response normalization across channels: ``x / (bias + alpha / size * sum(x^2))^beta``,
+    the sum over ``floor((size-1)/2)`` channels before and ``ceil((size-1)/2)`` after, as shifted
+    slices of the zero-padded squares."""
+    size = ctx.attr("size")
+    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
+    channels = x.shape[1]
+    padded = F.pad(x * x, [0, 0] * (x.dim() - 2) + [(size - 1) // 2, size // 2])
+    window = sum(padded.narrow(1, k, channels) for k in range(size))
+    return x / (bias + alpha / size * window) ** beta

@@ -7,6 +7,7 @@ window that starts in the right padding is dropped.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -63,11 +64,11 @@ def max_pool(ctx, x):
 @converter("AveragePool")
 def average_pool(ctx, x):
     rank, kernel, strides, dilations, begins, ends = _window(ctx, x)
-    if any(d != 1 for d in dilations):
-        raise ctx.unsupported(f"dilations={dilations}")
     ceil_mode = bool(ctx.attr("ceil_mode", 0))
     include_pad = bool(ctx.attr("count_include_pad", 0))
     sizes = _onnx_sizes(x.shape[2:], kernel, strides, dilations, begins, ends, ceil_mode)
+    if any(d != 1 for d in dilations):
+        return _dilated_average(x, kernel, strides, dilations, begins, ends, sizes, include_pad)
     limits = [k // 2 for k in kernel]
     padded, padding = split_pads(x, begins, ends, 0.0, limits)
     explicit = list(padded.shape[2:]) != list(x.shape[2:])
@@ -79,6 +80,43 @@ def average_pool(ctx, x):
         valid = avg_pool_divisor(x.shape[2:], sizes, kernel, strides, begins, ceil_mode, False, None)
         y = y * torch.from_numpy(np.asarray(counted / valid)).to(y.dtype)
     return y
+
+
+def _window_sum(x, kernel, strides, dilations, sizes):
+    """The sum over each dilated window of a (padded) tensor or array: one strided slice per
+    spatial axis and kernel offset (torch's average pool has no dilation)."""
+    windows = []
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        window = x
+        for axis, (o, n, s, d) in enumerate(zip(offsets, sizes, strides, dilations), start=2):
+            window = _strided(window, axis, o * d, o * d + (n - 1) * s + 1, s)
+        windows.append(window)
+    return sum(windows[1:], windows[0])
+
+
+def _strided(x, axis: int, start: int, end: int, step: int):
+    if isinstance(x, np.ndarray):
+        return x[(slice(None),) * axis + (slice(start, end, step),)]
+    return torch.ops.aten.slice(x, axis, start, end, step)
+
+
+def _dilated_average(x, kernel, strides, dilations, begins, ends, sizes, include_pad: bool):
+    """AveragePool with dilations: window sums of the zero-padded input divided by the number of
+    input (or, with ``count_include_pad``, input and pad) elements in each window."""
+    spatial = list(x.shape[2:])
+    extra = [max(0, (n - 1) * s + d * (k - 1) + 1 - (size + b + e))  # windows that ceil_mode adds
+             for n, s, d, k, size, b, e in zip(sizes, strides, dilations, kernel, spatial, begins, ends)]
+    ends_all = [e + a for e, a in zip(ends, extra)]
+    padded = F.pad(x, [p for b, e in zip(reversed(begins), reversed(ends_all)) for p in (b, e)])
+    batch_free = [(0, 0), (0, 0)]
+    inside = np.ones([1, 1] + spatial)
+    if include_pad:  # pads count, the windows that ceil_mode adds do not
+        inside = np.pad(inside, batch_free + list(zip(begins, ends)), constant_values=1)
+        outer = [(0, a) for a in extra]
+    else:
+        outer = [(b, e + a) for b, e, a in zip(begins, ends, extra)]
+    divisor = _window_sum(np.pad(inside, batch_free + outer), kernel, strides, dilations, sizes)
+    return _window_sum(padded, kernel, strides, dilations, sizes) / torch.from_numpy(divisor).to(x.dtype)
 
 
 @converter("GlobalAveragePool")

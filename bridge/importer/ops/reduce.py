@@ -52,7 +52,7 @@ class _Extremum(torch.autograd.Function):
         return grad * ties / torch.sum(ties, dim=ctx.axes, keepdim=True), None, None
 
 
-def _extremum(largest: bool):
+def extremum(largest: bool):
     def reduce(x: torch.Tensor, axes: list[int]) -> torch.Tensor:
         if not x.dtype.is_floating_point:
             return (torch.amax if largest else torch.amin)(x, dim=axes, keepdim=True)
@@ -95,8 +95,8 @@ class _Reduction(NamedTuple):
 _REDUCTIONS = {
     "ReduceSum": _Reduction(_sum),
     "ReduceMean": _Reduction(lambda x, a: torch.mean(x, dim=a, keepdim=True)),
-    "ReduceMax": _Reduction(_extremum(True), empty=_empty_max),
-    "ReduceMin": _Reduction(_extremum(False), empty=_empty_min),
+    "ReduceMax": _Reduction(extremum(True), empty=_empty_max),
+    "ReduceMin": _Reduction(extremum(False), empty=_empty_min),
     "ReduceProd": _Reduction(_prod),
     "ReduceL1": _Reduction(_sum, pre=torch.abs),
     "ReduceL2": _Reduction(_sum, pre=lambda x: x * x, post=torch.sqrt),

@@ -50,12 +50,35 @@ def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
     return np.where(d <= 1, near, far)
 
 
+def _antialias_taps(mode: str, source: np.ndarray, scale: float, cubic_a: float) -> tuple[np.ndarray, np.ndarray]:
+    """Taps and weights of the linear/cubic kernel stretched by ``1 / scale`` (downsampling with
+    ``antialias=1``), normalized to sum 1, as the ONNX reference computes them: the kernel's
+    ``n`` taps nearest to the source coordinate, an integer coordinate taking its left pixel."""
+    support = 1 if mode == "linear" else 2
+    start = int(np.floor(-support / scale) + 1)
+    offsets = np.arange(start, 1 - start + 1)
+    base = np.floor(source)
+    ratio = np.where(source == base, 1.0, source - base)
+    base = np.where(source == base, base - 1, base)
+    distance = np.abs((offsets[None, :] - ratio[:, None]) * scale)
+    if mode == "linear":
+        weights = np.clip(1 - distance, 0, 1)
+    else:
+        a = cubic_a
+        near = ((a + 2) * distance - (a + 3)) * distance * distance + 1
+        far = ((a * distance - 5 * a) * distance + 8 * a) * distance - 4 * a
+        weights = np.where(distance <= 1, near, np.where(distance < 2, far, 0.0))
+    return base[:, None] + offsets, weights / weights.sum(axis=1, keepdims=True)
+
+
 def interpolation_matrix(ctx, mode: str, coordinate_mode: str, nearest_mode: str, in_len: int, out_len: int,
-                         scale: float, cubic_a: float = -0.75, exclude_outside: bool = False) -> np.ndarray:
+                         scale: float, cubic_a: float = -0.75, exclude_outside: bool = False,
+                         antialias: bool = False) -> np.ndarray:
     """``M[out_len, in_len]`` with ``y = M @ x`` along one axis (float64).
 
     Nearest picks its index from coordinates computed in float32, as onnxruntime and torch do,
     so that ties (``x.5``) round the same way; interpolation weights are exact (float64).
+    ``antialias`` (linear/cubic) stretches the kernel when downsampling.
     """
     rows = np.arange(out_len)[:, None]
     if mode == "nearest":
@@ -68,7 +91,12 @@ def interpolation_matrix(ctx, mode: str, coordinate_mode: str, nearest_mode: str
         weights = np.ones_like(taps)
         return _scatter_taps(rows, taps, weights, out_len, in_len)
     source = _source_coords(ctx, coordinate_mode, in_len, out_len, scale)
-    if mode == "linear":
+    if antialias and scale < 1 and mode in ("linear", "cubic"):
+        taps, weights = _antialias_taps(mode, source, scale, cubic_a)
+        if exclude_outside:
+            weights = np.where((taps >= 0) & (taps < in_len), weights, 0.0)
+            weights = weights / weights.sum(axis=1, keepdims=True)
+    elif mode == "linear":
         base = np.floor(source)
         t = source - base
         taps = base[:, None] + np.arange(2)
@@ -93,12 +121,14 @@ def _scatter_taps(rows: np.ndarray, taps: np.ndarray, weights: np.ndarray, out_l
 
 
 def _interpolate(ctx, x: torch.Tensor, out_shape: list[int], scales: list[float], mode: str, coordinate_mode: str,
-                 nearest_mode: str, cubic_a: float = -0.75, exclude_outside: bool = False) -> torch.Tensor:
+                 nearest_mode: str, cubic_a: float = -0.75, exclude_outside: bool = False,
+                 antialias: bool = False) -> torch.Tensor:
     """Resize ``x`` to ``out_shape`` with one constant-matrix MatMul per axis whose size or grid changes."""
     for axis, (in_len, out_len, scale) in enumerate(zip(x.shape, out_shape, scales)):
         if scale == 1 and out_len == in_len:  # every mode maps a unit-scale axis onto itself
             continue
-        matrix = interpolation_matrix(ctx, mode, coordinate_mode, nearest_mode, in_len, out_len, scale, cubic_a, exclude_outside)
+        matrix = interpolation_matrix(ctx, mode, coordinate_mode, nearest_mode, in_len, out_len, scale, cubic_a,
+                                      exclude_outside, antialias)
         if out_len == in_len and np.array_equal(matrix, np.eye(in_len)):
             continue
         shape = list(x.shape)
@@ -153,10 +183,9 @@ def resize(ctx, x, roi=None, scales=None, sizes=None):
     if coordinate_mode == "tf_crop_and_resize":
         raise ctx.unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
     out_shape, scale_list = _sizes_and_scales(ctx, x, scales, sizes)
-    if ctx.attr("antialias", 0) and mode != "nearest" and any(s < 1 for s in scale_list):
-        raise ctx.unsupported("antialias=1 when downsampling")
     return _interpolate(ctx, x, out_shape, scale_list, mode, coordinate_mode, nearest_mode,
-                        ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)))
+                        ctx.attr("cubic_coeff_a", -0.75), bool(ctx.attr("exclude_outside", 0)),
+                        bool(ctx.attr("antialias", 0)))
 
 
 @converter("Upsample", static=(1,))
