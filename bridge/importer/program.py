@@ -209,11 +209,13 @@ def _as_list(out) -> list:
 
 def _as_output(value, declared: np.dtype | None = None):
     """A graph output as a tensor (a sequence output: a list of tensors) of its ``declared`` type
-    where that is a type computed as int64 (``WIDE_UNSIGNED``)."""
+    where that is a type computed as int64 (``WIDE_UNSIGNED``) or an integer type computed as
+    float (QuantizeLinear's fake-quantization carrier, bridge/importer/ops/quantize.py)."""
     if isinstance(value, list):
         return [_as_output(v) for v in value]
     tensor = value if isinstance(value, torch.Tensor) else _to_tensor(np.asarray(value))
-    return tensor.to(getattr(torch, declared.name)) if declared in WIDE_UNSIGNED else tensor
+    carried = declared is not None and np.issubdtype(declared, np.integer) and tensor.is_floating_point()
+    return tensor.to(getattr(torch, declared.name)) if declared in WIDE_UNSIGNED or carried else tensor
 
 
 def _declared_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
