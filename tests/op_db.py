@@ -626,17 +626,35 @@ def _control_flow() -> list[OpRow]:
             attrs={"then_branch": then_branch, "else_branch": else_branch}),
         row("Loop", "carried_and_scan", x(shape=(2, 4)), w("w", (4, 4)), c("M", 3), c("cond", True, np.bool_),
             outputs=2, attrs={"body": loop_body}, **loop),
-        row("Loop", "scan_output", x(shape=(2, 4)), w("w", (4, 4)), c("M", 3), c("cond", True, np.bool_),
-            outputs=2, attrs={"body": loop_body}, after=(Node("Identity", ("y1",), ("z",)),), **loop),
+        # flattened: ONNX's reference evaluator concatenates 2-D scan outputs instead of stacking them
+        row("Loop", "scan_output", x(shape=(2, 4)), w("w", (4, 4)), c("M", 3), c("cond", True, np.bool_), c("flat", [-1]),
+            outputs=2, attrs={"body": loop_body}, after=(Node("Reshape", ("y1", "flat"), ("z",)),), dynamic_batch=False,
+            **loop),
         row("Loop", "body_condition_no_trip_count", x(values="unit"), absent(), c("cond", True, np.bool_),
             attrs={"body": counted_body}, node_inputs=("", "cond", "x"), opset=17),
         row("Scan", "axis1", x(name="h0", shape=(2, 4)), x(shape=(2, 3, 4)), outputs=2, opset=17,
-            attrs={"body": scan_body, "num_scan_inputs": 1, "scan_input_axes": [1]}),
+            attrs={"body": scan_body, "num_scan_inputs": 1, "scan_input_axes": [1]},
+            oracle=_scan_oracle(scan_body, reverse=False)),
         row("Scan", "reverse_output_axis1", x(name="h0", shape=(2, 4)), x(shape=(2, 3, 4)), outputs=2, opset=17,
             attrs={"body": scan_body, "num_scan_inputs": 1, "scan_input_axes": [1], "scan_input_directions": [1],
                    "scan_output_axes": [1], "scan_output_directions": [1]},
-            after=(Node("Identity", ("y1",), ("z",)),)),
+            after=(Node("Identity", ("y1",), ("z",)),), oracle=_scan_oracle(scan_body, reverse=True)),
     ]
+
+
+def _scan_oracle(body: onnx.GraphProto, reverse: bool) -> tuple[Node, ...]:
+    """A Scan over axis 1 (``reverse``: input and output directions 1, output axis 1) written
+    with axis 0 and no directions, which is all ONNX's reference evaluator implements."""
+    flip = [const("r_start", [-1], np.int64), const("r_end", [-(2**62)], np.int64), const("r_step", [-1], np.int64),
+            const("r_axis0", [0], np.int64)]
+    scan = Node("Scan", ("h0", "xt"), ("y", "ys"), {"body": body, "num_scan_inputs": 1})
+    if not reverse:
+        return (Node("Transpose", ("x",), ("xt",), {"perm": [1, 0, 2]}), scan,
+                Node("Transpose", ("ys",), ("y1",), {"perm": [1, 0, 2]}))
+    return (*flip, Node("Transpose", ("x",), ("x0",), {"perm": [1, 0, 2]}),
+            Node("Slice", ("x0", "r_start", "r_end", "r_axis0", "r_step"), ("xt",)), scan,
+            Node("Slice", ("ys", "r_start", "r_end", "r_axis0", "r_step"), ("ysr",)),
+            Node("Transpose", ("ysr",), ("y1",), {"perm": [1, 0, 2]}))
 
 
 def _sequences_part_b() -> list[OpRow]:
@@ -656,7 +674,7 @@ def _sequences_part_b() -> list[OpRow]:
 def _spectral() -> list[OpRow]:
     signal = x(shape=(2, 8, 1))
     complex_signal = x(shape=(2, 8, 2))
-    times_x = (Node("Mul", ("y", "x"), ("z",)),)
+    times_x = (Node("CastLike", ("y", "x"), ("yx",)), Node("Mul", ("yx", "x"), ("z",)))  # the oracle runs in float64
     return [
         row("DFT", "real_axis1_opset17", signal, opset=17),
         row("DFT", "onesided_length10_opset17", signal, c("n", 10), opset=17, attrs={"onesided": 1}),
@@ -665,7 +683,8 @@ def _spectral() -> list[OpRow]:
             attrs={"inverse": 1, "onesided": 1}),
         row("DFT", "complex_axis2_truncated_opset20", x(shape=(2, 3, 6, 2)), c("n", 4), c("axis", 2), opset=20),
         row("HannWindow", "periodic_times_x", c("size", 4), x(), node_inputs=("size",), after=times_x),
-        row("HammingWindow", "symmetric_times_x", c("size", 4), x(), node_inputs=("size",), attrs={"periodic": 0},
+        row("HammingWindow", "symmetric_double_times_x", c("size", 4), x(), node_inputs=("size",),
+            attrs={"periodic": 0, "output_datatype": onnx.TensorProto.DOUBLE},
             after=times_x),
         row("BlackmanWindow", "periodic_times_x", c("size", 4), x(), node_inputs=("size",), after=times_x),
     ]
