@@ -100,7 +100,7 @@ def torch_rnn(params: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) 
     return torch.stack(outputs, dim=1)
 
 
-@pytest.mark.parametrize("build", [loop_rnn, scan_rnn], ids=["loop", "scan"])
+@pytest.mark.parametrize("build", [loop_rnn, pytest.param(scan_rnn, marks=pytest.mark.exhaustive)], ids=["loop", "scan"])
 def test_rnn_trains_like_torch(build):
     tm = bridge.to_training_onnx(build(), loss="mse", optim="sgd", optim_options={"lr": LR})
     assert sorted(tm.weights) == ["U", "W", "W0", "b"]
@@ -110,6 +110,7 @@ def test_rnn_trains_like_torch(build):
     assert_steps_match(bridge_steps(tm, batches), want)
 
 
+@pytest.mark.exhaustive  # op_db's Loop row covers a symbolic batch in the default tier
 def test_loop_rnn_trains_at_any_batch_size():
     tm = bridge.to_training_onnx(loop_rnn(), dynamic_batch=True)
     x = np.random.default_rng(1).standard_normal((5, STEPS, FEATURES)).astype(np.float32)
