@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bridge.errors import UnsupportedOpError  # noqa: E402
 from bridge.importer.program import OnnxProgram  # noqa: E402
+from bridge.importer.program import all_nodes as _all_nodes  # noqa: E402
 from bridge.importer.registry import CONVERTERS, import_all_converters  # noqa: E402
 from bridge.importer.weights import differentiable_initializers  # noqa: E402
 from bridge.load import MAX_OPSET, load_model  # noqa: E402
@@ -86,12 +87,11 @@ NOT_RUN = {
 }
 
 
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-                yield from _all_nodes(sub)
+def _all_nodes_of(node: onnx.NodeProto):
+    """The nodes of ``node``'s subgraphs (an If's output depends on what its branches read)."""
+    for attribute in node.attribute:
+        for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+            yield from _all_nodes(sub)
 
 
 def op_types(model: onnx.ModelProto) -> list[str]:
@@ -153,8 +153,9 @@ def static_inputs(model: onnx.ModelProto) -> set[str]:
     ``Shape``/``Size`` read only the shape of their input, not its values."""
     import_all_converters()
     names = {i.name for i in model.graph.input}
-    producers = {out: node for node in model.graph.node for out in node.output}
-    pending = [node.input[index] for node in model.graph.node if node.op_type in CONVERTERS
+    nodes = list(_all_nodes(model.graph))  # a subgraph's node reads outer values by name
+    producers = {out: node for node in nodes for out in node.output}
+    pending = [node.input[index] for node in nodes if node.op_type in CONVERTERS
                for index in CONVERTERS[node.op_type].static if index < len(node.input) and node.input[index]]
     needed: set[str] = set()
     while pending:
@@ -164,7 +165,7 @@ def static_inputs(model: onnx.ModelProto) -> set[str]:
         needed.add(name)
         node = producers.get(name)
         if node is not None and node.op_type not in ("Shape", "Size"):
-            pending.extend(i for i in node.input if i)
+            pending.extend(i for sub in [node, *_all_nodes_of(node)] for i in sub.input if i)
     return needed & names
 
 

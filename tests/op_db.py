@@ -749,12 +749,164 @@ def _pool_and_resize() -> list[OpRow]:
 
 def _issue12a() -> list[OpRow]:
     return _scatters() + _selection() + _folded() + _local() + _grid_samples() + _pool_and_resize()
+# --- issue 12 part B ---
+# Control flow (subgraphs read outer-scope values), sequences, DFT and windows, quantization, NMS.
+ELEM_ALL.update({np.dtype(np.uint8): onnx.TensorProto.UINT8, np.dtype(np.int8): onnx.TensorProto.INT8,
+                 np.dtype(np.int32): onnx.TensorProto.INT32})
+
+
+def _graph(nodes: list[Node], inputs: dict[str, int], outputs: dict[str, int], name: str) -> onnx.GraphProto:
+    """A subgraph (If branch, Loop/Scan body) with inputs and outputs ``{name: elem}`` (a Loop's
+    iteration number and conditions are scalars, other shapes are left to inference)."""
+    def info(value: str, elem: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(value, elem, [] if value in ("i", "cond_in", "cond_out") else None)
+    return helper.make_graph(_nodes(tuple(nodes), name), name, [info(k, v) for k, v in inputs.items()],
+                             [info(k, v) for k, v in outputs.items()])
+
+
+F32, BOOL, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.BOOL, onnx.TensorProto.INT64
+# Variants whose training path another row of the op already covers (this section's rows stay
+# within the default tier's time budget): forward only. They pass finite differences too.
+FORWARD_ONLY = dict(grad=False, dynamic_batch=False)
+
+
+def _control_flow() -> list[OpRow]:
+    then_branch = _graph([Node("Mul", ("x", "w"), ("t",))], {}, {"t": F32}, "then")
+    else_branch = _graph([Node("Add", ("x", "w"), ("e",))], {}, {"e": F32}, "else")
+    cell = [Node("Mul", ("h_in", "x_t"), ("p",)), Node("Add", ("p", "x_t"), ("q",)), Node("Tanh", ("q",), ("h_out",)),
+            Node("Identity", ("h_out",), ("h_scan",))]
+    scan_body = _graph(cell, {"h_in": F32, "x_t": F32}, {"h_out": F32, "h_scan": F32}, "scan_body")
+    loop_body = _graph([Node("MatMul", ("h_in", "w"), ("m",)), Node("Tanh", ("m",), ("h_out",)),
+                        Node("Identity", ("cond_in",), ("cond_out",)), Node("Mul", ("h_out", "h_out"), ("h_scan",))],
+                       {"i": I64, "cond_in": BOOL, "h_in": F32}, {"cond_out": BOOL, "h_out": F32, "h_scan": F32}, "loop_body")
+    counted_body = _graph([Node("Mul", ("h_in", "x"), ("h_out",)), const("last", 2, np.int64),
+                           Node("Less", ("i", "last"), ("cond_out",))],
+                          {"i": I64, "cond_in": BOOL, "h_in": F32}, {"cond_out": BOOL, "h_out": F32}, "counted_body")
+    loop = dict(opset=17, node_inputs=("M", "cond", "x"))
+    return [
+        row("If", "then_reads_outer", x(), w("w", (3, 4)), c("cond", True, np.bool_), node_inputs=("cond",),
+            attrs={"then_branch": then_branch, "else_branch": else_branch}, dynamic_batch=False),
+        row("If", "else_reads_outer", x(), w("w", (3, 4)), c("cond", False, np.bool_), node_inputs=("cond",),
+            attrs={"then_branch": then_branch, "else_branch": else_branch}, **FORWARD_ONLY),
+        row("Loop", "carried_and_scan", x(shape=(2, 4)), w("w", (4, 4)), c("M", 3), c("cond", True, np.bool_),
+            outputs=2, attrs={"body": loop_body}, **loop),
+        # flattened: ONNX's reference evaluator concatenates 2-D scan outputs instead of stacking them
+        row("Loop", "scan_output", x(shape=(2, 4)), w("w", (4, 4)), c("M", 3), c("cond", True, np.bool_), c("flat", [-1]),
+            outputs=2, attrs={"body": loop_body}, after=(Node("Reshape", ("y1", "flat"), ("z",)),), **FORWARD_ONLY,
+            **loop),
+        row("Loop", "body_condition_no_trip_count", x(values="unit"), absent(), c("cond", True, np.bool_),
+            attrs={"body": counted_body}, node_inputs=("", "cond", "x"), opset=17),
+        row("Scan", "axis1", x(name="h0", shape=(2, 4)), x(shape=(2, 3, 4)), outputs=2, opset=17,
+            attrs={"body": scan_body, "num_scan_inputs": 1, "scan_input_axes": [1]}, **FORWARD_ONLY),
+        row("Scan", "reverse_output_axis1", x(name="h0", shape=(2, 4)), x(shape=(2, 3, 4)), outputs=2, opset=17,
+            attrs={"body": scan_body, "num_scan_inputs": 1, "scan_input_axes": [1], "scan_input_directions": [1],
+                   "scan_output_axes": [1], "scan_output_directions": [1]},
+            after=(Node("Identity", ("y1",), ("z",)),), oracle=_scan_oracle(scan_body)),
+    ]
+
+
+def _scan_oracle(body: onnx.GraphProto) -> tuple[Node, ...]:
+    """Scan over axis 1 with input and output directions 1 and output axis 1, written with axis 0
+    and no directions (all that ONNX's reference evaluator implements): flips and transposes."""
+    flip = [const("r_start", [-1], np.int64), const("r_end", [-(2**62)], np.int64), const("r_step", [-1], np.int64),
+            const("r_axis0", [0], np.int64)]
+    return (*flip, Node("Transpose", ("x",), ("x0",), {"perm": [1, 0, 2]}),
+            Node("Slice", ("x0", "r_start", "r_end", "r_axis0", "r_step"), ("xt",)),
+            Node("Scan", ("h0", "xt"), ("y", "ys"), {"body": body, "num_scan_inputs": 1}),
+            Node("Slice", ("ys", "r_start", "r_end", "r_axis0", "r_step"), ("ysr",)),
+            Node("Transpose", ("ysr",), ("y1",), {"perm": [1, 0, 2]}))
+
+
+def _sequences_part_b() -> list[OpRow]:
+    split = Node("SplitToSequence", ("x",), ("seq",), {"axis": 1})
+    concat = Node("ConcatFromSequence", ("y",), ("z",), {"axis": 1})
+    return [
+        row("SequenceInsert", "front_then_concat", x(), c("pos", 0), node_inputs=("seq", "x", "pos"),
+            before=(split,), after=(concat,), dynamic_batch=False),
+        row("SequenceInsert", "append_then_concat", x(), node_inputs=("seq", "x"), before=(split,), after=(concat,),
+            **FORWARD_ONLY),
+        row("SequenceErase", "middle_then_concat", x(), c("pos", 1), node_inputs=("seq", "pos"),
+            before=(split,), after=(concat,), **FORWARD_ONLY),
+        row("SequenceEmpty", "then_insert", x(), node_inputs=(), attrs={"dtype": F32},
+            after=(Node("SequenceInsert", ("y", "x"), ("s",)), Node("ConcatFromSequence", ("s",), ("z",), {"axis": 1})),
+            **FORWARD_ONLY),
+    ]
+
+
+def _spectral() -> list[OpRow]:
+    signal = x(shape=(2, 8, 1))
+    complex_signal = x(shape=(2, 8, 2))
+    # the oracle runs in float64 (CastLike); a constant needs no symbolic-batch check
+    times_x = (Node("CastLike", ("y", "x"), ("yx",)), Node("Mul", ("yx", "x"), ("z",)))
+    return [
+        row("DFT", "real_axis1_opset17", signal, opset=17, **FORWARD_ONLY),
+        row("DFT", "onesided_length10_opset17", signal, c("n", 10), opset=17, attrs={"onesided": 1}),
+        row("DFT", "complex_inverse_opset20", complex_signal, absent(), c("axis", 1), opset=20, attrs={"inverse": 1}),
+        row("DFT", "irfft_opset20", x(shape=(2, 5, 2)), absent(), c("axis", -2), opset=20,
+            attrs={"inverse": 1, "onesided": 1}),
+        row("DFT", "complex_axis2_truncated_opset20", x(shape=(2, 3, 6, 2)), c("n", 4), c("axis", 2), opset=20),
+        row("HannWindow", "periodic_times_x", c("size", 4), x(), node_inputs=("size",), after=times_x, dynamic_batch=False),
+        row("HammingWindow", "symmetric_double_times_x", c("size", 4), x(), node_inputs=("size",),
+            attrs={"periodic": 0, "output_datatype": onnx.TensorProto.DOUBLE}, after=times_x, **FORWARD_ONLY),
+        row("BlackmanWindow", "periodic_times_x", c("size", 4), x(), node_inputs=("size",), after=times_x, **FORWARD_ONLY),
+    ]
+
+
+def _quantization() -> list[OpRow]:
+    dequantize = (Node("DequantizeLinear", ("y", "scale", "zp"), ("z",)),)
+    per_axis = (Node("DequantizeLinear", ("y", "scale", "zp"), ("z",), {"axis": 1}),)
+    # QDQ trains with a straight-through gradient, not finite differences: tests/test_quantize.py.
+    qdq = dict(grad=False, dynamic_batch=False)
+    return [
+        row("QuantizeLinear", "uint8", x(), c("scale", 0.05, np.float32), c("zp", 128, np.uint8), out_dtype=np.uint8, **qdq),
+        row("QuantizeLinear", "int8_per_axis", x(), c("scale", [0.02, 0.05, 0.1], np.float32), c("zp", [0, 3, -4], np.int8),
+            attrs={"axis": 1}, out_dtype=np.int8, **qdq),
+        row("QuantizeLinear", "qdq_uint8", x(), c("scale", 0.05, np.float32), c("zp", 128, np.uint8), after=dequantize, **qdq),
+        row("QuantizeLinear", "qdq_int8_per_axis", x(), c("scale", [0.02, 0.05, 0.1], np.float32),
+            c("zp", [0, 3, -4], np.int8), attrs={"axis": 1}, after=per_axis, **qdq),
+        row("QuantizeLinear", "saturating_no_zero_point", x(), c("scale", 0.005, np.float32), out_dtype=np.uint8, **qdq),
+        row("QuantizeLinear", "int8_blocked_opset21", x(), c("scale", np.full((2, 3, 2), 0.03), np.float32),
+            c("zp", np.zeros((2, 3, 2)), np.int8), attrs={"axis": 2, "block_size": 2}, opset=21, out_dtype=np.int8, **qdq),
+        row("DequantizeLinear", "uint8_per_tensor", x(values="int:255", dtype=np.uint8), c("scale", 0.05, np.float32),
+            c("zp", 128, np.uint8), **qdq),
+        row("DequantizeLinear", "int8_per_axis", x(values="int:100", dtype=np.int8), c("scale", [0.02, 0.05, 0.1], np.float32),
+            c("zp", [0, 3, -4], np.int8), attrs={"axis": 1}, **qdq),
+        row("DynamicQuantizeLinear", "then_dequantize", x(), outputs=3,
+            after=(Node("DequantizeLinear", ("y", "y1", "y2"), ("z",)),), **qdq),
+        row("MatMulInteger", "uint8_zero_points", x(values="int:255", dtype=np.uint8),
+            c("b", np.random.default_rng(3).integers(0, 255, (4, 5)), np.uint8), c("azp", 3, np.uint8),
+            c("bzp", 100, np.uint8), out_dtype=np.int32, **qdq),
+        row("QLinearMatMul", "int8", x(values="int:100", dtype=np.int8), c("a_scale", 0.05, np.float32),
+            c("a_zp", 2, np.int8), c("b", np.random.default_rng(4).integers(-100, 100, (4, 5)), np.int8),
+            c("b_scale", 0.02, np.float32), c("b_zp", -1, np.int8), c("y_scale", 0.1, np.float32),
+            c("y_zp", 5, np.int8), out_dtype=np.int8, **qdq),
+    ]
+
+
+def _nms() -> list[OpRow]:
+    boxes = np.array([[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, -0.1, 1, 0.9], [0, 10, 1, 11], [0, 10.1, 1, 11.1],
+                      [0, 100, 1, 101]], np.float32)
+    nms = dict(grad=False, dynamic_batch=False, out_dtype=np.int64)
+    return [
+        row("NonMaxSuppression", "two_classes_score_threshold", Arg("boxes", value=np.stack([boxes, boxes[::-1]])),
+            x(name="scores", shape=(2, 2, 6), values="distinct"), c("limit", 2), c("iou", 0.5, np.float32),
+            c("score", 0.0, np.float32), **nms),
+        row("NonMaxSuppression", "center_point_box", Arg("boxes", value=np.stack([boxes, boxes])),
+            x(name="scores", shape=(2, 1, 6), values="distinct"), c("limit", 3), c("iou", 0.5, np.float32),
+            attrs={"center_point_box": 1}, **nms),
+    ]
+
+
+def part_b_rows() -> list[OpRow]:
+    """Issue 12 part B's rows."""
+    return _control_flow() + _sequences_part_b() + _spectral() + _quantization() + _nms()
 
 
 def all_rows() -> list[OpRow]:
     """Every row of the database, in a stable order."""
     return (_elementwise() + _activations() + _reductions() + _linear() + _conv() + _pool() + _normalization()
-            + _dropout() + _tensor() + _resize() + _rnn() + _sequence() + _issue12a())
+            + _dropout() + _tensor() + _resize() + _rnn() + _sequence() + _issue12a()
+            + part_b_rows())
 
 
 ROWS: list[OpRow] = all_rows()

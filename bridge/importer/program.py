@@ -14,7 +14,8 @@ traced graph and converters can read shapes, axes, pads and scales as plain numb
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterable
+from collections import ChainMap
+from typing import Callable, Iterable, Iterator, MutableMapping
 
 import numpy as np
 import onnx
@@ -38,6 +39,15 @@ _WIDE_UNSIGNED_TORCH = {torch.uint16, torch.uint32, torch.uint64}
 
 # Ops whose output must never be folded at import time.
 _NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Dropout"}
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The nodes of ``graph`` and, recursively, of its subgraphs (If branches, Loop/Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                yield from all_nodes(sub)
 
 
 @contextlib.contextmanager
@@ -76,7 +86,7 @@ class OnnxProgram:
 
     def _check_supported(self) -> None:
         unsupported: dict[str, list[str]] = {}
-        for node in self.graph.node:
+        for node in all_nodes(self.graph):
             if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
                 key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
                 unsupported.setdefault(key, []).append(node.name)
@@ -132,18 +142,34 @@ class OnnxProgram:
         env.update(tensors)
         env.update({name: _widened(value) for name, value in inputs.items()})
         updated: dict[str, torch.Tensor] = {}
-        for node in self.graph.node:
+        outputs = self._evaluate(self.graph, env, (training, updated, random, evaluation, node_scope))
+        return [_as_output(value, _declared_dtype(o)) for value, o in zip(outputs, self.graph.output)], updated
+
+    def _evaluate(self, graph: onnx.GraphProto, env: MutableMapping[str, object], run: tuple) -> list:
+        """Run the nodes of ``graph`` (the main graph or a subgraph) over ``env``; its outputs.
+
+        Subgraphs: a converter of an op with subgraph attributes (If, Loop, Scan) calls
+        ``ctx.run_graph(graph, bindings)``, which evaluates the subgraph here with its inputs bound
+        to ``bindings`` over a view of the enclosing scope (``ChainMap``: outer values are visible,
+        the subgraph's own values do not leak out). A loop is thus unrolled into straight-line code.
+        """
+        node_scope = run[-1]
+        for node in graph.node:
             with node_scope(node):
-                outputs = self._run_node(node, env, training, updated, random, evaluation)
+                outputs = self._run_node(node, env, run)
             for name, value in zip(node.output, outputs):
                 if name:
                     env[name] = value
-        return [_as_output(env[o.name], _declared_dtype(o)) for o in self.graph.output], updated
+        return [env[o.name] for o in graph.output]
 
-    def _run_node(self, node: onnx.NodeProto, env: dict, training: bool, updated: dict, random: dict,
-                  evaluation: bool = False) -> list:
+    def _run_node(self, node: onnx.NodeProto, env: MutableMapping, run: tuple) -> list:
         conv = CONVERTERS[node.op_type]
-        ctx = NodeContext(node, self.opset, training, updated, random, evaluation)
+        training, updated, random, evaluation, _ = run
+
+        def run_graph(graph: onnx.GraphProto, bindings: dict) -> list:
+            return self._evaluate(graph, ChainMap(dict(bindings), env), run)
+
+        ctx = NodeContext(node, self.opset, training, updated, random, evaluation, run_graph)
         args = []
         for index, name in enumerate(node.input):
             if not name:
@@ -159,6 +185,8 @@ class OnnxProgram:
                         )
                     value = self.initializers[name]
             args.append(value)
+        if conv.raw:  # folds node by node itself (control flow: subgraphs read outer values)
+            return _as_list(conv.fn(ctx, *args))
         foldable = node.op_type not in _NOT_FOLDABLE and all(
             a is None or isinstance(a, np.ndarray) for a in args
         )
@@ -178,17 +206,23 @@ class OnnxProgram:
             a if (a is None or i in static or not isinstance(a, np.ndarray)) else _to_tensor(a)
             for i, a in enumerate(args)
         ]
-        out = fn(ctx, *tensor_args)
-        return list(out) if isinstance(out, (tuple, list)) else [out]
+        return _as_list(fn(ctx, *tensor_args))
+
+
+def _as_list(out) -> list:
+    """A converter's result as the list of the node's outputs."""
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _as_output(value, declared: np.dtype | None = None):
     """A graph output as a tensor (a sequence output: a list of tensors) of its ``declared`` type
-    where that is a type computed as int64 (``WIDE_UNSIGNED``)."""
+    where that is a type computed as int64 (``WIDE_UNSIGNED``) or an integer type computed as
+    float (QuantizeLinear's fake-quantization carrier, bridge/importer/ops/quantize.py)."""
     if isinstance(value, list):
         return [_as_output(v) for v in value]
     tensor = value if isinstance(value, torch.Tensor) else _to_tensor(np.asarray(value))
-    return tensor.to(getattr(torch, declared.name)) if declared in WIDE_UNSIGNED else tensor
+    carried = declared is not None and np.issubdtype(declared, np.integer) and tensor.is_floating_point()
+    return tensor.to(getattr(torch, declared.name)) if declared in WIDE_UNSIGNED or carried else tensor
 
 
 def _declared_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:

@@ -32,19 +32,22 @@ class Converter:
     fn: Callable[..., Any]
     static: tuple[int, ...] = ()
     buffers: tuple[int, ...] = ()  # inputs that are running statistics (updated, not trained)
+    raw: bool = False  # inputs as they are (numpy or tensor, never folded as a whole): control flow
 
 
 CONVERTERS: dict[str, Converter] = {}
 
 
-def converter(*op_types: str, static: tuple[int, ...] = (), buffers: tuple[int, ...] = ()):
-    """Register ``fn`` as the converter of each ONNX op type in ``op_types``."""
+def converter(*op_types: str, static: tuple[int, ...] = (), buffers: tuple[int, ...] = (), raw: bool = False):
+    """Register ``fn`` as the converter of each ONNX op type in ``op_types`` (``raw``: it receives
+    values known before the model runs as numpy and values computed from data as tensors, and
+    the node is never folded as a whole: for ops whose subgraphs read outer-scope values)."""
 
     def register(fn):
         for op_type in op_types:
             if op_type in CONVERTERS:
                 raise RuntimeError(f"two converters for ONNX op {op_type}")
-            CONVERTERS[op_type] = Converter(op_type, fn, static, buffers)
+            CONVERTERS[op_type] = Converter(op_type, fn, static, buffers, raw)
         return fn
 
     return register
@@ -60,6 +63,9 @@ class NodeContext:
     updated_buffers: dict[str, Any] = field(default_factory=dict)
     random_inputs: dict[str, Any] = field(default_factory=dict)
     evaluation: bool = False  # bridge's eval graph: inference as torch's eval(), whatever the node's own mode
+    # Evaluates a subgraph attribute with its inputs bound (``{name: value}``) in this node's scope:
+    # returns the subgraph's outputs (see ``OnnxProgram._evaluate``).
+    run_graph: Callable[[onnx.GraphProto, dict], list] | None = None
 
     @property
     def name(self) -> str:

@@ -42,3 +42,33 @@ def concat_from_sequence(ctx, sequence):
     if ctx.attr("new_axis", 0):
         return torch.stack(sequence, dim=axis)
     return torch.cat(sequence, dim=axis)
+
+
+def _position(sequence: list, position, insert: bool = False) -> int:
+    """A SequenceInsert/SequenceErase position (negative counts from the end) as a list index."""
+    if position is None:
+        return len(sequence) if insert else len(sequence) - 1
+    index = int(np.asarray(position).reshape(-1)[0])
+    return index + len(sequence) if index < 0 else index
+
+
+@converter("SequenceInsert", static=(2,))
+def sequence_insert(ctx, sequence, tensor, position=None):
+    """A new list: ``sequence`` with ``tensor`` inserted at ``position`` (default: appended)."""
+    result = list(sequence)
+    result.insert(_position(sequence, position, insert=True), tensor)
+    return (result,)
+
+
+@converter("SequenceErase", static=(1,))
+def sequence_erase(ctx, sequence, position=None):
+    """A new list: ``sequence`` without the element at ``position`` (default: the last)."""
+    result = list(sequence)
+    del result[_position(sequence, position)]
+    return (result,)
+
+
+@converter("SequenceEmpty")
+def sequence_empty(ctx):
+    """An empty list (its ``dtype`` matters only once elements are inserted, which carry theirs)."""
+    return ([],)
