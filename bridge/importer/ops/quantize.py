@@ -71,7 +71,7 @@ def _as_float(value, dtype: torch.dtype) -> torch.Tensor | None:
     if value is None:
         return None
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.asarray(value, dtype=getattr(np, str(dtype).removeprefix("torch."))))
+        return torch.from_numpy(np.array(value, dtype=getattr(np, str(dtype).removeprefix("torch."))))  # a copy
     return value.detach().to(dtype)
 
 
