@@ -170,10 +170,11 @@ def static_inputs(model: onnx.ModelProto) -> set[str]:
 
 
 def with_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """``model`` with the graph inputs ``values`` turned into initializers of these values."""
+    """``model`` with the graph inputs ``values`` turned into initializers of these values (before IR
+    version 4 an initializer must also be a graph input: those stay inputs, with a default value)."""
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    kept = [i for i in result.graph.input if i.name not in values]
+    kept = [i for i in result.graph.input if i.name not in values or result.ir_version < 4]
     del result.graph.input[:]
     result.graph.input.extend(kept)
     result.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in values.items())

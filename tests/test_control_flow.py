@@ -166,3 +166,19 @@ def test_data_dependent_loop_condition_is_refused():
              helper.make_node("Greater", ["h_sum", "zero_f"], ["cond_out"], name="stop_test")]
     with pytest.raises(ShapeError, match="Loop node 'rnn_loop': the condition the body returns is computed from data"):
         bridge.to_training_onnx(loop_rnn(cond_nodes=nodes))
+
+
+def test_traced_non_max_suppression_is_refused():
+    """NMS's output size depends on the scores: evaluated by the importer, never traced for training."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["boxes"], name="box_head"),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit"], ["selected"], name="nms")]
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.random((1, 1, 6)).astype(np.float32), "scores"),
+             numpy_helper.from_array(np.asarray([3], np.int64), "limit")]
+    graph = helper.make_graph(nodes, "nms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4])],
+                              [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 6, 4]),
+                               helper.make_tensor_value_info("selected", TensorProto.INT64, ["n", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ShapeError, match="NonMaxSuppression node 'nms': its output size depends on the box and score"):
+        bridge.to_training_onnx(model)

@@ -91,7 +91,12 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     double."""
     model64 = onnx.ModelProto()
     model64.CopyFrom(model)
-    graph = model64.graph
+    _graph_as_float64(model64.graph)
+    return model64
+
+
+def _graph_as_float64(graph: onnx.GraphProto) -> None:
+    """``as_float64`` of one graph, in place, and of its subgraphs (If branches, Loop/Scan bodies)."""
     del graph.value_info[:]
     for value in list(graph.input) + list(graph.output):
         if value.type.tensor_type.elem_type == TensorProto.FLOAT:
@@ -107,11 +112,12 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
                 attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float64), attribute.t.name))
             elif attribute.name in ("to", "dtype", "stash_type") and attribute.type == onnx.AttributeProto.INT and attribute.i == TensorProto.FLOAT:
                 attribute.i = TensorProto.DOUBLE
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                _graph_as_float64(sub)
         if node.op_type == "Constant" and node.attribute[0].name in ("value_float", "value_floats"):
             value = np.array(helper.get_attribute_value(node.attribute[0]), np.float64)  # float32 by definition
             node.ClearField("attribute")
             node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
-    return model64
 
 
 def weights_as_inputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

@@ -5,7 +5,9 @@ import numpy as np
 import onnx
 import torch
 
+from ..program import _to_tensor
 from ..registry import converter
+from ..shape_folding import is_symbolic
 
 _BINARY = {
     "Add": torch.add,
@@ -148,9 +150,14 @@ def cast(ctx, x):
     return x.to(onnx_to_torch_dtype(to))
 
 
-@converter("CastLike")
+@converter("CastLike", raw=True)
 def cast_like(ctx, x, like):
-    return x.to(like.dtype)
+    """``x`` in ``like``'s type; an ``x`` known before the model runs is cast at import (a constant:
+    no int -> float Cast reaches the graph, e.g. AffineGrid's expansion casting a Range to theta's type)."""
+    like = _to_tensor(like) if isinstance(like, np.ndarray) else like
+    if isinstance(x, np.ndarray) and not is_symbolic(x):
+        return x.astype(torch.empty((), dtype=like.dtype).numpy().dtype)
+    return (_to_tensor(x) if isinstance(x, np.ndarray) else x).to(like.dtype)
 
 
 @converter("BitShift")

@@ -19,6 +19,7 @@ import onnx
 import torch
 
 from ...errors import UnsupportedOpError
+from ..program import eager
 from ..registry import NodeContext, converter
 
 # (min, max) of the integer types a QuantizeLinear may produce.
@@ -47,7 +48,7 @@ def _broadcast(ctx: NodeContext, param: torch.Tensor, x: torch.Tensor) -> torch.
 def _quantized_range(ctx: NodeContext, zero_point) -> tuple[int, int]:
     """The saturation range: the zero point's type, else ``output_dtype`` (opset 21), else uint8."""
     if zero_point is not None:
-        dtype = zero_point.dtype
+        dtype = _torch_dtype(zero_point)
     elif ctx.attr("output_dtype", 0):
         code = ctx.attr("output_dtype")
         if code in _NARROW:
@@ -60,24 +61,56 @@ def _quantized_range(ctx: NodeContext, zero_point) -> tuple[int, int]:
     return _RANGES[dtype]
 
 
-@converter("QuantizeLinear")
-def quantize_linear(ctx, x, scale, zero_point=None):
-    """``saturate(round_half_even(x / scale) + zero_point)``, carried in ``x``'s float type."""
-    low, high = _quantized_range(ctx, zero_point)
-    scale = _broadcast(ctx, scale.detach(), x)
-    value = _round_ste(x / scale)
+def _torch_dtype(value) -> torch.dtype:
+    return value.dtype if isinstance(value, torch.Tensor) else getattr(torch, value.dtype.name)
+
+
+def _as_float(value, dtype: torch.dtype) -> torch.Tensor | None:
+    """A scale or zero point as a float tensor that takes no gradient; a constant (numpy) is
+    converted in numpy, so no int -> float Cast reaches the graph (outside onnx-mlir's table)."""
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value, dtype=getattr(np, str(dtype).removeprefix("torch."))))  # a copy
+    return value.detach().to(dtype)
+
+
+def _folded(fn, ctx: NodeContext, x, scale, zero_point, dtype: torch.dtype):
+    """``fn(ctx, x, scale, zero_point)`` on tensors: computed at import (numpy out) when every input
+    is known before the model runs, else traced; the scale and zero point as ``dtype``."""
+    if all(v is None or isinstance(v, np.ndarray) for v in (x, scale, zero_point)):
+        with eager():
+            out = fn(ctx, torch.from_numpy(np.array(x)), _as_float(scale, dtype), _as_float(zero_point, dtype))
+        return out.numpy()
+    x = torch.from_numpy(np.array(x)) if isinstance(x, np.ndarray) else x
+    return fn(ctx, x, _as_float(scale, dtype), _as_float(zero_point, dtype))
+
+
+def _quantize(ctx: NodeContext, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, bounds=(0, 255)):
+    value = _round_ste(x / _broadcast(ctx, scale, x))
     if zero_point is not None:
-        value = value + _broadcast(ctx, zero_point.detach(), x).to(x.dtype)
-    return torch.clamp(value, low, high)
+        value = value + _broadcast(ctx, zero_point, x)
+    return torch.clamp(value, *bounds)
 
 
-@converter("DequantizeLinear")
-def dequantize_linear(ctx, x, scale, zero_point=None):
-    """``(x - zero_point) * scale`` in the scale's type (``x``: integers or QuantizeLinear's carrier)."""
+def _dequantize(ctx: NodeContext, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None):
     value = x.to(scale.dtype)
     if zero_point is not None:
-        value = value - _broadcast(ctx, zero_point.detach(), x).to(scale.dtype)
-    return value * _broadcast(ctx, scale.detach(), x)
+        value = value - _broadcast(ctx, zero_point, x)
+    return value * _broadcast(ctx, scale, x)
+
+
+@converter("QuantizeLinear", raw=True)
+def quantize_linear(ctx, x, scale, zero_point=None):
+    """``saturate(round_half_even(x / scale) + zero_point)``, carried in ``x``'s float type."""
+    bounds = _quantized_range(ctx, zero_point)
+    return _folded(lambda c, *args: _quantize(c, *args, bounds=bounds), ctx, x, scale, zero_point, _torch_dtype(x))
+
+
+@converter("DequantizeLinear", raw=True)
+def dequantize_linear(ctx, x, scale, zero_point=None):
+    """``(x - zero_point) * scale`` in the scale's type (``x``: integers or QuantizeLinear's carrier)."""
+    return _folded(_dequantize, ctx, x, scale, zero_point, _torch_dtype(scale))
 
 
 def _refuse_gradient(ctx: NodeContext, *values) -> None:

@@ -39,6 +39,8 @@ def sequence_length(ctx, sequence):
 @converter("ConcatFromSequence")
 def concat_from_sequence(ctx, sequence):
     axis = ctx.attr("axis")
+    # elements known before the model runs (a folded constant inserted into the list) are numpy
+    sequence = [torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v for v in sequence]
     if ctx.attr("new_axis", 0):
         return torch.stack(sequence, dim=axis)
     return torch.cat(sequence, dim=axis)
