@@ -185,21 +185,28 @@ def _load(directory: Path, name: str, rank: int) -> dict[str, np.ndarray]:
 
 def _reference(case: str, tm: bridge.TrainingModel, average: bool = False) -> tuple[list[float], dict, list[dict]]:
     """One process, 5 steps accumulating the ranks' shards: the losses, the final state, and each
-    rank's running statistics (its own shards only, or their mean when ``average``)."""
-    trainer = bridge.Trainer(tm)
+    rank's running statistics (its own shards only, or their mean when ``average``). Checks that
+    clipping is active (a global gradient norm above ``CLIP``), so it must act on reduced gradients."""
+    session = tm.session()
+    session.enable_accumulation(tm.gradient_model, tm.update_model)
     gradient = OrtGraph(tm.gradient_model)
     buffers = [{}, {}]
     losses = []
     for step in range(STEPS):
         shards = _shards(case, list(tm.signature.random), step)
-        state = trainer.state()
+        state = dict(session.state)
         for rank, (inputs, target) in enumerate(shards):
             results = gradient({**state, **buffers[rank], **inputs, "target": target})
             buffers[rank] = {k[len("updated_"):]: v for k, v in results.items() if k.startswith("updated_")}
         if average:
             buffers = [{k: np.mean([b[k] for b in buffers], axis=0) for k in buffers[0]}] * 2
-        losses.append(trainer.accumulate(shards)["loss"])
-    return losses, trainer.state(), buffers
+        results = session.accumulate(shards)
+        losses.append(results["loss"])
+        if step == 0:
+            grads = [v.astype(np.float64) for k, v in results.items() if k.startswith("grad_")]
+            norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+            assert norm > CLIP, norm
+    return losses, dict(session.state), buffers
 
 
 # -- equivalence -----------------------------------------------------------------------------------
