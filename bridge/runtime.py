@@ -174,11 +174,13 @@ def graph_hash(model: onnx.ModelProto | bytes) -> str:
 class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
-    def __init__(self, model: onnx.ModelProto, providers=None):
+    def __init__(self, model: onnx.ModelProto, providers=None, threads: int | None = None):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        if threads is not None:
+            options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(model.SerializeToString(), options,
                                             providers=providers or ["CPUExecutionProvider"])
         self.input_names = [value.name for value in self.session.get_inputs()]
@@ -236,12 +238,14 @@ class TrainingSession(StepSession):
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike, state: Mapping[str, np.ndarray], providers=None,
-                 seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise"):
+                 seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise",
+                 threads: int | None = None):
+        """``threads``: onnxruntime's intra-op thread count (default: its own, one per physical core)."""
         if not isinstance(model, onnx.ModelProto):
             model = onnx.load(str(model))
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
                          graph_hash=graph_hash(model), eval_model=eval_model)
-        self._graph = OrtGraph(model, providers)
+        self._graph = OrtGraph(model, providers, threads)
         self.output_names = self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))
 

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+from .cse import eliminate_common_subexpressions
 from .errors import LoweringError, ShapeError
 from .importer.program import OnnxProgram
 from .losses import Loss
@@ -327,6 +328,7 @@ def _trace(step, flat_args: list[torch.Tensor], n_data: int, dynamic_batch: bool
         graph_module = make_fx(step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
     graph_module.graph.eliminate_dead_code()
+    eliminate_common_subexpressions(graph_module.graph)
     graph_module.recompile()
     return graph_module
 

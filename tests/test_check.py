@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import bridge
 from bridge.cli import main
 from bridge.errors import InvalidOptionError
-from test_mlp import _gemm_mlp, _matmul_add_mlp
+from helpers.models import gemm_mlp, matmul_add_mlp
 
 TABLE = json.loads((Path(bridge.__file__).parent / "data" / "onnx_mlir_cpu_ops.json").read_text())["ops"]
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -21,7 +21,7 @@ F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 @pytest.mark.parametrize("optim", ["sgd", "adam", "rmsprop"])
 @pytest.mark.parametrize("loss", ["mse", "ce"])
-@pytest.mark.parametrize("build", [_matmul_add_mlp, _gemm_mlp], ids=["matmul_add", "gemm"])
+@pytest.mark.parametrize("build", [matmul_add_mlp, gemm_mlp], ids=["matmul_add", "gemm"])
 def test_bridge_graphs_are_clean(build, loss, optim):
     tm = bridge.to_training_onnx(build()[0], loss=loss, optim=optim)
     assert bridge.check(tm.model, target="onnx-mlir") == []
@@ -164,11 +164,11 @@ def test_violations_inside_subgraphs_are_found():
 
 def test_unknown_target_is_an_error():
     with pytest.raises(InvalidOptionError, match="unknown check target 'tvm'"):
-        bridge.check(_matmul_add_mlp()[0], target="tvm")
+        bridge.check(matmul_add_mlp()[0], target="tvm")
 
 
 def test_cli_check_exit_status(tmp_path, capsys):
-    clean = bridge.to_training_onnx(_matmul_add_mlp()[0], loss="mse", optim="sgd").save(tmp_path / "train.onnx")
+    clean = bridge.to_training_onnx(matmul_add_mlp()[0], loss="mse", optim="sgd").save(tmp_path / "train.onnx")
     assert main(["check", str(clean), "--target", "onnx-mlir"]) == 0
     assert "0 violation(s)" in capsys.readouterr().out
     bad = tmp_path / "bad.onnx"

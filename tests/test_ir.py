@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.errors import ModelLoadError
-from test_mlp import _gemm_mlp, _matmul_add_mlp
+from helpers.models import gemm_mlp, matmul_add_mlp
 
 PHASES = {"forward", "loss", "backward", "optimizer"}
 VALUE_ROLE = {"forward": "activation", "loss": "activation", "backward": "gradient", "optimizer": "update"}
@@ -84,8 +84,8 @@ def cases(tmp_path_factory):
     module, torch_source = _torch_mlp(tmp_path_factory)
     sources = {
         "torch_mlp_ce_adam": (torch_source, "ce", "adam"),
-        "matmul_add_mse_sgd": (_matmul_add_mlp()[0], "mse", "sgd"),
-        "gemm_shared_ce_rmsprop": (_gemm_mlp()[0], "ce", "rmsprop"),
+        "matmul_add_mse_sgd": (matmul_add_mlp()[0], "mse", "sgd"),
+        "gemm_shared_ce_rmsprop": (gemm_mlp()[0], "ce", "rmsprop"),
         "branching_unnamed_callable_adam": (_branching_unnamed(), lambda o, t: F.mse_loss(o, t), "adam"),
         "branching_named_fn_sgd": (_branching_unnamed(), _sum_of_squares, "sgd"),
     }
@@ -321,7 +321,7 @@ def test_boundary_value_names_hold_what_they_say(cases):
 
 def test_load_rejects_what_is_not_a_training_graph(tmp_path):
     with pytest.raises(ModelLoadError, match="no bridge.role"):
-        bridge.ir.load(_matmul_add_mlp()[0])
+        bridge.ir.load(matmul_add_mlp()[0])
     with pytest.raises(ModelLoadError, match="cannot read"):
         bridge.ir.load(tmp_path / "missing.onnx")
 

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from onnx import TensorProto, helper, numpy_helper
 
 import bridge
+from helpers.models import gemm_mlp, matmul_add_mlp
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}
@@ -44,49 +43,6 @@ def test_torch_exported_mlp_matches_torch(torch_mlp, loss, optim):
     assert_steps_match(bridge_steps(tm, batches), want)
 
 
-def _matmul_add_mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(1)
-    weights = {
-        "W1": rng.standard_normal((6, 8)).astype(np.float32),
-        "b1": rng.standard_normal(8).astype(np.float32),
-        "W2": rng.standard_normal((8, 3)).astype(np.float32),
-    }
-    nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h"], name="fc1"),
-        helper.make_node("Add", ["h", "b1"], ["h1"], name="bias1"),
-        helper.make_node("Relu", ["h1"], ["a"], name="act"),
-        helper.make_node("MatMul", ["a", "W2"], ["y"], name="fc2"),
-    ]
-    graph = helper.make_graph(
-        nodes, "matmul_add_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
-        [numpy_helper.from_array(v, k) for k, v in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weights
-
-
-def _gemm_mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """Gemm with transA=1, transB=1, alpha != 1, beta != 1, and a weight shared by two layers."""
-    rng = np.random.default_rng(2)
-    weights = {
-        "W": rng.standard_normal((5, 5)).astype(np.float32),
-        "C": rng.standard_normal(5).astype(np.float32),
-    }
-    nodes = [
-        helper.make_node("Gemm", ["xt", "W", "C"], ["h"], name="gemm1", transA=1, transB=1, alpha=0.5, beta=2.0),
-        helper.make_node("Sigmoid", ["h"], ["a"], name="act"),
-        helper.make_node("Gemm", ["a", "W"], ["y"], name="gemm2", alpha=1.5),
-    ]
-    graph = helper.make_graph(
-        nodes, "gemm_mlp",
-        [helper.make_tensor_value_info("xt", TensorProto.FLOAT, [5, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
-        [numpy_helper.from_array(v, k) for k, v in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), weights
-
-
 def _matmul_twin(params, inputs):
     return torch.relu(inputs["x"] @ params["W1"] + params["b1"]) @ params["W2"]
 
@@ -98,7 +54,7 @@ def _gemm_twin(params, inputs):
 
 @pytest.mark.parametrize("optim", OPTIMIZERS)
 @pytest.mark.parametrize("loss", LOSSES)
-@pytest.mark.parametrize("build, twin", [(_matmul_add_mlp, _matmul_twin), (_gemm_mlp, _gemm_twin)], ids=["matmul_add", "gemm"])
+@pytest.mark.parametrize("build, twin", [(matmul_add_mlp, _matmul_twin), (gemm_mlp, _gemm_twin)], ids=["matmul_add", "gemm"])
 def test_handwritten_mlp_matches_torch_twin(build, twin, loss, optim):
     model, weights = build()
     tm = bridge.to_training_onnx(model, loss=loss, optim=optim, optim_options={"lr": 0.02})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted(Path("notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.slow
@@ -19,3 +19,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     namespace: dict = {}
     for index, source in enumerate(code):
         exec(compile(source, f"{path.name}[cell {index}]", "exec"), namespace)  # noqa: S102
+
+
+def test_notebooks_are_found():
+    """The glob is anchored on this file: run from any directory, the notebooks are collected."""
+    assert NOTEBOOKS, "no notebook found under notebooks/"

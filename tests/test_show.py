@@ -16,7 +16,8 @@ from PIL import Image
 import bridge
 from bridge.cli import main
 from bridge.show import PHASE_COLORS, summary, to_html
-from test_mlp import _gemm_mlp
+from generated_docs import assert_generated_block_current
+from helpers.models import gemm_mlp
 
 
 def _props(entries) -> dict[str, str]:
@@ -25,7 +26,7 @@ def _props(entries) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def gemm_adam(tmp_path_factory):
-    tm = bridge.to_training_onnx(_gemm_mlp()[0], loss="ce", optim="adam")
+    tm = bridge.to_training_onnx(gemm_mlp()[0], loss="ce", optim="adam")
     return tm.save(tmp_path_factory.mktemp("show") / "train.onnx")
 
 
@@ -112,3 +113,8 @@ def test_resnet_sized_picture_renders_headless_coloured_by_phase(tmp_path):
     for phase, colour in PHASE_COLORS.items():
         rgb = tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
         assert colours[rgb] > 500, f"{phase} boxes are drawn in {colour}"
+
+
+def test_show_sample_in_docs_is_current():
+    """docs/ir.md's ``bridge show`` sample is rendered from a real conversion (docs/show_sample.py)."""
+    assert_generated_block_current("show_sample.py", "ir.md", "render")

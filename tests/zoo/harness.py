@@ -25,6 +25,10 @@ from reference import torch_steps
 LOSS_STEPS = 30
 NOISE = 1e-8  # absolute floor: gradients that are exactly zero in theory (e.g. attention key biases)
 NOISE_FACTOR = 4  # bridge (float32) may be this many times further from float64 than torch's float32 is
+# Where a model allows some elements to miss the tolerance (Case.allowed_mismatch), those may still be
+# at most this fraction of the tensor's largest element away: twice the worst measured (densenet121,
+# 2.6%; see tests/test_zoo_vision.py). A wrong lowering is off by far more.
+MISMATCH_BOUND = 0.05
 
 
 def torch_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -108,11 +112,16 @@ def assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: d
             step = np.abs(actual - initial[key[len("updated_"):]])
             assert np.all(step[noisy] <= case.lr * 1.001), f"{case.name}: {key} moved more than lr"
             actual, expected = np.where(noisy, 0, actual), np.where(noisy, 0, expected)
+        assert np.all(np.isfinite(actual)), f"{case.name}: {key} has non-finite elements"
         if case.allowed_mismatch:
-            off = np.abs(actual - expected) > tolerances[key] + case.rtol * np.abs(expected)
+            error = np.abs(actual - expected)
+            off = ~(error <= tolerances[key] + case.rtol * np.abs(expected))
             assert off.mean() <= case.allowed_mismatch, f"{case.name}: {key}: {off.mean():.2%} of elements mismatch"
+            scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+            assert not off.any() or error[off].max() <= MISMATCH_BOUND * scale, (
+                f"{case.name}: {key}: a mismatching element is {error[off].max() / scale:.2%} of the tensor's scale away")
         else:
-            np.testing.assert_allclose(actual, expected, rtol=case.rtol, atol=tolerances[key],
+            np.testing.assert_allclose(actual, expected, rtol=case.rtol, atol=tolerances[key], equal_nan=False,
                                        err_msg=f"{case.name}: first step, {key}")
 
 

@@ -1,0 +1,70 @@
+"""Common-subexpression elimination on the traced step (bridge/cse.py): fewer nodes, same numbers."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import bridge
+import bridge.trace
+from bridge.cse import eliminate_common_subexpressions
+from helpers.models import matmul_add_mlp
+
+aten = torch.ops.aten
+
+
+def _phase_ops(tm: bridge.TrainingModel, phase: str) -> Counter:
+    graph = bridge.ir.load(tm.model)
+    return Counter(node.op_type for node in graph.nodes(phase))
+
+
+@pytest.mark.parametrize("optim", ["adam", "nadam", "radam"])
+def test_step_scalars_once_per_step_and_bit_identical(optim, monkeypatch):
+    model, _ = matmul_add_mlp()
+    merged = bridge.to_training_onnx(model, loss="mse", optim=optim)
+    monkeypatch.setattr(bridge.trace, "eliminate_common_subexpressions", lambda graph: 0)
+    plain = bridge.to_training_onnx(model, loss="mse", optim=optim)
+    weights = len(merged.weights)
+    assert weights == 3
+    pows_merged, pows_plain = _phase_ops(merged, "optimizer")["Pow"], _phase_ops(plain, "optimizer")["Pow"]
+    # beta ** step: once per weight (or more) before, once per step now
+    assert pows_plain % weights == 0 and 0 < pows_merged <= pows_plain // weights
+    assert len(merged.model.graph.node) < len(plain.model.graph.node)
+    layers = {node.layer for node in bridge.ir.load(merged.model).nodes("optimizer") if node.op_type == "Pow"}
+    assert layers == {"step"}
+
+    rng = np.random.default_rng(0)
+    sessions = merged.session(), plain.session()
+    for _ in range(3):
+        x, target = rng.standard_normal((4, 6), np.float32), rng.standard_normal((4, 3), np.float32)
+        a, b = (s.step({"x": x}, target) for s in sessions)
+        for key in a:
+            assert np.array_equal(a[key], b[key]), key
+
+
+def _graph(build) -> torch.fx.Graph:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(build(graph, x))
+    return graph
+
+
+def test_signed_zeros_and_written_temporaries_are_not_merged():
+    def signed(graph, x):
+        return (graph.call_function(aten.mul.Tensor, (x, 0.0)), graph.call_function(aten.mul.Tensor, (x, -0.0)))
+    assert eliminate_common_subexpressions(_graph(signed)) == 0
+
+    def written(graph, x):
+        a = graph.call_function(aten.neg.default, (x,))
+        b = graph.call_function(aten.neg.default, (x,))
+        return (graph.call_function(aten.add_.Tensor, (a, x)), graph.call_function(aten.add_.Tensor, (b, x)))
+    assert eliminate_common_subexpressions(_graph(written)) == 0
+
+    def duplicated(graph, x):
+        return (graph.call_function(aten.neg.default, (x,)), graph.call_function(aten.neg.default, (x,)))
+    graph = _graph(duplicated)
+    assert eliminate_common_subexpressions(graph) == 1
+    (output,) = [n for n in graph.nodes if n.op == "output"]
+    assert output.args[0][0] is output.args[0][1]

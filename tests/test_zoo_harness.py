@@ -1,0 +1,39 @@
+"""The zoo's comparison cannot pass a wrong first step: NaN never matches, and elements allowed to
+miss the tolerance are still bounded."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zoo.harness import MISMATCH_BOUND, Case, assert_first_step
+
+
+def _case(allowed_mismatch: float) -> Case:
+    return Case("probe", "unused.onnx", {}, np.zeros(1), "mse", set(), oracle=lambda: ({}, {}),
+                rtol=1e-4, allowed_mismatch=allowed_mismatch)
+
+
+@pytest.mark.parametrize("allowed_mismatch", [0.0, 0.5])
+def test_nan_never_matches(allowed_mismatch):
+    want = {"grad_w": np.array([1.0, np.nan, 2.0, 3.0], np.float32)}
+    got = {"grad_w": np.array([1.0, np.nan, 2.0, 3.0], np.float32)}
+    with pytest.raises(AssertionError, match="non-finite"):
+        assert_first_step(_case(allowed_mismatch), got, want, {}, {})
+
+
+def test_allowed_mismatch_is_bounded():
+    want = {"grad_w": np.arange(1.0, 101.0, dtype=np.float32)}
+    close = {"grad_w": want["grad_w"] * np.float32(1 + MISMATCH_BOUND / 4)}  # every element ~1% off the scale
+    assert_first_step(_case(1.0), close, want, {}, {})
+    far = {"grad_w": want["grad_w"].copy()}
+    far["grad_w"][0] += 2 * MISMATCH_BOUND * 100  # one element 10% of the scale away
+    with pytest.raises(AssertionError, match="of the tensor's scale away"):
+        assert_first_step(_case(0.5), far, want, {}, {})
+
+
+def test_exact_tolerance_without_allowed_mismatch():
+    want = {"grad_w": np.arange(1.0, 101.0, dtype=np.float32)}
+    got = {"grad_w": want["grad_w"].copy()}
+    got["grad_w"][5] *= 1.01
+    with pytest.raises(AssertionError):
+        assert_first_step(_case(0.0), got, want, {}, {})
