@@ -104,11 +104,15 @@ def _rank_lifecycle(directory: Path) -> None:
     resumed = DataParallelTrainer(path, timeout=TIMEOUT, seed=7)
     resumed.load_checkpoint(checkpoint)
     resumed.fit(data, epochs=1, batch_size=4)
+    with np.load(directory / "mlp-sgd.state.npz") as saved:  # each rank starts from another state
+        shifted = {name: saved[name] + trainer.rank for name in saved.files}
+    broadcast = DataParallelTrainer(path, timeout=TIMEOUT, state=shifted).state()
     bn = DataParallelTrainer(directory / "bn-sgd.onnx", timeout=TIMEOUT, seed=7)
     noise = bn.session._noise(bn.session.split_step.random_inputs, {}, 2)
     np.savez(directory / f"lifecycle.rank{trainer.rank}.npz", **{f"eval_{k}": v for k, v in metrics.items()},
              **history, **fitted, **{f"state_{k}": v for k, v in trainer.state().items()},
-             **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()})
+             **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()},
+             **{f"broadcast_{k}": v for k, v in broadcast.items()})
 
 
 def _rank_cli(directory: Path) -> None:
@@ -280,6 +284,14 @@ def test_resumed_run_continues_bit_for_bit_and_on_one_process(models, ranks):
     single.fit(features(22, seed=5), epochs=1, batch_size=8)
     for name in converted["mlp-sgd"].weights:
         np.testing.assert_allclose(single.state()[name], rank0[f"state_{name}"], rtol=1e-5, atol=1e-6)
+
+
+def test_rank_0s_state_is_broadcast_at_the_start(models, ranks):
+    _, converted = models
+    rank0, rank1 = _load(ranks, "lifecycle", 0), _load(ranks, "lifecycle", 1)
+    for name, value in converted["mlp-sgd"].initial_state().items():  # rank 1 started from value + 1
+        np.testing.assert_array_equal(rank0[f"broadcast_{name}"], value, err_msg=name)
+        np.testing.assert_array_equal(rank1[f"broadcast_{name}"], value, err_msg=name)
 
 
 def test_dropout_noise_is_seeded_per_rank(ranks):
