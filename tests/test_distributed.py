@@ -48,8 +48,9 @@ def _plain_cnn() -> tuple[torch.nn.Module, onnx.ModelProto]:
     return module, onnx.load_from_string(buffer.getvalue())
 
 
-MODELS = {"mlp": small_mlp, "cnn": _plain_cnn, "bn": small_cnn}  # "bn": BatchNorm and Dropout
-CASES = [f"{model}-{optim}" for model in MODELS for optim in OPTIONS]
+MODELS = {"mlp": small_mlp, "cnn": _plain_cnn, "bn": small_cnn, "sum": small_mlp}  # "bn": BatchNorm and Dropout
+LOSS_OPTIONS = {"sum": {"reduction": "sum"}}  # a summed loss: the ranks' sums are added, not averaged
+CASES = [f"{model}-{optim}" for model in ("mlp", "cnn", "bn") for optim in OPTIONS] + ["sum-sgd"]
 
 
 def _shards(case: str, noise: list[str], step: int) -> list[tuple[dict, np.ndarray]]:
@@ -58,7 +59,7 @@ def _shards(case: str, noise: list[str], step: int) -> list[tuple[dict, np.ndarr
     shards = []
     for rank, size in enumerate(SHARDS):
         seed = 100 * step + rank
-        if case.startswith("mlp"):
+        if case.startswith(("mlp", "sum")):
             x, target = features(size, seed)
             inputs = {"x": x}
         else:
@@ -157,8 +158,8 @@ def models(tmp_path_factory) -> tuple[Path, dict[str, bridge.TrainingModel]]:
     converted = {}
     for case in CASES:
         name, optim = case.split("-")
-        converted[case] = bridge.to_training_onnx(MODELS[name]()[1], loss="ce", optim=optim,
-                                                  optim_options=OPTIONS[optim], clip_grad_norm=CLIP)
+        converted[case] = bridge.to_training_onnx(MODELS[name]()[1], loss="ce", loss_options=LOSS_OPTIONS.get(name),
+                                                  optim=optim, optim_options=OPTIONS[optim], clip_grad_norm=CLIP)
         converted[case].save(directory / f"{case}.onnx")
         converted[case].save_state(directory / f"{case}.state.npz")
     return directory, converted
