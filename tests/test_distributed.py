@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import bridge
-from bridge.distributed import DataParallelTrainer, DistributedError, _free_port, run_local
+from bridge.distributed import BUCKET_BYTES, DataParallelTrainer, DistributedError, _free_port, run_local
 from bridge.runtime import OrtGraph
 from lifecycle_models import CLASSES, SIZE, batch, features, small_cnn, small_mlp
 
@@ -83,10 +83,11 @@ def _rank_main(directory: str, noise: dict[str, list[str]]) -> None:
 def _rank_cases(directory: Path, noise: dict[str, list[str]]) -> None:
     """Every case on this rank: 5 steps of its shards; results written to ``<case>.rank<r>.npz``."""
     directory = Path(directory)
-    for case in CASES + ["bn-adam-average"]:
-        model = case.removesuffix("-average")
+    for case in CASES + ["bn-adam-average", "mlp-adam-buckets"]:
+        model = case.removesuffix("-average").removesuffix("-buckets")
         trainer = DataParallelTrainer(directory / f"{model}.onnx", timeout=TIMEOUT,
-                                      average_buffers=case.endswith("average"))
+                                      average_buffers=case.endswith("average"),
+                                      bucket_bytes=256 if case.endswith("buckets") else BUCKET_BYTES)
         losses = [trainer.step(*_shards(case, noise[model], step)[trainer.rank])["loss"] for step in range(STEPS)]
         np.savez(directory / f"{case}.rank{trainer.rank}.npz", losses=np.array(losses), **trainer.state())
 
@@ -250,6 +251,13 @@ def test_batchnorm_statistics_averaged_over_the_ranks(models, ranks):
         np.testing.assert_allclose(rank0[name], value, rtol=ULPS, atol=ULPS, err_msg=name)
     per_rank = _load(ranks, "bn-adam", 0)
     assert not np.allclose(per_rank["bn.running_mean"], rank0["bn.running_mean"])  # the option changes them
+
+
+def test_small_buckets_reduce_the_same_values(ranks):
+    one, many = _load(ranks, "mlp-adam", 0), _load(ranks, "mlp-adam-buckets", 0)  # 1 bucket vs 256-byte ones
+    assert set(one) == set(many)
+    for name in one:
+        np.testing.assert_array_equal(many[name], one[name], err_msg=name)
 
 
 # -- the Trainer's loop, checkpoints, noise -----------------------------------------------------------
