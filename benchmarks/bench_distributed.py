@@ -33,14 +33,14 @@ WARMUP = 5
 
 
 def _mlp() -> tuple[torch.nn.Module, tuple[int, ...]]:
-    """bench_step.py's MLP: 64 -> 256 -> 256 -> 10 (85k weights)."""
+    """An MLP: 64 -> 256 -> 256 -> 10 (85k weights)."""
     module = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                  torch.nn.ReLU(), torch.nn.Linear(256, 10))
     return module, (64,)
 
 
 def _cnn() -> tuple[torch.nn.Module, tuple[int, ...]]:
-    """bench_step.py's CNN on 3x32x32 images (25k weights)."""
+    """A CNN on 3x32x32 images (25k weights)."""
     module = torch.nn.Sequential(
         torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(2),

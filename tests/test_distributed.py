@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import bridge
-from bridge.distributed import DataParallelTrainer, DistributedError, _free_port, run_local
+from bridge.distributed import BUCKET_BYTES, DataParallelTrainer, DistributedError, _free_port, run_local
 from bridge.runtime import OrtGraph
 from lifecycle_models import CLASSES, SIZE, batch, features, small_cnn, small_mlp
 
@@ -48,8 +48,9 @@ def _plain_cnn() -> tuple[torch.nn.Module, onnx.ModelProto]:
     return module, onnx.load_from_string(buffer.getvalue())
 
 
-MODELS = {"mlp": small_mlp, "cnn": _plain_cnn, "bn": small_cnn}  # "bn": BatchNorm and Dropout
-CASES = [f"{model}-{optim}" for model in MODELS for optim in OPTIONS]
+MODELS = {"mlp": small_mlp, "cnn": _plain_cnn, "bn": small_cnn, "sum": small_mlp}  # "bn": BatchNorm and Dropout
+LOSS_OPTIONS = {"sum": {"reduction": "sum"}}  # a summed loss: the ranks' sums are added, not averaged
+CASES = [f"{model}-{optim}" for model in ("mlp", "cnn", "bn") for optim in OPTIONS] + ["sum-sgd"]
 
 
 def _shards(case: str, noise: list[str], step: int) -> list[tuple[dict, np.ndarray]]:
@@ -58,7 +59,7 @@ def _shards(case: str, noise: list[str], step: int) -> list[tuple[dict, np.ndarr
     shards = []
     for rank, size in enumerate(SHARDS):
         seed = 100 * step + rank
-        if case.startswith("mlp"):
+        if case.startswith(("mlp", "sum")):
             x, target = features(size, seed)
             inputs = {"x": x}
         else:
@@ -82,10 +83,11 @@ def _rank_main(directory: str, noise: dict[str, list[str]]) -> None:
 def _rank_cases(directory: Path, noise: dict[str, list[str]]) -> None:
     """Every case on this rank: 5 steps of its shards; results written to ``<case>.rank<r>.npz``."""
     directory = Path(directory)
-    for case in CASES + ["bn-adam-average"]:
-        model = case.removesuffix("-average")
+    for case in CASES + ["bn-adam-average", "mlp-adam-buckets"]:
+        model = case.removesuffix("-average").removesuffix("-buckets")
         trainer = DataParallelTrainer(directory / f"{model}.onnx", timeout=TIMEOUT,
-                                      average_buffers=case.endswith("average"))
+                                      average_buffers=case.endswith("average"),
+                                      bucket_bytes=256 if case.endswith("buckets") else BUCKET_BYTES)
         losses = [trainer.step(*_shards(case, noise[model], step)[trainer.rank])["loss"] for step in range(STEPS)]
         np.savez(directory / f"{case}.rank{trainer.rank}.npz", losses=np.array(losses), **trainer.state())
 
@@ -104,11 +106,15 @@ def _rank_lifecycle(directory: Path) -> None:
     resumed = DataParallelTrainer(path, timeout=TIMEOUT, seed=7)
     resumed.load_checkpoint(checkpoint)
     resumed.fit(data, epochs=1, batch_size=4)
+    with np.load(directory / "mlp-sgd.state.npz") as saved:  # each rank starts from another state
+        shifted = {name: saved[name] + trainer.rank for name in saved.files}
+    broadcast = DataParallelTrainer(path, timeout=TIMEOUT, state=shifted).state()
     bn = DataParallelTrainer(directory / "bn-sgd.onnx", timeout=TIMEOUT, seed=7)
     noise = bn.session._noise(bn.session.split_step.random_inputs, {}, 2)
     np.savez(directory / f"lifecycle.rank{trainer.rank}.npz", **{f"eval_{k}": v for k, v in metrics.items()},
              **history, **fitted, **{f"state_{k}": v for k, v in trainer.state().items()},
-             **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()})
+             **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()},
+             **{f"broadcast_{k}": v for k, v in broadcast.items()})
 
 
 def _rank_cli(directory: Path) -> None:
@@ -153,8 +159,8 @@ def models(tmp_path_factory) -> tuple[Path, dict[str, bridge.TrainingModel]]:
     converted = {}
     for case in CASES:
         name, optim = case.split("-")
-        converted[case] = bridge.to_training_onnx(MODELS[name]()[1], loss="ce", optim=optim,
-                                                  optim_options=OPTIONS[optim], clip_grad_norm=CLIP)
+        converted[case] = bridge.to_training_onnx(MODELS[name]()[1], loss="ce", loss_options=LOSS_OPTIONS.get(name),
+                                                  optim=optim, optim_options=OPTIONS[optim], clip_grad_norm=CLIP)
         converted[case].save(directory / f"{case}.onnx")
         converted[case].save_state(directory / f"{case}.state.npz")
     return directory, converted
@@ -185,21 +191,28 @@ def _load(directory: Path, name: str, rank: int) -> dict[str, np.ndarray]:
 
 def _reference(case: str, tm: bridge.TrainingModel, average: bool = False) -> tuple[list[float], dict, list[dict]]:
     """One process, 5 steps accumulating the ranks' shards: the losses, the final state, and each
-    rank's running statistics (its own shards only, or their mean when ``average``)."""
-    trainer = bridge.Trainer(tm)
+    rank's running statistics (its own shards only, or their mean when ``average``). Checks that
+    clipping is active (a global gradient norm above ``CLIP``), so it must act on reduced gradients."""
+    session = tm.session()
+    session.enable_accumulation(tm.gradient_model, tm.update_model)
     gradient = OrtGraph(tm.gradient_model)
     buffers = [{}, {}]
     losses = []
     for step in range(STEPS):
         shards = _shards(case, list(tm.signature.random), step)
-        state = trainer.state()
+        state = dict(session.state)
         for rank, (inputs, target) in enumerate(shards):
             results = gradient({**state, **buffers[rank], **inputs, "target": target})
             buffers[rank] = {k[len("updated_"):]: v for k, v in results.items() if k.startswith("updated_")}
         if average:
             buffers = [{k: np.mean([b[k] for b in buffers], axis=0) for k in buffers[0]}] * 2
-        losses.append(trainer.accumulate(shards)["loss"])
-    return losses, trainer.state(), buffers
+        results = session.accumulate(shards)
+        losses.append(results["loss"])
+        if step == 0:
+            grads = [v.astype(np.float64) for k, v in results.items() if k.startswith("grad_")]
+            norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+            assert norm > CLIP, norm
+    return losses, dict(session.state), buffers
 
 
 # -- equivalence -----------------------------------------------------------------------------------
@@ -240,6 +253,13 @@ def test_batchnorm_statistics_averaged_over_the_ranks(models, ranks):
     assert not np.allclose(per_rank["bn.running_mean"], rank0["bn.running_mean"])  # the option changes them
 
 
+def test_small_buckets_reduce_the_same_values(ranks):
+    one, many = _load(ranks, "mlp-adam", 0), _load(ranks, "mlp-adam-buckets", 0)  # 1 bucket vs 256-byte ones
+    assert set(one) == set(many)
+    for name in one:
+        np.testing.assert_array_equal(many[name], one[name], err_msg=name)
+
+
 # -- the Trainer's loop, checkpoints, noise -----------------------------------------------------------
 
 def test_fit_and_evaluate_shard_the_data_and_report_the_whole_batch(models, ranks):
@@ -273,6 +293,14 @@ def test_resumed_run_continues_bit_for_bit_and_on_one_process(models, ranks):
     single.fit(features(22, seed=5), epochs=1, batch_size=8)
     for name in converted["mlp-sgd"].weights:
         np.testing.assert_allclose(single.state()[name], rank0[f"state_{name}"], rtol=1e-5, atol=1e-6)
+
+
+def test_rank_0s_state_is_broadcast_at_the_start(models, ranks):
+    _, converted = models
+    rank0, rank1 = _load(ranks, "lifecycle", 0), _load(ranks, "lifecycle", 1)
+    for name, value in converted["mlp-sgd"].initial_state().items():  # rank 1 started from value + 1
+        np.testing.assert_array_equal(rank0[f"broadcast_{name}"], value, err_msg=name)
+        np.testing.assert_array_equal(rank1[f"broadcast_{name}"], value, err_msg=name)
 
 
 def test_dropout_noise_is_seeded_per_rank(ranks):
