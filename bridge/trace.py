@@ -409,12 +409,20 @@ def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: d
                                  "(input_shapes=)")
             dim_names.setdefault(expr.node.expr, dim)
     tags = _LayerTags(dim_names)
-    tags.watch(fakes.values())
-    drawn: dict[str, torch.Tensor] = {}
-    with fake_mode, torch.no_grad():
-        outputs, _ = program.run(fakes, tensors, training=training, node_scope=tags.forward, random=drawn,
-                                 evaluation=not training)
-        spec = loss.target_spec(outputs[output_index])
+
+    def forward(*data):
+        tags.watch(data)
+        drawn: dict[str, torch.Tensor] = {}
+        outputs, _ = program.run(dict(zip(fakes, data)), tensors, training=training, node_scope=tags.forward,
+                                 random=drawn, evaluation=not training)
+        return (outputs[output_index], *(drawn[name] for name in random))
+
+    # traced as the step will be (with the lowering table), so that it specialises exactly what the step would
+    with torch.no_grad():
+        graph = make_fx(forward, decomposition_table=decomposition_table(), tracing_mode="symbolic")(*fakes.values())
+    output, *noise = (node.meta["val"] for node in graph.graph.find_nodes(op="output")[0].args[0])
+    spec = loss.target_spec(output)
+    with fake_mode:
         fake_target = torch.empty(spec.shape, dtype=spec.dtype)
-    noise = [drawn[name].to(random[name].dtype) if name in drawn else random[name] for name in random]
+    noise = [value.to(random[name].dtype) for name, value in zip(random, noise)]
     return [*fakes.values(), *noise, fake_target], dim_names
