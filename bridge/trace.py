@@ -350,11 +350,10 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor],
     fake_mode = next((t.fake_mode for t in data if isinstance(t, FakeTensor)), None)
     if fake_mode is not None:
         flat_args = [fake_mode.from_tensor(t, static_shapes=True) for t in flat_args] + list(data)
-        mode = "symbolic"
+        mode, shared_fakes = "symbolic", contextlib.nullcontext()
+    else:
         # Real-mode make_fx records each value's metadata as a fake tensor, by default in a new
         # FakeTensorMode per value; one shared mode gives the same graph in half the time (measured).
-        shared_fakes = contextlib.nullcontext()
-    else:
         flat_args = list(flat_args) + list(data)
         mode = "real"
         shared_fakes = torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
