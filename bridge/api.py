@@ -107,7 +107,7 @@ def to_training_onnx(
         check_export(source, strict=strict)
     original = _original(model)
     program = OnnxProgram(source)
-    dims = _dim_spec(source, program, dynamic_batch, dynamic_dims)
+    dims = _dim_spec(source, program, dynamic_batch, dynamic_dims, input_shapes or {})
     inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
     output_index = _output_index(program, output)
 
@@ -232,17 +232,21 @@ _MIN_TRACE_SIZE = 2  # tracing specialises sizes 0 and 1, so a symbolic dim is t
 
 
 def _dim_spec(model: onnx.ModelProto, program: OnnxProgram, dynamic_batch: bool | None,
-              dynamic_dims: bool | Mapping[str, Mapping[int, str] | Iterable[int]] | None) -> dict[str, dict[int, str]]:
+              dynamic_dims: bool | Mapping[str, Mapping[int, str] | Iterable[int]] | None,
+              shapes: Mapping[str, Iterable[int]]) -> dict[str, dict[int, str]]:
     """The symbolic dims of the data inputs: input name -> {axis: dim name}."""
     values = {v.name: v for v in model.graph.input if v.name in program.input_names}
-    ranks = {name: len(v.type.tensor_type.shape.dim) for name, v in values.items()}
-    if dynamic_dims is None or dynamic_dims is False:
-        if dynamic_dims is False or not (_has_symbolic_batch(model, program) if dynamic_batch is None else dynamic_batch):
-            return {}
-        return {name: {0: BATCH} for name, rank in ranks.items() if rank}
-    if dynamic_batch is not None:
+    ranks = {name: len(list(shapes[name])) if name in shapes else len(v.type.tensor_type.shape.dim)
+             for name, v in values.items()}
+    if dynamic_dims is not None and dynamic_batch is not None:
         raise InvalidOptionError("give dynamic_dims= or dynamic_batch=, not both (dynamic_dims names the batch dim "
                                  f"too, e.g. {{'input': {{0: '{BATCH}'}}}})")
+    if dynamic_dims is None:
+        if not (_has_symbolic_batch(model, program) if dynamic_batch is None else dynamic_batch):
+            return {}
+        return {name: {0: BATCH} for name, rank in ranks.items() if rank}
+    if dynamic_dims is False:
+        return {}
     if dynamic_dims is True:
         return {name: axes for name, v in values.items()
                 if (axes := {axis: _source_dim_name(v, axis) for axis, d in enumerate(v.type.tensor_type.shape.dim)

@@ -351,11 +351,10 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor],
     fake_mode = next((t.fake_mode for t in data if isinstance(t, FakeTensor)), None)
     if fake_mode is not None:
         flat_args = [fake_mode.from_tensor(t, static_shapes=True) for t in flat_args] + list(data)
-        mode = "symbolic"
+        mode, shared_fakes = "symbolic", contextlib.nullcontext()
+    else:
         # Real-mode make_fx records each value's metadata as a fake tensor, by default in a new
         # FakeTensorMode per value; one shared mode gives the same graph in half the time (measured).
-        shared_fakes = contextlib.nullcontext()
-    else:
         flat_args = list(flat_args) + list(data)
         mode = "real"
         shared_fakes = torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
@@ -411,12 +410,20 @@ def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: d
                                  "(input_shapes=)")
             dim_names.setdefault(expr.node.expr, dim)
     tags = _LayerTags(dim_names)
-    tags.watch(fakes.values())
-    drawn: dict[str, torch.Tensor] = {}
-    with fake_mode, torch.no_grad():
-        outputs, _ = program.run(fakes, tensors, training=training, node_scope=tags.forward, random=drawn,
-                                 evaluation=not training)
-        spec = loss.target_spec(outputs[output_index])
+
+    def forward(*data):
+        tags.watch(data)
+        drawn: dict[str, torch.Tensor] = {}
+        outputs, _ = program.run(dict(zip(fakes, data)), tensors, training=training, node_scope=tags.forward,
+                                 random=drawn, evaluation=not training)
+        return (outputs[output_index], *(drawn[name] for name in random))
+
+    # traced as the step will be (with the lowering table), so that it specialises exactly what the step would
+    with torch.no_grad():
+        graph = make_fx(forward, decomposition_table=decomposition_table(), tracing_mode="symbolic")(*fakes.values())
+    output, *noise = (node.meta["val"] for node in graph.graph.find_nodes(op="output")[0].args[0])
+    spec = loss.target_spec(output)
+    with fake_mode:
         fake_target = torch.empty(spec.shape, dtype=spec.dtype)
-    noise = [drawn[name].to(random[name].dtype) if name in drawn else random[name] for name in random]
+    noise = [value.to(random[name].dtype) for name, value in zip(random, noise)]
     return [*fakes.values(), *noise, fake_target], dim_names

@@ -1,7 +1,7 @@
-"""Folding of shape computations whose values are partly symbolic (dynamic batch).
+"""Folding of shape computations whose values are partly symbolic (dynamic batch and other dims).
 
 With a symbolic batch, ``Shape(x)`` is a numpy object array such as ``[s0, 3, 32, 32]``
-(``s0`` a ``torch.SymInt``). The shape arithmetic that exporters build on it
+(``s0`` a ``torch.SymInt``; a symbolic sequence length is another such symbol). The shape arithmetic that exporters build on it
 (Gather/Concat/Unsqueeze/Slice/Mul/... -> Reshape) is evaluated here on those arrays, so the
 consumers still receive concrete-or-symbolic sizes instead of traced int tensors.
 """
@@ -109,8 +109,9 @@ def fold_symbolic(ctx: NodeContext, args: list) -> list:
     folder = FOLDERS.get(ctx.node.op_type)
     if folder is None:
         raise ShapeError(
-            f"{ctx.node.op_type} node '{ctx.name}' computes on the symbolic batch size, which bridge "
-            "cannot carry through this op; convert with dynamic_batch=False"
+            f"{ctx.node.op_type} node '{ctx.name}' computes on the symbolic batch size (or another symbolic "
+            "dim), which bridge cannot carry through this op; keep that dim static (dynamic_batch=False, or "
+            "dynamic_dims= without it)"
         )
     result = np.asarray(folder(ctx, *args), dtype=object)
     if not any(isinstance(v, (torch.SymInt, torch.SymBool)) for v in result.reshape(-1)):
