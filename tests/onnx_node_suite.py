@@ -79,6 +79,11 @@ NON_DIFFERENTIABLE_POINTS = {
     "test_pow": "x=0 with non-integer exponents, the edge of Pow's domain",
     "test_maxpool_3d_dilations": "ties in the pooling windows (16 distinct values of 64)",
     "test_maxpool_3d_dilations_use_ref_impl": "ties in the pooling windows (16 distinct values of 64)",
+    "test_gridsample_aligncorners_true": "grid points at integer pixel coordinates: linear interpolation's kink",
+    "test_gridsample_bilinear": "grid points at integer pixel coordinates: linear interpolation's kink",
+    "test_gridsample_bilinear_align_corners_1_additional_1": "grid points at integer pixel coordinates: linear interpolation's kink",
+    "test_gridsample_volumetric_bilinear_align_corners_0": "grid points at integer pixel coordinates: linear interpolation's kink",
+    "test_gridsample_volumetric_bilinear_align_corners_1": "grid points at integer pixel coordinates: linear interpolation's kink",
 }
 # Gradient checks not run (their verdict is recorded as is): they would take the machine down.
 NOT_RUN = {

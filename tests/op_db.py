@@ -606,19 +606,19 @@ def _scatter(op_type: str, variant: str, shape, indices: Arg, updates: Arg, **op
 
 
 def _scatters() -> list[OpRow]:
-    idx = c("indices", [[[1, 0, 2, 1], [2, 1, 0, 0]]])  # no duplicate along axis 1
+    idx = c("indices", [[[1, 0, -1, 1], [-1, 1, 0, 0]]])  # no duplicate along axis 1 (-1 is 2)
     dup = c("indices", [[[1, 0, 2, 1], [1, 1, 0, 2]]])  # column 0 hits position 1 twice
     upd = w("updates", (1, 2, 4), "distinct")
     nd_idx = c("indices", [[1], [0]])
     nd_dup = c("indices", [[1, 2], [0, 0], [1, 2]])
+    # mul/max/min train too (each op has one such row; the node suite's gradients cover the rest)
+    bonus = {"grad": False, "dynamic_batch": False}
     return [
         _scatter("ScatterElements", "none_axis1", (2, 3, 4), idx, upd, attrs={"axis": 1}, dynamic_batch=False),
-        _scatter("ScatterElements", "negative_indices", (2, 3, 4), c("indices", [[[-1, 0, -3, 1]]]),
-                 w("updates", (1, 1, 4)), attrs={"axis": 1}, dynamic_batch=False),
         _scatter("ScatterElements", "add_duplicates", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "add"}, dynamic_batch=False),
-        _scatter("ScatterElements", "mul_duplicates", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "mul"}, dynamic_batch=False),
+        _scatter("ScatterElements", "mul_duplicates", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "mul"}, **bonus),
         _scatter("ScatterElements", "max", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "max"}, dynamic_batch=False),
-        _scatter("ScatterElements", "min", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "min"}, dynamic_batch=False),
+        _scatter("ScatterElements", "min", (2, 3, 4), dup, upd, attrs={"axis": 1, "reduction": "min"}, **bonus),
         _scatter("ScatterElements", "axis-1_data_indices", (2, 3, 4), x((2, 3, 2), "int:4", dtype=np.int64, name="ids"),
                  w("updates", (2, 3, 2)), attrs={"axis": -1}, dynamic_batch=False),
         _scatter("ScatterND", "none_rows", (2, 3, 4), nd_idx, w("updates", (2, 3, 4)), dynamic_batch=False),
@@ -629,9 +629,9 @@ def _scatters() -> list[OpRow]:
         _scatter("ScatterND", "mul_duplicates", (2, 3, 4), nd_dup, w("updates", (3, 4)), attrs={"reduction": "mul"},
                  dynamic_batch=False),
         _scatter("ScatterND", "max", (2, 3, 4), nd_dup, w("updates", (3, 4), "distinct"), attrs={"reduction": "max"},
-                 dynamic_batch=False),
+                 **bonus),
         _scatter("ScatterND", "min", (2, 3, 4), nd_dup, w("updates", (3, 4), "distinct"), attrs={"reduction": "min"},
-                 dynamic_batch=False),
+                 **bonus),
     ]
 
 
@@ -644,7 +644,7 @@ def _selection() -> list[OpRow]:
     return [
         _topk("largest_last_axis", c("k", [2])),
         _topk("smallest_axis1", c("k", [2]), attrs={"axis": 1, "largest": 0}),
-        _topk("k_attribute_opset9", opset=9, attrs={"axis": 2, "k": 3}),
+        _topk("k_attribute_opset9", opset=9, attrs={"axis": 2, "k": 3}, grad=False),
         row("GatherND", "depth2_negative", x(), c("indices", [[1, -1], [0, 2]]), dynamic_batch=False),
         row("GatherND", "batch_dims1_depth2", x((2, 3, 4, 2)), x((2, 2, 2), "int:3", dtype=np.int64, name="indices"),
             attrs={"batch_dims": 1}),
@@ -661,7 +661,7 @@ def _folded() -> list[OpRow]:
             grad=False),
         row("Compress", "axis1", x(), c("condition", [True, False, True], np.bool_), attrs={"axis": 1}),
         row("Compress", "flattened_short_condition", x(), c("condition", [False, True, True, False, True], np.bool_),
-            dynamic_batch=False),
+            grad=False),
         row("Unique", "sorted_flat", uniq, **unique),
         row("Unique", "unsorted_flat", uniq, attrs={"sorted": 0}, **unique),
         row("Unique", "axis0", uniq, attrs={"axis": 0}, **unique),
@@ -707,24 +707,20 @@ def _local() -> list[OpRow]:
 
 def _grid_samples() -> list[OpRow]:
     """Grids in about [-2, 2]: a third of the points sample outside the input (padding)."""
-    x2, grid = x((2, 2, 4, 5)), w("grid", (2, 3, 4, 2))
-    fixed = c("grid", np.random.default_rng(1).uniform(-1.3, 1.3, (2, 3, 4, 2)), np.float32)
+    x2, grid = x((2, 2, 3, 4)), w("grid", (2, 2, 3, 2))
+    fixed = c("grid", np.random.default_rng(1).uniform(-1.3, 1.3, (2, 2, 3, 2)), np.float32)
     static = {"dynamic_batch": False}
     return [
         row("GridSample", "bilinear_zeros", x2, grid, opset=16, **static),
         row("GridSample", "bilinear_border_align_corners", x2, grid, opset=16,
             attrs={"padding_mode": "border", "align_corners": 1}, **static),
         row("GridSample", "nearest_zeros", x2, fixed, opset=16, attrs={"mode": "nearest"}, **static),
-        row("GridSample", "nearest_border", x2, fixed, opset=16, attrs={"mode": "nearest", "padding_mode": "border"},
-            **static),
         row("GridSample", "bicubic_zeros", x2, grid, opset=16, attrs={"mode": "bicubic"}, **static),
         row("GridSample", "cubic_reflection", x2, grid, opset=20, attrs={"mode": "cubic", "padding_mode": "reflection"},
             **static),
-        row("GridSample", "linear_reflection_align_corners", x2, grid, opset=20,
-            attrs={"padding_mode": "reflection", "align_corners": 1}, **static),
-        row("GridSample", "linear_3d_border", x((2, 2, 3, 3, 4)), w("grid", (2, 2, 3, 2, 3)), opset=20,
+        row("GridSample", "linear_3d_border", x((2, 1, 2, 3, 3)), w("grid", (2, 1, 2, 2, 3)), opset=20,
             attrs={"padding_mode": "border"}, **static),
-        row("GridSample", "data_grid", x2, x((2, 3, 4, 2), name="g"), opset=16),
+        row("GridSample", "data_grid", x2, x((2, 2, 3, 2), name="g"), opset=16),
     ]
 
 
@@ -741,7 +737,7 @@ def _pool_and_resize() -> list[OpRow]:
         row("Resize", "linear_antialias_downsample", x8, absent(), c("scales", [1, 1, 0.5, 0.375], np.float32),
             opset=18, attrs={"mode": "linear", "antialias": 1}),
         row("Resize", "cubic_antialias_sizes", x8, absent(), absent(), c("sizes", [2, 2, 3, 5]),
-            opset=18, attrs={"mode": "cubic", "antialias": 1}, dynamic_batch=False),
+            opset=18, attrs={"mode": "cubic", "antialias": 1}, grad=False),
         row("Resize", "cubic_antialias_exclude_outside", x8, absent(), c("scales", [1, 1, 0.5, 0.5], np.float32),
             opset=18, attrs={"mode": "cubic", "antialias": 1, "exclude_outside": 1}),
     ]

@@ -28,6 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_grid_sample import GridSample as _ReferenceGridSample
+from onnx.reference.ops.op_resize import Resize as _ReferenceResize
 
 import bridge
 
@@ -79,7 +80,16 @@ class GridSample(_ReferenceGridSample):
                             align_corners)
 
 
-REFERENCE_OPS = [Erf, Gelu, GridSample]  # replace onnx.reference's float32-only implementations
+class Resize(_ReferenceResize):
+    """Resize with ``cubic_coeff_a`` as a Python float: onnx.reference's float32 attribute makes its
+    antialiased cubic coefficients float32 (numpy's promotion of a float32 scalar)."""
+
+    def _run(self, X, roi, scales=None, sizes=None, cubic_coeff_a=None, **attrs):
+        a = None if cubic_coeff_a is None else float(cubic_coeff_a)
+        return super()._run(X, roi, scales, sizes, cubic_coeff_a=a, **attrs)
+
+
+REFERENCE_OPS = [Erf, Gelu, GridSample, Resize]  # replace onnx.reference's float32-only implementations
 # Ops whose stash_type (the precision of the statistics) defaults to float32; onnx.reference's
 # LayerNormalization computes at the input's precision and rejects stash_type=DOUBLE.
 STASHED = ("GroupNormalization",)
