@@ -154,7 +154,8 @@ def assert_trains_like_torch(tm: bridge.TrainingModel, module: torch.nn.Module, 
     initial = tm.initial_state()
     for step, (g, w, s) in enumerate(zip(got, want, single)):
         for key, expected in w.items():
-            tolerance = RTOL * float(np.max(np.abs(expected))) + NOISE + NOISE_FACTOR * float(np.max(np.abs(s[key] - expected)))
+            torch_error = float(np.max(np.abs(s[key] - expected)))
+            tolerance = RTOL * float(np.max(np.abs(expected))) + NOISE + NOISE_FACTOR * torch_error
             np.testing.assert_allclose(g[key], expected, rtol=RTOL, atol=tolerance, err_msg=f"step {step}: {key}")
     for name in tm.signature.buffers:
         assert not np.array_equal(got[0][f"updated_{name}"], initial[name]), f"{name} was not updated"
