@@ -311,6 +311,30 @@ def test_onnx2torch_module_converts(tmp_path):
     assert_trains_like_torch(tm, graph_module, args, _target(2))
 
 
+@pytest.mark.slow
+def test_train_mode_dynamo_export_with_random_uniform_like_trains():
+    """An in-place Dropout exported by the dynamo exporter in train mode is RandomUniformLike + Less:
+    imported as a noise input, the step applies torch's mask ``noise < 1 - p`` scaled by 1/(1 - p)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.25, inplace=True),
+                                 torch.nn.Linear(16, CLASSES))
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.onnx.export(module.train(), (x,), dynamo=True, optimize=False, verbose=False, input_names=["x"],
+                                  training=torch.onnx.TrainingMode.TRAINING).model_proto
+    assert "RandomUniformLike" in {node.op_type for node in model.graph.node}
+    with pytest.warns(bridge.BridgeWarning, match="eval graph uses its median"):
+        tm = bridge.to_training_onnx(model, "ce", "sgd")
+    assert set(tm.weights) == _trainable(module)
+    (noise_name,) = tm.signature.random
+    noise = np.random.default_rng(0).random((4, 16)).astype(np.float32)
+    got = tm.session().step({"x": x.numpy(), noise_name: noise}, _target(4))
+    hidden = torch.relu(module[0](x)) * torch.from_numpy(noise < 0.75) / 0.75
+    want = torch.nn.functional.cross_entropy(module[3](hidden), torch.from_numpy(_target(4)))
+    np.testing.assert_allclose(got["loss"], want.detach().numpy(), rtol=1e-5)
+
+
 # --- exhaustive tier: real models --------------------------------------------------------------
 
 def _torchvision(name: str):
