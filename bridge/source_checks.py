@@ -7,8 +7,9 @@ Measured on torchvision resnet18 / mobilenet_v3_small and HF BERT (torch 2.14):
   preceding Conv, whose fused bias is named ``<conv weight>_bias``; the TorchScript exporter's
   defaults (``dynamo=False``: eval mode, constant folding) give both ``onnx::Conv_<N>``.
 - both rename weights they transpose or fold (``onnx::MatMul_<N>``, ``val_<N>``);
-- the dynamo optimizer folds lookups of constant rows (BERT's position and token-type
-  embeddings) into constants named after the op (``embedding_<N>``): those weights are gone.
+- the dynamo optimizer folds values computed from weights alone into constants named after the
+  op (BERT's position and token-type lookups ``embedding_<N>``, ConvNeXt's layer scales
+  ``view_<N>``, ViT's class token ``expand``): those weights are gone.
 
 None of these appears in an export made with the settings that keep everything
 (``bridge.export_for_training``, ``do_constant_folding=False``, ``optimize=False``).
@@ -24,7 +25,8 @@ import onnx
 from .errors import BridgeError
 
 EXPORTER_NAME = re.compile(r"^(onnx::\w+?_\d+|_?val_\d+)$")
-FOLDED_LOOKUP = re.compile(r"^embedding(_\d+)?$")
+# the dynamo optimizer names a folded value after the FX node it replaces: the op, then _<N>
+FOLDED = re.compile(r"^(embedding|view|expand|reshape|unsqueeze|permute|transpose|t|select|slice|index)(_\d+)?$")
 KEEP_ALL = ("export the module with bridge.export_for_training(module, example_inputs, path), i.e. "
             "torch.onnx.export(..., dynamo=False, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False) "
             "or torch.onnx.export(..., dynamo=True, optimize=False), or pass the module itself to to_training_onnx")
@@ -68,10 +70,10 @@ def find_inference_export(model: onnx.ModelProto) -> list[Finding]:
     if renamed:
         findings.append(Finding(f"{len(renamed)} weight(s) renamed by the exporter: trained, but not under "
                                 "their torch names (grad_*, checkpoints)", renamed))
-    lookups = [name for name in weights if FOLDED_LOOKUP.match(name)]
-    if lookups:
-        findings.append(Finding("embedding lookups folded into constants: the embedding rows they read "
-                                "would not be trained", lookups))
+    folded = [name for name in weights if FOLDED.match(name)]
+    if folded:
+        findings.append(Finding("lookups and views of weights folded into constants: the weights they read "
+                                "(embedding rows, layer scales, class tokens) would not be trained", folded))
     return findings
 
 

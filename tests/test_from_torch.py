@@ -25,6 +25,12 @@ from zoo.harness import NOISE, NOISE_FACTOR, assert_onnx_mlir_clean, perturb, to
 
 STEPS = 5
 LR = 1e-3
+ADAM = ("adam", {"lr": LR})
+# Real models: SGD with momentum. Adam's first step moves a weight whose gradient is float32 noise
+# (a BatchNorm bias at 32x32, batch 2) by +-lr whatever the noise's size, so torch float64 and any
+# float32 run part by 2 lr there after one step (the zoo checks only the bound, tests/zoo/harness.py).
+SGD = ("sgd", {"lr": 1e-3, "momentum": 0.9})
+TORCH_OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 RTOL = 1e-4  # the zoo's vision tolerance (tests/test_zoo_vision.py)
 CLASSES = 4
 
@@ -104,8 +110,8 @@ def _dropout_module(noise_name: str) -> str:
     return noise_name.removesuffix(".noise").split("/")[-2]
 
 
-def _torch_records(module, args, target, loss, noise, dtype) -> list[dict[str, np.ndarray]]:
-    """``len(noise)`` Adam steps of ``module`` itself (train mode), each Dropout applying the mask
+def _torch_records(module, args, target, loss, noise, dtype, optim) -> list[dict[str, np.ndarray]]:
+    """``len(noise)`` ``optim`` steps of ``module`` itself (train mode), each Dropout applying the mask
     ``noise >= p`` that bridge applies: loss, grad_*, updated_* (parameters and running statistics)."""
     model = copy.deepcopy(module).train().to(dtype)
     current: dict[str, np.ndarray] = {}
@@ -116,7 +122,7 @@ def _torch_records(module, args, target, loss, noise, dtype) -> list[dict[str, n
             current[name] >= m.p).to(dtype) / (1 - m.p))
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     stats = {n: b for n, b in model.named_buffers() if b.is_floating_point()}
-    opt = torch.optim.Adam(params.values(), lr=LR)
+    opt = TORCH_OPTIMIZERS[optim[0]](params.values(), **optim[1])
     fed = [a.to(dtype) if a.is_floating_point() else a for a in args]
     records = []
     for step_noise in noise or [{}] * STEPS:
@@ -133,7 +139,7 @@ def _torch_records(module, args, target, loss, noise, dtype) -> list[dict[str, n
 
 
 def assert_trains_like_torch(tm: bridge.TrainingModel, module: torch.nn.Module, args: tuple, target: np.ndarray,
-                             loss: str = "ce") -> None:
+                             loss: str = "ce", optim=ADAM) -> None:
     """The trained set is the module's requires_grad parameters, the running statistics are
     buffers, and the first ``STEPS`` steps match torch: within ``RTOL`` of each tensor's scale plus
     ``NOISE_FACTOR`` times torch's own float32 error (the zoo's tolerance, tests/zoo/harness.py)."""
@@ -143,22 +149,23 @@ def assert_trains_like_torch(tm: bridge.TrainingModel, module: torch.nn.Module, 
     noise = _noise(tm, args, STEPS)
     session = tm.session()
     got = [session.step({**_feed(tm, args), **n}, target) for n in noise or [{}] * STEPS]
-    want = _torch_records(module, args, target, loss, noise, torch.float64)
-    single = _torch_records(module, args, target, loss, noise, torch.float32)
+    want = _torch_records(module, args, target, loss, noise, torch.float64, optim)
+    single = _torch_records(module, args, target, loss, noise, torch.float32, optim)
     initial = tm.initial_state()
     for step, (g, w, s) in enumerate(zip(got, want, single)):
         for key, expected in w.items():
-            tolerance = RTOL * float(np.max(np.abs(expected))) + NOISE + NOISE_FACTOR * float(np.max(np.abs(s[key] - expected)))
+            torch_error = float(np.max(np.abs(s[key] - expected)))
+            tolerance = RTOL * float(np.max(np.abs(expected))) + NOISE + NOISE_FACTOR * torch_error
             np.testing.assert_allclose(g[key], expected, rtol=RTOL, atol=tolerance, err_msg=f"step {step}: {key}")
     for name in tm.signature.buffers:
         assert not np.array_equal(got[0][f"updated_{name}"], initial[name]), f"{name} was not updated"
 
 
-def _convert(model, args=None, **options) -> bridge.TrainingModel:
-    """Convert with ce + Adam(LR), failing on any bridge warning."""
+def _convert(model, args=None, optim=ADAM, **options) -> bridge.TrainingModel:
+    """Convert with ce and ``optim``, failing on any bridge warning."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", BridgeWarning)
-        return bridge.to_training_onnx(model, "ce", "adam", optim_options={"lr": LR}, example_inputs=args, **options)
+        return bridge.to_training_onnx(model, "ce", optim[0], optim_options=optim[1], example_inputs=args, **options)
 
 
 def _default_exports(module, args) -> dict[str, onnx.ModelProto]:
@@ -254,8 +261,8 @@ def test_export_signs_on_names():
     assert find_inference_export(model(["fc.weight", "encoder.layer.0.attention.self.query.weight"])) == []
     (renamed,) = find_inference_export(model(["onnx::MatMul_301", "val_59"]))
     assert "2 weight(s) renamed" in renamed.lost and renamed.names == ["onnx::MatMul_301", "val_59"]
-    (lookup,) = find_inference_export(model(["embedding_1"]))
-    assert "embedding lookups folded" in lookup.lost
+    (folded,) = find_inference_export(model(["embedding_1", "view_3", "expand"]))
+    assert "folded into constants" in folded.lost and folded.names == ["embedding_1", "view_3", "expand"]
 
 
 def test_no_warning_on_the_handbuilt_zoo():
@@ -304,20 +311,51 @@ def test_onnx2torch_module_converts(tmp_path):
     assert_trains_like_torch(tm, graph_module, args, _target(2))
 
 
+@pytest.mark.slow
+def test_train_mode_dynamo_export_with_random_uniform_like_trains():
+    """An in-place Dropout exported by the dynamo exporter in train mode is RandomUniformLike + Less:
+    imported as a noise input, the step applies torch's mask ``noise < 1 - p`` scaled by 1/(1 - p)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.25, inplace=True),
+                                 torch.nn.Linear(16, CLASSES))
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.onnx.export(module.train(), (x,), dynamo=True, optimize=False, verbose=False, input_names=["x"],
+                                  training=torch.onnx.TrainingMode.TRAINING).model_proto
+    assert "RandomUniformLike" in {node.op_type for node in model.graph.node}
+    with pytest.warns(bridge.BridgeWarning, match="eval graph uses its median"):
+        tm = bridge.to_training_onnx(model, "ce", "sgd")
+    assert set(tm.weights) == _trainable(module)
+    (noise_name,) = tm.signature.random
+    noise = np.random.default_rng(0).random((4, 16)).astype(np.float32)
+    got = tm.session().step({"x": x.numpy(), noise_name: noise}, _target(4))
+    hidden = torch.relu(module[0](x)) * torch.from_numpy(noise < 0.75) / 0.75
+    want = torch.nn.functional.cross_entropy(module[3](hidden), torch.from_numpy(_target(4)))
+    np.testing.assert_allclose(got["loss"], want.detach().numpy(), rtol=1e-5)
+
+
 # --- exhaustive tier: real models --------------------------------------------------------------
+
+def _images(size: int = 64) -> tuple[torch.Tensor]:
+    """64x64 images, batch 2, as the zoo's: at 32x32 the last BatchNorms of a 32x-downsampling CNN see
+    2 values per channel and torch's own float32 run leaves float64 (running_var 700 vs 0.9 after 3
+    steps, measured on resnet18)."""
+    return (torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1)),)
+
 
 def _torchvision(name: str):
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     module = perturb(getattr(torchvision.models, name)(weights=None, num_classes=10), 0)
-    return module, (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)),), _target(2, 10), "ce"
+    return module, _images(), _target(2, 10), "ce"
 
 
 def _timm():
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)
     module = perturb(timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=10), 0)
-    return module, (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)),), _target(2, 10), "ce"
+    return module, _images(), _target(2, 10), "ce"
 
 
 def _bert():
@@ -335,7 +373,7 @@ REAL = {"resnet18": lambda: _torchvision("resnet18"), "mobilenet_v3_small": lamb
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_real_model_module_trains_like_torch(name):
     module, args, target, loss = REAL[name]()
-    assert_trains_like_torch(_convert(module, args), module, args, target, loss)
+    assert_trains_like_torch(_convert(module, args, SGD), module, args, target, loss, SGD)
 
 
 @pytest.mark.exhaustive
@@ -356,7 +394,7 @@ def test_real_model_default_exports_warn_and_export_for_training_does_not(name, 
 @pytest.mark.exhaustive
 def test_real_model_dynamic_batch():
     module, args, target, loss = REAL["mobilenet_v3_small"]()
-    tm = _convert(module, args, dynamic_batch=True)
-    assert_trains_like_torch(tm, module, args, target, loss)
-    wider = {tm.data_inputs[0]: np.random.default_rng(2).standard_normal((3, 3, 32, 32)).astype(np.float32)}
+    tm = _convert(module, args, SGD, dynamic_batch=True)
+    assert_trains_like_torch(tm, module, args, target, loss, SGD)
+    wider = {tm.data_inputs[0]: np.random.default_rng(2).standard_normal((3, 3, 64, 64)).astype(np.float32)}
     assert np.isfinite(tm.session().step(wider, _target(3, 10))["loss"])
