@@ -110,7 +110,8 @@ def _rank_lifecycle(directory: Path) -> None:
         shifted = {name: saved[name] + trainer.rank for name in saved.files}
     broadcast = DataParallelTrainer(path, timeout=TIMEOUT, state=shifted).state()
     bn = DataParallelTrainer(directory / "bn-sgd.onnx", timeout=TIMEOUT, seed=7)
-    noise = bn.session._noise(bn.session.split_step.random_inputs, {}, 2)
+    split = bn.session.split_step
+    noise = bn.session._noise(split.random_inputs, split.checks, {}, np.zeros(2, np.int64))
     np.savez(directory / f"lifecycle.rank{trainer.rank}.npz", **{f"eval_{k}": v for k, v in metrics.items()},
              **history, **fitted, **{f"state_{k}": v for k, v in trainer.state().items()},
              **{f"resumed_{k}": v for k, v in resumed.state().items()}, **{f"noise_{k}": v for k, v in noise.items()},
