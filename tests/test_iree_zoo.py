@@ -217,9 +217,10 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
         compiled = bridge.compile(tm)
         iree, ort = compiled.session(seed=0), tm.session(seed=0)
         got, want = iree.step(case.inputs, case.target), ort.step(case.inputs, case.target)
-        # the zoo's tolerance: rtol of each tensor's scale plus NOISE_FACTOR x torch's own float32
-        # error (gradients zero in theory, e.g. a BatchNorm bias, are float32 noise in both runtimes)
-        noise = expected[1] if expected is not None else {}
+        # the zoo's tolerance puts each runtime within rtol of a tensor's scale plus NOISE_FACTOR x
+        # torch's own float32 error of float64; two runtimes are within twice that error of each
+        # other (gradients zero in theory, e.g. a bias before a BatchNorm, are noise in both)
+        noise = {k: 2 * v for k, v in expected[1].items()} if expected is not None else {}
         assert_first_step(replace(case, name=f"{case.name} IREE vs onnxruntime"), got, want, noise, tm.initial_state())
         if expected is not None:
             assert_first_step(replace(case, name=f"{case.name} IREE vs torch float64"), got, *expected,
