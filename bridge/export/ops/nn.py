@@ -35,7 +35,7 @@ def convolution(b: GraphBuilder, node, x, weight, bias, stride, padding, dilatio
     )
 
 
-def read_extent(size: int, k: int, s: int, p: int, d: int) -> int:
+def _read_extent(size: int, k: int, s: int, p: int, d: int) -> int:
     """How far past the begin padding the windows of a Conv read: ``(windows - 1) * s + d * (k - 1) + 1``."""
     windows = (size + 2 * p - d * (k - 1) - 1) // s + 1
     return (windows - 1) * s + d * (k - 1) + 1
@@ -51,7 +51,7 @@ def _fit_to_read_extent(b: GraphBuilder, x: Value, kernel, stride, padding, dila
     """
     ends, sizes = [], []
     for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation):
-        end = read_extent(size, k, s, p, d) - p - size
+        end = _read_extent(size, k, s, p, d) - p - size
         ends.append(max(end, 0))
         sizes.append(size + min(end, 0))
     if sizes == list(x.shape[2:]):
