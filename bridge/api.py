@@ -1,7 +1,6 @@
 """``to_training_onnx``: the whole pipeline, stage by stage (see docs/ARCHITECTURE.md)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any, Callable, Iterable, Mapping
@@ -13,12 +12,13 @@ import torch
 from . import __version__
 from .annotate import annotate_model
 from .checks import CLASSES, LOSS_OUTPUT
-from .errors import BridgeError, InvalidOptionError, ShapeError
+from .atomic import check_output_path
+from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
 from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
 from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable
-from .load import load_model
+from .load import check_onnx, load_model, model_digest, read_model
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
 from .trace import StepSignature, split_step, trace_eval_step, trace_training_step
@@ -78,17 +78,20 @@ def to_training_onnx(
     loss_fn = make_loss(loss, dict(loss_options or {}))
     optimizer = make_optimizer(optim, dict(optim_options or {}))
     max_grad_norm = check_max_norm(clip_grad_norm)
+    batch_size = _check_batch_size(batch_size)
+    if output_path is not None:
+        _check_output_path(model, output_path)
     source = load_model(model)
     original = _original(model)
     program = OnnxProgram(source)
     inputs = _example_inputs(source, program, batch_size, input_shapes or {})
     output_index = _output_index(program, output)
 
-    candidates = differentiable_initializers(program, inputs, output_index)
+    candidates = _run_example(lambda: differentiable_initializers(program, inputs, output_index), inputs)
     scalars = [name for name in candidates if program.initializers[name].ndim == 0]
-    weights = select_trainable(candidates, trainable, frozen, scalars)
+    weights = select_trainable(candidates, trainable, frozen, scalars, program.floating_initializers())
     if not weights:
-        raise BridgeError("the model has no trainable weight (no floating-point initializer reaches the output)")
+        _nothing_to_train(candidates, trainable, frozen)
     buffers, random = _training_forward(program, inputs, weights)
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
     signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
@@ -108,6 +111,7 @@ def to_training_onnx(
     if example_output.numel() == 0:
         raise ShapeError(f"model output '{program.output_names[output_index]}' is empty (shape "
                          f"{list(example_output.shape)}): there is nothing to compute a loss of; choose another output=")
+    _check_class_dim(loss_fn, example_output, inputs, program.output_names[output_index])
     spec = loss_fn.target_spec(example_output)
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
@@ -123,7 +127,7 @@ def to_training_onnx(
                                   dynamic_batch=dynamic_batch)
     gradient_signature, update_signature = signature.split()
     gradient_module, update_module = split_step(graph_module, signature)
-    source_hash = hashlib.sha256(source.SerializeToString()).hexdigest()
+    source_hash = model_digest(source)
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
@@ -152,7 +156,8 @@ def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, sou
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
-    onnx.checker.check_model(model, full_check=True)
+    check_onnx(model, "an exported step graph (a bridge bug: please report it)", LoweringError,
+               full_check=True)
     return model
 
 
@@ -172,7 +177,60 @@ def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         return copy
-    return onnx.load(str(model), load_external_data=True)
+    return read_model(model)
+
+
+def _check_batch_size(batch_size: int | None) -> int | None:
+    """``batch_size=`` validated: None or an int >= 1 (a bool is not a size)."""
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InvalidOptionError(f"batch_size={batch_size!r} is not valid; give an integer >= 1 (or None)")
+    return int(batch_size)
+
+
+def _check_output_path(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.PathLike) -> None:
+    """``output_path=`` must be a writable file path, and not the source model itself."""
+    check_output_path(output_path, "output_path")
+    if not isinstance(model, onnx.ModelProto) and os.path.abspath(output_path) == os.path.abspath(model):
+        raise InvalidOptionError(f"output_path '{output_path}' is the input model: writing there would replace "
+                                 "the source; give another file name")
+
+
+def _run_example(run: Callable, inputs: Mapping[str, torch.Tensor]):
+    """``run()`` (the first eager run of the model); a shape mismatch inside the model is a ``ShapeError``
+    naming the example input shapes (from the model, ``batch_size=`` and ``input_shapes=``)."""
+    try:
+        return run()
+    except (RuntimeError, ValueError, IndexError) as exc:
+        if isinstance(exc, BridgeError):
+            raise
+        shapes = ", ".join(f"'{name}': {list(value.shape)}" for name, value in inputs.items())
+        raise ShapeError(f"the model fails on inputs of shapes {{{shapes}}}: {exc}; check batch_size= and "
+                         "input_shapes= against the model (a static model may hard-code its batch size)") from exc
+
+
+def _nothing_to_train(candidates: list[str], trainable, frozen) -> None:
+    """Raise the error for a conversion that leaves no weight to train."""
+    if not candidates:
+        raise InvalidModelError("the model has no trainable weight: no floating-point initializer reaches the "
+                                "chosen output differentiably (nothing to train)")
+    raise InvalidOptionError(f"trainable={trainable!r} / frozen={frozen!r} leave no weight to train; the "
+                             f"candidates are {candidates}: freeze fewer of them")
+
+
+def _check_class_dim(loss: Loss, output: torch.Tensor, inputs: Mapping[str, torch.Tensor], name: str) -> None:
+    """Class-index ``ce``/``nll`` on a 1-d output whose length is the batch would take the batch as the
+    classes (torch's unbatched form): refused."""
+    if loss.name not in ("ce", "nll") or loss.label_format != INDICES or output.dim() != 1:
+        return
+    batches = {value.shape[0] for value in inputs.values() if value.dim() >= 1}
+    if output.shape[0] in batches:
+        raise InvalidOptionError(
+            f"loss '{loss.name}' on model output '{name}' of shape {list(output.shape)}: a 1-d output of the "
+            "batch's length has no class dim (torch would read the batch as the classes); give the model an "
+            "[N, C] output, or use loss 'bce_with_logits' for one score per sample"
+        )
 
 
 def _extra_outputs(program: OnnxProgram, extra: bool | str | int | Iterable[str | int] | None) -> list[str]:
@@ -214,7 +272,7 @@ def _example_inputs(
             continue
         tensor_type = value.type.tensor_type
         if value.name in shapes:
-            dims = [int(d) for d in shapes[value.name]]
+            dims = _given_shape(value, shapes[value.name])
         else:
             dims = []
             for axis, dim in enumerate(tensor_type.shape.dim):
@@ -239,6 +297,22 @@ def _example_inputs(
     return inputs
 
 
+def _given_shape(value: onnx.ValueInfoProto, given: Iterable[int]) -> list[int]:
+    """An ``input_shapes=`` entry checked against the input's declared rank and fixed dims."""
+    dims = list(given)
+    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+        raise InvalidOptionError(f"input_shapes['{value.name}'] = {dims}: every dim must be an integer >= 1")
+    declared = value.type.tensor_type.shape.dim
+    if value.type.tensor_type.HasField("shape") and len(declared) != len(dims):
+        raise ShapeError(f"input_shapes['{value.name}'] = {dims} has {len(dims)} dims; input '{value.name}' "
+                         f"has {len(declared)}")
+    for axis, (dim, size) in enumerate(zip(declared, dims)):
+        if axis > 0 and dim.HasField("dim_value") and dim.dim_value != size:
+            raise ShapeError(f"input_shapes['{value.name}'] = {dims}: dim {axis} is fixed to {dim.dim_value} "
+                             f"in the model, not {size}")
+    return [int(d) for d in dims]
+
+
 def _has_symbolic_batch(model: onnx.ModelProto, program: OnnxProgram) -> bool:
     """True when some data input has a symbolic (or unknown) first dim."""
     for value in model.graph.input:
@@ -251,7 +325,10 @@ def _has_symbolic_batch(model: onnx.ModelProto, program: OnnxProgram) -> bool:
 def _output_index(program: OnnxProgram, output: str | int | None, option: str = "output") -> int:
     if output is None:
         return 0
-    if isinstance(output, int) and not isinstance(output, bool):
+    if isinstance(output, bool):
+        raise InvalidOptionError(f"{option}={output} is a bool, not an output name or index; "
+                                 f"outputs: {program.output_names}")
+    if isinstance(output, int):
         if not 0 <= output < len(program.output_names):
             raise InvalidOptionError(f"{option}={output} is out of range; the model has {len(program.output_names)} outputs")
         return output

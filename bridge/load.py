@@ -9,16 +9,27 @@ Clean-up steps (each a small pure function on a ModelProto):
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 import onnx.inliner
+from onnx import external_data_helper
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, UnsupportedOpError
 
 MIN_OPSET = 7
 MAX_OPSET = 22
+# tensor bytes past which a ModelProto is handled through files with external data (protobuf cannot
+# serialize a message over 2 GiB; the margin leaves room for the graph itself)
+LARGE_MODEL_BYTES = (1 << 31) - (64 << 20)
+_UNSUPPORTED_TYPES = {onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
+                      onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz", onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
+                      onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz", onnx.TensorProto.FLOAT4E2M1: "float4e2m1"}
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
@@ -30,18 +41,9 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     else:
         path = Path(source)
         where = f"'{path}'"
-        if not path.is_file():
-            raise ModelLoadError(f"model file {where} does not exist")
-        try:
-            model = onnx.load(str(path), load_external_data=True)
-        except Exception as exc:  # protobuf raises several unrelated types
-            raise ModelLoadError(f"{where} is not an ONNX model: {exc}") from exc
-        if not model.graph.node and not model.graph.input:
-            raise ModelLoadError(f"{where} is not an ONNX model: it has an empty graph")
-    try:
-        onnx.checker.check_model(model)
-    except Exception as exc:
-        raise ModelLoadError(f"{where} fails the ONNX checker: {exc}") from exc
+        model = read_model(path)
+    check_onnx(model, where, ModelLoadError)
+    _check_element_types(model, where)
     opset = default_opset(model)
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ModelLoadError(
@@ -52,6 +54,89 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     fold_initializer_identities(model)
     name_unnamed_nodes(model)
     return model
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """The ONNX model at ``path`` (its external data loaded), or ``ModelLoadError`` naming the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ModelLoadError(f"'{path}' is a folder, not an ONNX model file; give the path of the .onnx file")
+    if not path.is_file():
+        raise ModelLoadError(f"model file '{path}' does not exist")
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except Exception as exc:  # protobuf and the external-data reader raise several unrelated types
+        raise ModelLoadError(f"'{path}' is not an ONNX model: {type(exc).__name__}: {exc}") from exc
+    if not model.graph.node and not model.graph.input:
+        raise ModelLoadError(f"'{path}' is not an ONNX model: it has an empty graph")
+    return model
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of tensor data in ``model`` (initializers and constant attributes, subgraphs included)."""
+    return sum(tensor.ByteSize() for tensor in external_data_helper._get_all_tensors(model))
+
+
+def is_large(model: onnx.ModelProto) -> bool:
+    """True when ``model`` is too big for one protobuf message (it must be saved with external data)."""
+    return tensor_bytes(model) >= LARGE_MODEL_BYTES
+
+
+def check_onnx(model: onnx.ModelProto, where: str, error: type[Exception], full_check: bool = False) -> None:
+    """``onnx.checker`` on ``model``, also past protobuf's 2 GiB (through a file with external data);
+    a failure raises ``error`` naming ``where``."""
+    try:
+        if not is_large(model):
+            onnx.checker.check_model(model, full_check=full_check)
+            return
+        with external_copy(model) as path:
+            onnx.checker.check_model(path, full_check=full_check)
+    except Exception as exc:  # the checker raises ValidationError, protobuf errors, shape inference errors
+        raise error(f"{where} fails the ONNX checker: {exc}") from exc
+
+
+def save_external(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Save ``model`` at ``path`` with its tensors in ``<name>.data`` beside it; the in-memory model
+    keeps its tensors (they are read back)."""
+    path = Path(path)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+    external_data_helper.load_external_data_for_model(model, str(path.parent))
+
+
+@contextlib.contextmanager
+def external_copy(model: onnx.ModelProto) -> Iterator[str]:
+    """The path of a temporary copy of ``model`` with external data (for tools that take a path)."""
+    with tempfile.TemporaryDirectory(prefix="bridge-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        save_external(model, path)
+        yield path
+
+
+def model_digest(model: onnx.ModelProto) -> str:
+    """sha256 identifying ``model``: of its serialization, or for a model past protobuf's limit, of
+    its parts one at a time (nodes, values, tensors)."""
+    if not is_large(model):
+        return hashlib.sha256(model.SerializeToString()).hexdigest()
+    digest = hashlib.sha256()
+    graph = model.graph
+    for part in [*graph.node, *graph.input, *graph.output, *model.metadata_props]:
+        digest.update(part.SerializeToString())
+    for tensor in graph.initializer:
+        digest.update(f"{tensor.name}:{tensor.data_type}:{list(tensor.dims)}".encode())
+        digest.update(tensor.raw_data)
+    return digest.hexdigest()
+
+
+def _check_element_types(model: onnx.ModelProto, where: str) -> None:
+    """Refuse initializers and inputs of element types bridge cannot compute in (bfloat16, float8)."""
+    found = [f"{t.name} ({_UNSUPPORTED_TYPES[t.data_type]})" for t in model.graph.initializer
+             if t.data_type in _UNSUPPORTED_TYPES]
+    found += [f"{v.name} ({_UNSUPPORTED_TYPES[v.type.tensor_type.elem_type]})" for v in model.graph.input
+              if v.type.tensor_type.elem_type in _UNSUPPORTED_TYPES]
+    if found:
+        raise UnsupportedOpError(f"{where} holds tensors of element types bridge does not train in: "
+                                 f"{', '.join(found)}; convert them to float32 (or float16) first")
 
 
 def default_opset(model: onnx.ModelProto) -> int:

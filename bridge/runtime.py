@@ -22,7 +22,8 @@ import numpy as np
 import onnx
 
 from .checks import NonFiniteError, StepChecks, check_policy, nonfinite_outputs
-from .errors import BridgeError
+from .errors import BridgeError, InvalidOptionError
+from .load import external_copy, is_large, model_digest
 
 UPDATED = "updated_"
 RANDOM_INPUTS = "bridge.random_inputs"  # model metadata: JSON list of the noise inputs drawn every step
@@ -54,6 +55,8 @@ class StepSession(ABC):
 
     @lr.setter
     def lr(self, value: float) -> None:
+        if not np.isfinite(value) or value < 0:
+            raise InvalidOptionError(f"lr={value!r} is not valid: give a finite learning rate >= 0 (the state is unchanged)")
         self.state["lr"] = np.asarray(value, dtype=self.state["lr"].dtype)
 
     def step(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
@@ -159,8 +162,7 @@ class StepSession(ABC):
 
 def graph_hash(model: onnx.ModelProto | bytes) -> str:
     """The identity of a training graph: sha256 of its serialized ONNX model."""
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    return hashlib.sha256(data).hexdigest()
+    return model_digest(model) if isinstance(model, onnx.ModelProto) else hashlib.sha256(model).hexdigest()
 
 
 class OrtGraph:
@@ -171,8 +173,12 @@ class OrtGraph:
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=providers or ["CPUExecutionProvider"])
+        providers = providers or ["CPUExecutionProvider"]
+        if is_large(model):  # past protobuf's 2 GiB: through a file with external data
+            with external_copy(model) as path:
+                self.session = ort.InferenceSession(path, options, providers=providers)
+        else:
+            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
 

@@ -34,11 +34,13 @@ def differentiable_initializers(
     return [name for name, grad in zip(candidates, grads) if grad is not None]
 
 
-def _matches(patterns: Iterable[str], names: list[str], argument: str) -> set[str]:
+def _matches(patterns: Iterable[str], names: list[str], argument: str, known: Iterable[str] = ()) -> set[str]:
+    """The ``names`` that ``patterns`` match; a pattern matching none of them (nor of ``known``) is refused."""
     chosen: set[str] = set()
+    known = list(known)
     for pattern in patterns:
         hits = {n for n in names if fnmatch.fnmatchcase(n, pattern)}
-        if not hits:
+        if not hits and not any(fnmatch.fnmatchcase(n, pattern) for n in known):
             raise InvalidOptionError(
                 f"{argument} pattern '{pattern}' matches no trainable weight; weights: {', '.join(names)}"
             )
@@ -51,6 +53,7 @@ def select_trainable(
     trainable: Iterable[str] | str | None,
     frozen: Iterable[str] | str | None,
     scalars: Iterable[str] = (),
+    initializers: Iterable[str] = (),
 ) -> list[str]:
     """Apply ``trainable=`` (keep only these) and ``frozen=`` (drop these); order is preserved.
 
@@ -63,5 +66,5 @@ def select_trainable(
     if isinstance(frozen, str):
         frozen = [frozen]
     keep = set(candidates) - set(scalars) if trainable is None else _matches(trainable, candidates, "trainable=")
-    drop = set() if frozen is None else _matches(frozen, candidates, "frozen=")
+    drop = set() if frozen is None else _matches(frozen, candidates, "frozen=", initializers)
     return [name for name in candidates if name in keep and name not in drop]
