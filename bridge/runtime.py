@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from .checks import NonFiniteError, StepChecks, check_policy, nonfinite_outputs
-from .errors import BridgeError, InvalidOptionError
+from .errors import BridgeError
 from .load import external_copy, is_large, model_digest
 
 UPDATED = "updated_"
@@ -55,8 +55,6 @@ class StepSession(ABC):
 
     @lr.setter
     def lr(self, value: float) -> None:
-        if not np.isfinite(value) or value < 0:
-            raise InvalidOptionError(f"lr={value!r} is not valid: give a finite learning rate >= 0 (the state is unchanged)")
         self.state["lr"] = np.asarray(value, dtype=self.state["lr"].dtype)
 
     def step(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:

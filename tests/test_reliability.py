@@ -128,12 +128,14 @@ def test_mse_target_of_batch_one_refused():
     _assert_state_equal(session, before)
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
-def test_session_lr_must_be_finite(value):
+def test_nonfinite_lr_in_a_session_is_refused_by_the_step_guard():
+    """A schedule may set an inf lr (Trainer's on_nonfinite='skip' relies on it): the step is refused."""
     session = _session()
-    with pytest.raises(bridge.InvalidOptionError, match="lr="):
-        session.lr = value
-    assert session.lr == pytest.approx(1e-3)
+    session.lr = float("inf")
+    before = _state_copy(session)
+    with pytest.raises(bridge.NonFiniteError, match="updated_W"):
+        session.step({"x": X}, np.array([0, 1]))
+    _assert_state_equal(session, before)
 
 
 def test_ce_on_a_batch_of_scalars_refused(tmp_path):
