@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -18,7 +19,7 @@ from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
 from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable
-from .load import check_onnx, load_model, model_digest, read_model
+from .load import check_onnx, load_model, model_digest
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
 from .trace import StepSignature, split_step, trace_eval_step, trace_training_step
@@ -82,6 +83,7 @@ def to_training_onnx(
     if output_path is not None:
         _check_output_path(model, output_path)
     source = load_model(model)
+    source_hash = model_digest(source)
     original = _original(model)
     program = OnnxProgram(source)
     inputs = _example_inputs(source, program, batch_size, input_shapes or {})
@@ -127,20 +129,22 @@ def to_training_onnx(
                                   dynamic_batch=dynamic_batch)
     gradient_signature, update_signature = signature.split()
     gradient_module, update_module = split_step(graph_module, signature)
-    source_hash = model_digest(source)
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
         metadata[CLASSES] = json.dumps(classes)
+    names = {array.ctypes.data: name for name, array in program.initializers.items() if array.size}
     training, evaluation, gradient, update = (
-        _export(module, sig, source, source_hash, loss_fn, optimizer, metadata)
+        _export(module, sig, source, source_hash, loss_fn, optimizer, metadata, names)
         for module, sig in ((graph_module, signature), (eval_module, eval_signature),
                             (gradient_module, gradient_signature), (update_module, update_signature))
     )
 
-    initial = {name: tensors[name].detach().numpy().copy() for name in signature.state_names()}
+    # the weights and buffers share memory with the program's initializers (initial_state() copies)
+    initial = {name: tensors[name].detach().numpy() for name in signature.state_names()}
     result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]),
                            eval_model=evaluation, eval_signature=eval_signature, source=original,
+                           source_path=None if isinstance(model, onnx.ModelProto) else Path(model).resolve(),
                            gradient_model=gradient, update_model=update)
     if output_path is not None:
         result.save(output_path)
@@ -148,9 +152,10 @@ def to_training_onnx(
 
 
 def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, source_hash: str,
-            loss: Loss, optimizer: Optimizer, metadata: dict[str, str]) -> onnx.ModelProto:
+            loss: Loss, optimizer: Optimizer, metadata: dict[str, str], constant_names: Mapping[int, str]
+            ) -> onnx.ModelProto:
     """Export, annotate and check one traced graph (the training step or the eval step)."""
-    model = export_step(graph_module, signature)
+    model = export_step(graph_module, signature, constant_names)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
     for key, value in metadata.items():
@@ -171,13 +176,14 @@ def _class_targets(loss: Loss, output: torch.Tensor) -> dict | None:
             "axis": axis}
 
 
-def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
-    """The inference model as given (before load's clean-up), kept for ``export_inference``."""
+def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto | None:
+    """The inference model as given (before load's clean-up), kept for ``export_inference``; a model
+    given by path is read again when needed (``TrainingModel.source_path``), not held twice."""
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         return copy
-    return read_model(model)
+    return None
 
 
 def _check_batch_size(batch_size: int | None) -> int | None:

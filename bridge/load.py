@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -27,6 +28,9 @@ MAX_OPSET = 22
 # tensor bytes past which a ModelProto is handled through files with external data (protobuf cannot
 # serialize a message over 2 GiB; the margin leaves room for the graph itself)
 LARGE_MODEL_BYTES = (1 << 31) - (64 << 20)
+DIGEST_BY_PARTS_BYTES = 64 << 20  # models with more tensor bytes are hashed part by part
+STUB_FILE = "stub.data"
+STUB_BYTES = 1 << 20  # the checker sees tensors over this size as data-less stubs (their data is not checked)
 _UNSUPPORTED_TYPES = {onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
                       onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz", onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
                       onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz", onnx.TensorProto.FLOAT4E2M1: "float4e2m1"}
@@ -86,13 +90,61 @@ def check_onnx(model: onnx.ModelProto, where: str, error: type[Exception], full_
     """``onnx.checker`` on ``model``, also past protobuf's 2 GiB (through a file with external data);
     a failure raises ``error`` naming ``where``."""
     try:
-        if not is_large(model):
+        skeleton = _skeleton(model)
+        if skeleton is model:
             onnx.checker.check_model(model, full_check=full_check)
             return
-        with external_copy(model) as path:
-            onnx.checker.check_model(path, full_check=full_check)
+        with tempfile.TemporaryDirectory(prefix="bridge-check-") as folder:  # the stubs' (empty) data file
+            Path(folder, STUB_FILE).touch()
+            onnx.save(skeleton, os.path.join(folder, "model.onnx"))
+            onnx.checker.check_model(os.path.join(folder, "model.onnx"), full_check=full_check)
     except Exception as exc:  # the checker raises ValidationError, protobuf errors, shape inference errors
         raise error(f"{where} fails the ONNX checker: {exc}") from exc
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each initializer over ``STUB_BYTES`` replaced by an external-data stub of the same
+    name, type and dims: what the checker needs, without serializing the weights (copies of them
+    dominated the memory of loading a big model)."""
+    big = [t for t in model.graph.initializer if t.ByteSize() > STUB_BYTES]
+    if not big:
+        return model
+    skeleton = onnx.ModelProto()
+    for descriptor, value in model.ListFields():
+        if descriptor.name != "graph":
+            _copy_field(skeleton, descriptor, value)
+    for descriptor, value in model.graph.ListFields():
+        if descriptor.name != "initializer":
+            _copy_field(skeleton.graph, descriptor, value)
+    names = {t.name for t in big}
+    for tensor in model.graph.initializer:
+        if tensor.name not in names:
+            skeleton.graph.initializer.append(tensor)
+            continue
+        _check_data_size(tensor)
+        stub = skeleton.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value=STUB_FILE)
+    return skeleton
+
+
+def _check_data_size(tensor: onnx.TensorProto) -> None:
+    """What the checker verifies of a tensor that it sees as a stub: its raw data fits its type and dims."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
+        return
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    need, got = itemsize * math.prod(tensor.dims), len(tensor.raw_data)
+    if got != need:
+        raise ValueError(f"initializer '{tensor.name}' holds {got} bytes; its type and dims {list(tensor.dims)} need {need}")
+
+
+def _copy_field(target, descriptor, value) -> None:
+    if hasattr(value, "extend"):  # a repeated field
+        getattr(target, descriptor.name).extend(value)
+    elif hasattr(value, "CopyFrom"):  # a message
+        getattr(target, descriptor.name).CopyFrom(value)
+    else:
+        setattr(target, descriptor.name, value)
 
 
 def save_external(model: onnx.ModelProto, path: str | os.PathLike) -> None:
@@ -114,9 +166,10 @@ def external_copy(model: onnx.ModelProto) -> Iterator[str]:
 
 
 def model_digest(model: onnx.ModelProto) -> str:
-    """sha256 identifying ``model``: of its serialization, or for a model past protobuf's limit, of
-    its parts one at a time (nodes, values, tensors)."""
-    if not is_large(model):
+    """sha256 identifying ``model``: of its serialization, or for a model with over
+    ``DIGEST_BY_PARTS_BYTES`` of tensors, of its parts one at a time (nodes, values, tensors), so that
+    no serialized copy of the whole model is made."""
+    if tensor_bytes(model) < DIGEST_BY_PARTS_BYTES:
         return hashlib.sha256(model.SerializeToString()).hexdigest()
     digest = hashlib.sha256()
     graph = model.graph

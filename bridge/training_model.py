@@ -11,7 +11,7 @@ import onnx
 
 from .atomic import AtomicWriter, atomic_writer, check_output_path
 from .errors import BridgeError
-from .load import save_external, tensor_bytes
+from .load import read_model, save_external, tensor_bytes
 from .inference import with_trained_values
 from .runtime import TrainingSession
 from .trace import StepSignature
@@ -37,6 +37,7 @@ class TrainingModel:
     eval_model: onnx.ModelProto | None = field(default=None, repr=False)  # forward + loss, inference mode
     eval_signature: StepSignature | None = None
     source: onnx.ModelProto | None = field(default=None, repr=False)  # the inference model, as given
+    source_path: Path | None = None  # or the file it is read from when needed
     # the step in two halves (forward + loss + backward; clipping + optimizer update), for accumulation
     gradient_model: onnx.ModelProto | None = field(default=None, repr=False)
     update_model: onnx.ModelProto | None = field(default=None, repr=False)
@@ -71,13 +72,14 @@ class TrainingModel:
     def inference_model(self, state: Mapping[str, np.ndarray]) -> onnx.ModelProto:
         """The source inference model with the weights and buffers of ``state`` (e.g. a session's
         ``.state``) in its initializers; see ``bridge.inference.with_trained_values``."""
-        if self.source is None:
+        source = self.source if self.source is not None or self.source_path is None else read_model(self.source_path)
+        if source is None:
             raise BridgeError("this TrainingModel does not hold its source model (it was not made by to_training_onnx)")
         names = self.signature.weights + self.signature.buffers
         missing = [name for name in names if name not in state]
         if missing:
             raise BridgeError(f"the state lacks {missing}; pass a session's .state (or initial_state())")
-        return with_trained_values(self.source, {name: np.asarray(state[name]) for name in names})
+        return with_trained_values(source, {name: np.asarray(state[name]) for name in names})
 
     def export_inference(self, path: str | os.PathLike, state: Mapping[str, np.ndarray]) -> Path:
         """Write the source inference model with the trained weights and running statistics of

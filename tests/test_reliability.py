@@ -478,3 +478,23 @@ def test_cli_show_into_a_closed_pipe(tmp_path):
     result = subprocess.run(f"{sys.executable} -m bridge.cli show {out} | head -1", shell=True, cwd=ROOT,
                             capture_output=True, text=True)
     assert result.stdout.count("\n") == 1 and "Traceback" not in result.stderr and "Error" not in result.stderr
+
+
+# -- 5. frozen weights keep their names; the checker's stubs ----------------------------------------
+
+def test_frozen_weights_stay_named_initializers():
+    tm = bridge.to_training_onnx(MLP, frozen=["fc1.*"])
+    for graph in (tm.model, tm.eval_model, tm.gradient_model):
+        names = {init.name for init in graph.graph.initializer}
+        assert {"fc1.weight", "fc1.bias"} <= names and not [n for n in names if "_tensor_constant" in n]
+    assert "fc1.weight" not in {value.name for value in tm.model.graph.input}
+
+
+def test_checker_stubs_still_check_the_data_size(monkeypatch):
+    """Tensors over STUB_BYTES reach the checker as data-less stubs (no serialized copy of the weights);
+    their data size is checked by bridge instead."""
+    model = _linear()
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
+    monkeypatch.setattr(bridge.load, "STUB_BYTES", 0)
+    with pytest.raises(bridge.ModelLoadError, match="'W' holds 32 bytes.*need 36"):
+        bridge.to_training_onnx(model)

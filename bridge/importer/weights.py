@@ -17,6 +17,8 @@ def differentiable_initializers(
 
     Found by running the graph once eagerly with every candidate requiring grad: an
     initializer used only as a shape, scale or index gets no gradient and stays a constant.
+    The autograd graph of the output is walked rather than differentiated (no gradient is
+    computed: a 100M-parameter model would allocate its weights' size again).
     """
     candidates = program.floating_initializers()
     tensors = {name: program.initializer_tensor(name).requires_grad_(True) for name in candidates}
@@ -30,8 +32,22 @@ def differentiable_initializers(
         )
     if not output.requires_grad:
         return []
-    grads = torch.autograd.grad(output, [tensors[n] for n in candidates], torch.ones_like(output), allow_unused=True)
-    return [name for name, grad in zip(candidates, grads) if grad is not None]
+    reached = _leaves(output)
+    return [name for name in candidates if id(tensors[name]) in reached]
+
+
+def _leaves(output: torch.Tensor) -> set[int]:
+    """``id`` of every leaf tensor that ``output``'s autograd graph accumulates a gradient into."""
+    found, seen, stack = set(), set(), [output.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):  # AccumulateGrad
+            found.add(id(fn.variable))
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return found
 
 
 def _matches(patterns: Iterable[str], names: list[str], argument: str, known: Iterable[str] = ()) -> set[str]:
