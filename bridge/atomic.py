@@ -139,6 +139,13 @@ def atomic_writer() -> Iterator[AtomicWriter]:
         writer.cleanup()
 
 
+def write_text(path: str | os.PathLike, text: str, option: str = "output path") -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_writer() as writer:
+        writer.path(path, option).write_text(text, encoding="utf-8")
+    return Path(path)
+
+
 @contextlib.contextmanager
 def _sigterm_as_exit() -> Iterator[None]:
     """While writing (main thread only), SIGTERM raises ``SystemExit`` so the temporaries are removed."""

@@ -80,25 +80,23 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _mlir(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from .atomic import write_text
     from .compile import to_mlir
 
-    Path(args.output).write_text(to_mlir(args.model))
+    write_text(args.output, to_mlir(args.model), "-o")
     print(f"wrote {args.output}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from . import ir
+    from .atomic import write_text
     from .show import summary, to_html
 
     graph = ir.load(args.model)
     print(summary(graph), end="")
     if args.html:
-        Path(args.html).write_text(to_html(graph), encoding="utf-8")
+        write_text(args.html, to_html(graph), "--html")
         print(f"\nwrote {args.html}")
     return 0
 

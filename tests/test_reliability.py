@@ -393,6 +393,43 @@ def test_source_with_external_data_loads(tmp_path, monkeypatch):
     np.testing.assert_array_equal(tm.initial_values["W"], weight)
 
 
+def _folded_constant_model(count: int) -> onnx.ModelProto:
+    """z = Expand(x @ W, [1, count]) @ ConstantOfShape([count, 1]) (batch 1): a constant folded at
+    conversion (a small file whose training graph holds a ``count``-element initializer)."""
+    return _linear(batch=1, out=1, output="z", shape=[1, 1], extra_nodes=[
+        helper.make_node("ConstantOfShape", ["column"], ["big"],
+                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1e-3])),
+        helper.make_node("Expand", ["y", "row"], ["wide"]),
+        helper.make_node("MatMul", ["wide", "big"], ["z"])],
+        extra_inits=[numpy_helper.from_array(np.array([count, 1], np.int64), "column"),
+                     numpy_helper.from_array(np.array([1, count], np.int64), "row")])
+
+
+def test_folded_constant_takes_the_large_model_paths(tmp_path, monkeypatch):
+    """A constant folded at conversion is an initializer of the training graph; past the (lowered)
+    thresholds it is checked, hashed, run and saved through external data."""
+    monkeypatch.setattr(bridge.load, "LARGE_MODEL_BYTES", 0)
+    monkeypatch.setattr(bridge.training_model, "EXTERNAL_DATA_THRESHOLD", 0)
+    tm = bridge.to_training_onnx(_folded_constant_model(1000), "mse")
+    tm.save(tmp_path / "t.onnx", state_path=tmp_path / "t.state.npz")
+    assert "t.onnx.data" in _files(tmp_path)
+    x, target = np.ones((1, 3), np.float32), np.zeros((1, 1), np.float32)
+    want = tm.session().step({"x": x}, target)
+    got = bridge.Trainer(tmp_path / "t.onnx").session.step({"x": x}, target)
+    np.testing.assert_array_equal(got["loss"], want["loss"])
+
+
+@pytest.mark.exhaustive
+def test_folded_constant_over_2gib(tmp_path):
+    """The issue's small model whose folded constant exceeds 2 GiB (a raw EncodeError before).
+    Needs ~16 GB of memory."""
+    tm = bridge.to_training_onnx(_folded_constant_model((1 << 29) + (1 << 20)), "mse")
+    tm.save(tmp_path / "t.onnx")
+    assert (tmp_path / "t.onnx.data").stat().st_size > 2**31
+    loss = tm.session().step({"x": np.ones((1, 3), np.float32)}, np.zeros((1, 1), np.float32))["loss"]
+    assert np.isfinite(loss)
+
+
 @pytest.mark.exhaustive
 def test_real_model_over_2gb(tmp_path):
     """A 2.2 GB MLP (one 24000 x 23000 float32 weight) converts, saves (external data), reloads and
@@ -498,3 +535,12 @@ def test_checker_stubs_still_check_the_data_size(monkeypatch):
     monkeypatch.setattr(bridge.load, "STUB_BYTES", 0)
     with pytest.raises(bridge.ModelLoadError, match="'W' holds 32 bytes.*need 36"):
         bridge.to_training_onnx(model)
+
+
+def test_cli_show_html_into_a_folder_is_refused(tmp_path, capsys):
+    _converted().save(tmp_path / "t.onnx")
+    code, err = _cli(capsys, "show", tmp_path / "t.onnx", "--html", tmp_path)
+    assert code == 2 and "--html" in err and "is a folder" in err and "Traceback" not in err
+    code, _ = _cli(capsys, "show", tmp_path / "t.onnx", "--html", tmp_path / "g.html")
+    assert code == 0 and (tmp_path / "g.html").read_text().startswith("<")
+    assert not [name for name in _files(tmp_path) if TAG in name]
