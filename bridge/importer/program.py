@@ -210,5 +210,6 @@ def _to_tensor(array: np.ndarray) -> torch.Tensor:
     if array.dtype in WIDE_UNSIGNED:
         return torch.from_numpy(array.astype(np.int64))
     # shared, not copied: a frozen weight then stays one tensor, which the exporter names after it
-    return torch.from_numpy(array if array.flags.writeable else np.array(array, copy=True))
+    shareable = array.flags.writeable and array.flags.c_contiguous
+    return torch.from_numpy(array if shareable else np.array(array, copy=True))
 
