@@ -133,7 +133,7 @@ def to_training_onnx(
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
         metadata[CLASSES] = json.dumps(classes)
-    names = {array.ctypes.data: name for name, array in program.initializers.items() if array.size}
+    names = {(array.ctypes.data, array.shape): name for name, array in program.initializers.items() if array.size}
     training, evaluation, gradient, update = (
         _export(module, sig, source, source_hash, loss_fn, optimizer, metadata, names)
         for module, sig in ((graph_module, signature), (eval_module, eval_signature),
@@ -152,7 +152,8 @@ def to_training_onnx(
 
 
 def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, source_hash: str,
-            loss: Loss, optimizer: Optimizer, metadata: dict[str, str], constant_names: Mapping[int, str]
+            loss: Loss, optimizer: Optimizer, metadata: dict[str, str],
+            constant_names: Mapping[tuple[int, tuple[int, ...]], str]
             ) -> onnx.ModelProto:
     """Export, annotate and check one traced graph (the training step or the eval step)."""
     model = export_step(graph_module, signature, constant_names)
