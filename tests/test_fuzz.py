@@ -67,10 +67,13 @@ class Graph:
     nodes: list = field(default_factory=list)
     initializers: list = field(default_factory=list)
     current: str = "x"
+    names: int = 0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     def fresh(self, prefix: str) -> str:
-        return f"{prefix}{len(self.nodes)}"
+        """A new value name (initializers and node outputs share one counter)."""
+        self.names += 1
+        return f"{prefix}{self.names}"
 
     def weight(self, shape: list[int], positive: bool = False) -> str:
         value = self.rng.standard_normal(shape) * 0.5
