@@ -269,7 +269,9 @@ def check_case(case: Case) -> str:
     for name, (want, noise) in fd.items():
         grad = np.asarray(got[f"grad_{name}"], np.float64)
         scale = max(_scale(want), _scale(grad), 1e-30)
-        bound = FD_NOISE_FACTOR * noise + (FLOAT32_ULPS * FLOAT32_EPS if float32 else FLOAT64_FLOOR) * scale
+        # as tests/helpers/oracle.py: a float64 floor relative to max(scale, 1) (an exact 0 is ~1e-17)
+        floor = FLOAT32_ULPS * FLOAT32_EPS * scale if float32 else FLOAT64_FLOOR * max(scale, 1.0)
+        bound = FD_NOISE_FACTOR * noise + floor
         bound = max(bound, TORCH_NOISE_FACTOR * torch_noise.get(name, 0.0))
         assert np.max(np.abs(grad - want)) <= bound, f"grad_{name}: {grad} vs finite differences {want}"
         if not float32:
