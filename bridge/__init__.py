@@ -5,9 +5,11 @@ __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
     BridgeError,
+    InvalidModelError,
     InvalidOptionError,
     LoweringError,
     ModelLoadError,
+    OutputPathError,
     ShapeError,
     UnsupportedOpError,
 )
@@ -30,10 +32,12 @@ __all__ = [
     "CheckpointError",
     "CompileError",
     "CompiledModel",
+    "InvalidModelError",
     "InvalidOptionError",
     "LoweringError",
     "NonFiniteError",
     "ModelLoadError",
+    "OutputPathError",
     "History",
     "InferenceExportError",
     "InferenceExportWarning",

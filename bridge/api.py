@@ -1,9 +1,9 @@
 """``to_training_onnx``: the whole pipeline, stage by stage (see docs/ARCHITECTURE.md)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -13,13 +13,14 @@ import torch
 from . import __version__
 from .annotate import annotate_model
 from .checks import CLASSES, LOSS_OUTPUT
-from .errors import BridgeError, InvalidOptionError, ShapeError
+from .atomic import check_output_path
+from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
 from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
 from .from_torch import is_torch_source, load_torch_source
 from .importer.program import OnnxProgram
 from .importer.weights import differentiable_initializers, select_trainable
-from .load import load_model
+from .load import check_onnx, load_model, model_digest
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
 from .source_checks import check_export
@@ -95,6 +96,9 @@ def to_training_onnx(
     loss_fn = make_loss(loss, dict(loss_options or {}))
     optimizer = make_optimizer(optim, dict(optim_options or {}))
     max_grad_norm = check_max_norm(clip_grad_norm)
+    batch_size = _check_batch_size(batch_size)
+    if output_path is not None:
+        _check_output_path(model, output_path)
     parameters = None
     if is_torch_source(model):
         torch_source = load_torch_source(model, example_inputs, dynamic_batch)
@@ -103,6 +107,7 @@ def to_training_onnx(
     elif example_inputs is not None:
         raise InvalidOptionError("example_inputs= is for torch modules; an ONNX model declares its inputs")
     source = load_model(model)
+    source_hash = model_digest(source)
     if parameters is None:
         check_export(source, strict=strict)
     original = _original(model)
@@ -111,13 +116,13 @@ def to_training_onnx(
     inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
     output_index = _output_index(program, output)
 
-    candidates = differentiable_initializers(program, inputs, output_index)
+    candidates = _run_example(lambda: differentiable_initializers(program, inputs, output_index), inputs)
     if parameters is not None:
         candidates = [name for name in candidates if name in parameters]
     scalars = [name for name in candidates if program.initializers[name].ndim == 0]
-    weights = select_trainable(candidates, trainable, frozen, scalars)
+    weights = select_trainable(candidates, trainable, frozen, scalars, program.floating_initializers())
     if not weights:
-        raise BridgeError("the model has no trainable weight (no floating-point initializer reaches the output)")
+        _nothing_to_train(candidates, trainable, frozen)
     buffers, random = _training_forward(program, inputs, weights)
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
     signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
@@ -137,6 +142,7 @@ def to_training_onnx(
     if example_output.numel() == 0:
         raise ShapeError(f"model output '{program.output_names[output_index]}' is empty (shape "
                          f"{list(example_output.shape)}): there is nothing to compute a loss of; choose another output=")
+    _check_class_dim(loss_fn, example_output, inputs, program.output_names[output_index])
     spec = loss_fn.target_spec(example_output)
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
@@ -149,20 +155,22 @@ def to_training_onnx(
     eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index, dims=dims)
     gradient_signature, update_signature = signature.split()
     gradient_module, update_module = split_step(graph_module, signature)
-    source_hash = hashlib.sha256(source.SerializeToString()).hexdigest()
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
         metadata[CLASSES] = json.dumps(classes)
+    names = {(array.ctypes.data, array.shape): name for name, array in program.initializers.items() if array.size}
     training, evaluation, gradient, update = (
-        _export(module, sig, source, source_hash, loss_fn, optimizer, metadata)
+        _export(module, sig, source, source_hash, loss_fn, optimizer, metadata, names)
         for module, sig in ((graph_module, signature), (eval_module, eval_signature),
                             (gradient_module, gradient_signature), (update_module, update_signature))
     )
 
-    initial = {name: tensors[name].detach().numpy().copy() for name in signature.state_names()}
+    # the weights and buffers share memory with the program's initializers (initial_state() copies)
+    initial = {name: tensors[name].detach().numpy() for name in signature.state_names()}
     result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]),
                            eval_model=evaluation, eval_signature=eval_signature, source=original,
+                           source_path=None if isinstance(model, onnx.ModelProto) else Path(model).resolve(),
                            gradient_model=gradient, update_model=update)
     if output_path is not None:
         result.save(output_path)
@@ -170,15 +178,18 @@ def to_training_onnx(
 
 
 def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, source_hash: str,
-            loss: Loss, optimizer: Optimizer, metadata: dict[str, str]) -> onnx.ModelProto:
+            loss: Loss, optimizer: Optimizer, metadata: dict[str, str],
+            constant_names: Mapping[tuple[int, tuple[int, ...]], str]
+            ) -> onnx.ModelProto:
     """Export, annotate and check one traced graph (the training step or the eval step)."""
-    model = export_step(graph_module, signature)
+    model = export_step(graph_module, signature, constant_names)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
-    onnx.checker.check_model(model, full_check=True)
+    check_onnx(model, "an exported step graph (a bridge bug: please report it)", LoweringError,
+               full_check=True)
     return model
 
 
@@ -192,13 +203,67 @@ def _class_targets(loss: Loss, output: torch.Tensor) -> dict | None:
             "axis": axis}
 
 
-def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
-    """The inference model as given (before load's clean-up), kept for ``export_inference``."""
+def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto | None:
+    """The inference model as given (before load's clean-up), kept for ``export_inference``; a model
+    given by path is read again when needed (``TrainingModel.source_path``), not held twice."""
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         return copy
-    return onnx.load(str(model), load_external_data=True)
+    return None
+
+
+def _check_batch_size(batch_size: int | None) -> int | None:
+    """``batch_size=`` validated: None or an int >= 1 (a bool is not a size)."""
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InvalidOptionError(f"batch_size={batch_size!r} is not valid; give an integer >= 1 (or None)")
+    return int(batch_size)
+
+
+def _check_output_path(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.PathLike) -> None:
+    """``output_path=`` must be a writable file path, and not the source model itself."""
+    check_output_path(output_path, "output_path")
+    if isinstance(model, (str, os.PathLike)) and os.path.abspath(output_path) == os.path.abspath(model):
+        raise InvalidOptionError(f"output_path '{output_path}' is the input model: writing there would replace "
+                                 "the source; give another file name")
+
+
+def _run_example(run: Callable, inputs: Mapping[str, torch.Tensor]):
+    """``run()`` (the first eager run of the model); a shape mismatch inside the model is a ``ShapeError``
+    naming the example input shapes (from the model, ``batch_size=`` and ``input_shapes=``)."""
+    try:
+        return run()
+    except (RuntimeError, ValueError, IndexError) as exc:
+        if isinstance(exc, BridgeError):
+            raise
+        shapes = ", ".join(f"'{name}': {list(value.shape)}" for name, value in inputs.items())
+        raise ShapeError(f"the model fails on inputs of shapes {{{shapes}}}: {exc}; check batch_size= and "
+                         "input_shapes= against the model (a static model may hard-code its batch size)") from exc
+
+
+def _nothing_to_train(candidates: list[str], trainable, frozen) -> None:
+    """Raise the error for a conversion that leaves no weight to train."""
+    if not candidates:
+        raise InvalidModelError("the model has no trainable weight: no floating-point initializer reaches the "
+                                "chosen output differentiably (nothing to train)")
+    raise InvalidOptionError(f"trainable={trainable!r} / frozen={frozen!r} leave no weight to train; the "
+                             f"candidates are {candidates}: freeze fewer of them")
+
+
+def _check_class_dim(loss: Loss, output: torch.Tensor, inputs: Mapping[str, torch.Tensor], name: str) -> None:
+    """Class-index ``ce``/``nll`` on a 1-d output whose length is the batch would take the batch as the
+    classes (torch's unbatched form): refused."""
+    if loss.name not in ("ce", "nll") or loss.label_format != INDICES or output.dim() != 1:
+        return
+    batches = {value.shape[0] for value in inputs.values() if value.dim() >= 1}
+    if output.shape[0] in batches:
+        raise InvalidOptionError(
+            f"loss '{loss.name}' on model output '{name}' of shape {list(output.shape)}: a 1-d output of the "
+            "batch's length has no class dim (torch would read the batch as the classes); give the model an "
+            "[N, C] output, or use loss 'bce_with_logits' for one score per sample"
+        )
 
 
 def _extra_outputs(program: OnnxProgram, extra: bool | str | int | Iterable[str | int] | None) -> list[str]:
@@ -289,7 +354,7 @@ def _example_inputs(
         tensor_type = value.type.tensor_type
         symbolic = dims.get(value.name, {})
         if value.name in shapes:
-            sizes = [int(d) for d in shapes[value.name]]
+            sizes = _given_shape(value, shapes[value.name])
         else:
             sizes = []
             for axis, dim in enumerate(tensor_type.shape.dim):
@@ -318,6 +383,22 @@ def _example_inputs(
     return inputs
 
 
+def _given_shape(value: onnx.ValueInfoProto, given: Iterable[int]) -> list[int]:
+    """An ``input_shapes=`` entry checked against the input's declared rank and fixed dims."""
+    dims = list(given)
+    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+        raise InvalidOptionError(f"input_shapes['{value.name}'] = {dims}: every dim must be an integer >= 1")
+    declared = value.type.tensor_type.shape.dim
+    if value.type.tensor_type.HasField("shape") and len(declared) != len(dims):
+        raise ShapeError(f"input_shapes['{value.name}'] = {dims} has {len(dims)} dims; input '{value.name}' "
+                         f"has {len(declared)}")
+    for axis, (dim, size) in enumerate(zip(declared, dims)):
+        if axis > 0 and dim.HasField("dim_value") and dim.dim_value != size:
+            raise ShapeError(f"input_shapes['{value.name}'] = {dims}: dim {axis} is fixed to {dim.dim_value} "
+                             f"in the model, not {size}")
+    return [int(d) for d in dims]
+
+
 def _has_symbolic_batch(model: onnx.ModelProto, program: OnnxProgram) -> bool:
     """True when some data input has a symbolic (or unknown) first dim."""
     for value in model.graph.input:
@@ -330,7 +411,10 @@ def _has_symbolic_batch(model: onnx.ModelProto, program: OnnxProgram) -> bool:
 def _output_index(program: OnnxProgram, output: str | int | None, option: str = "output") -> int:
     if output is None:
         return 0
-    if isinstance(output, int) and not isinstance(output, bool):
+    if isinstance(output, bool):
+        raise InvalidOptionError(f"{option}={output} is a bool, not an output name or index; "
+                                 f"outputs: {program.output_names}")
+    if isinstance(output, int):
         if not 0 <= output < len(program.output_names):
             raise InvalidOptionError(f"{option}={output} is out of range; the model has {len(program.output_names)} outputs")
         return output

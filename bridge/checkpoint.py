@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from .atomic import atomic_writer
 from .errors import BridgeError
 
 FORMAT = "bridge.checkpoint/1"
@@ -30,17 +30,10 @@ class CheckpointError(BridgeError):
 def write_checkpoint(path: str | os.PathLike, state: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
     """Write ``state`` and ``meta`` to ``path``; a failed write leaves no partial file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {_STATE + name: np.asarray(value) for name, value in state.items()}
     arrays["meta"] = np.asarray(json.dumps({"format": FORMAT, **meta}))
-    handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            np.savez(file, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_writer() as writer, open(writer.path(path, "checkpoint path"), "xb") as file:
+        np.savez(file, **arrays)
     return path
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 import warnings
 
 from .check import TARGETS as CHECK_TARGETS
@@ -67,6 +69,14 @@ def _convert(args: argparse.Namespace) -> int:
     from .api import to_training_onnx
     from .source_checks import BridgeWarning
 
+    from .atomic import check_output_path
+
+    state_path = args.state or str(args.output).removesuffix(".onnx") + ".state.npz"
+    for path, flag in ((args.output, "-o"), (state_path, "--state")):
+        check_output_path(path, flag)
+        if os.path.abspath(path) == os.path.abspath(args.model):
+            raise InvalidOptionError(f"{flag} {path} is the input model: writing there would replace the source; "
+                                     "give another file name")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         tm = to_training_onnx(
@@ -86,9 +96,7 @@ def _convert(args: argparse.Namespace) -> int:
             print(f"bridge: warning: {warning.message}", file=sys.stderr)
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    tm.save(args.output)
-    state_path = args.state or str(args.output).removesuffix(".onnx") + ".state.npz"
-    tm.save_state(state_path)
+    tm.save(args.output, state_path=state_path)
     print(f"wrote {args.output} ({len(tm.model.graph.node)} nodes, {len(tm.weights)} trainable weights) and {state_path}")
     return 0
 
@@ -121,25 +129,23 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _mlir(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from .atomic import write_text
     from .compile import to_mlir
 
-    Path(args.output).write_text(to_mlir(args.model))
+    write_text(args.output, to_mlir(args.model), "-o")
     print(f"wrote {args.output}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from . import ir
+    from .atomic import write_text
     from .show import summary, to_html
 
     graph = ir.load(args.model)
     print(summary(graph), end="")
     if args.html:
-        Path(args.html).write_text(to_html(graph), encoding="utf-8")
+        write_text(args.html, to_html(graph), "--html")
         print(f"\nwrote {args.html}")
     return 0
 
@@ -209,9 +215,10 @@ def _export_inference(args: argparse.Namespace) -> int:
     import onnx
 
     from .inference import from_checkpoint
+    from .load import read_model
     from .training_model import save_atomically
 
-    model = from_checkpoint(onnx.load(args.source), onnx.load(args.train), args.checkpoint)
+    model = from_checkpoint(read_model(args.source), read_model(args.train), args.checkpoint)
     save_atomically(model, args.output)
     print(f"wrote {args.output}")
     return 0
@@ -219,6 +226,7 @@ def _export_inference(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bridge", description="Inference ONNX -> training-step ONNX.")
+    parser.add_argument("--debug", action="store_true", help="on an error, also print its Python traceback")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="convert an inference model into a training-step model")
@@ -320,12 +328,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; an error is one line on stderr (its traceback too with ``--debug``) and exit
+    status 2, an interrupt exit status 130."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except BridgeError as exc:
-        print(f"bridge: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:  # e.g. ``bridge show model.onnx | head``: the reader has gone
+        _silence_stdout()
+        return 0
+    except KeyboardInterrupt:
+        print("bridge: interrupted", file=sys.stderr)
+        return 130
+    except (BridgeError, OSError, MemoryError) as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"bridge: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error message on one line (an OSError names its file)."""
+    text = str(exc) if isinstance(exc, BridgeError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -23,3 +23,11 @@ class LoweringError(BridgeError):
 
 class ShapeError(BridgeError):
     """A shape requirement is not met (e.g. a dynamic batch through a hard-coded reshape)."""
+
+
+class InvalidModelError(BridgeError, ValueError):
+    """The model loads but cannot be trained as given (e.g. nothing in it is trainable)."""
+
+
+class OutputPathError(BridgeError, OSError):
+    """An output path cannot be written (a folder, under a regular file, not writable, or the input itself)."""

@@ -9,16 +9,31 @@ Clean-up steps (each a small pure function on a ModelProto):
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import math
 import os
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 import onnx.inliner
+from onnx import external_data_helper
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, UnsupportedOpError
 
 MIN_OPSET = 7
 MAX_OPSET = 22
+# tensor bytes past which a ModelProto is handled through files with external data (protobuf cannot
+# serialize a message over 2 GiB; the margin leaves room for the graph itself)
+LARGE_MODEL_BYTES = (1 << 31) - (64 << 20)
+DIGEST_BY_PARTS_BYTES = 64 << 20  # models with more tensor bytes are hashed part by part
+STUB_FILE = "stub.data"
+STUB_BYTES = 1 << 20  # the checker sees tensors over this size as data-less stubs (their data is not checked)
+_UNSUPPORTED_TYPES = {onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
+                      onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz", onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
+                      onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz", onnx.TensorProto.FLOAT4E2M1: "float4e2m1"}
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
@@ -30,18 +45,9 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     else:
         path = Path(source)
         where = f"'{path}'"
-        if not path.is_file():
-            raise ModelLoadError(f"model file {where} does not exist")
-        try:
-            model = onnx.load(str(path), load_external_data=True)
-        except Exception as exc:  # protobuf raises several unrelated types
-            raise ModelLoadError(f"{where} is not an ONNX model: {exc}") from exc
-        if not model.graph.node and not model.graph.input:
-            raise ModelLoadError(f"{where} is not an ONNX model: it has an empty graph")
-    try:
-        onnx.checker.check_model(model)
-    except Exception as exc:
-        raise ModelLoadError(f"{where} fails the ONNX checker: {exc}") from exc
+        model = read_model(path)
+    check_onnx(model, where, ModelLoadError)
+    _check_element_types(model, where)
     opset = default_opset(model)
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ModelLoadError(
@@ -52,6 +58,138 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     fold_initializer_identities(model)
     name_unnamed_nodes(model)
     return model
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """The ONNX model at ``path`` (its external data loaded), or ``ModelLoadError`` naming the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ModelLoadError(f"'{path}' is a folder, not an ONNX model file; give the path of the .onnx file")
+    if not path.is_file():
+        raise ModelLoadError(f"model file '{path}' does not exist")
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except Exception as exc:  # protobuf and the external-data reader raise several unrelated types
+        raise ModelLoadError(f"'{path}' is not an ONNX model: {type(exc).__name__}: {exc}") from exc
+    if not model.graph.node and not model.graph.input:
+        raise ModelLoadError(f"'{path}' is not an ONNX model: it has an empty graph")
+    return model
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of tensor data in ``model`` (initializers and constant attributes, subgraphs included)."""
+    return sum(tensor.ByteSize() for tensor in external_data_helper._get_all_tensors(model))
+
+
+def is_large(model: onnx.ModelProto) -> bool:
+    """True when ``model`` is too big for one protobuf message (it must be saved with external data)."""
+    return tensor_bytes(model) >= LARGE_MODEL_BYTES
+
+
+def check_onnx(model: onnx.ModelProto, where: str, error: type[Exception], full_check: bool = False) -> None:
+    """``onnx.checker`` on ``model``, also past protobuf's 2 GiB (through a file with external data);
+    a failure raises ``error`` naming ``where``."""
+    try:
+        skeleton = _skeleton(model)
+        if skeleton is model:
+            onnx.checker.check_model(model, full_check=full_check)
+            return
+        with tempfile.TemporaryDirectory(prefix="bridge-check-") as folder:  # the stubs' (empty) data file
+            Path(folder, STUB_FILE).touch()
+            onnx.save(skeleton, os.path.join(folder, "model.onnx"))
+            onnx.checker.check_model(os.path.join(folder, "model.onnx"), full_check=full_check)
+    except Exception as exc:  # the checker raises ValidationError, protobuf errors, shape inference errors
+        raise error(f"{where} fails the ONNX checker: {exc}") from exc
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each initializer over ``STUB_BYTES`` replaced by an external-data stub of the same
+    name, type and dims: what the checker needs, without serializing the weights (copies of them
+    dominated the memory of loading a big model)."""
+    big = [t for t in model.graph.initializer if t.ByteSize() > STUB_BYTES]
+    if not big:
+        return model
+    skeleton = onnx.ModelProto()
+    for descriptor, value in model.ListFields():
+        if descriptor.name != "graph":
+            _copy_field(skeleton, descriptor, value)
+    for descriptor, value in model.graph.ListFields():
+        if descriptor.name != "initializer":
+            _copy_field(skeleton.graph, descriptor, value)
+    names = {t.name for t in big}
+    for tensor in model.graph.initializer:
+        if tensor.name not in names:
+            skeleton.graph.initializer.append(tensor)
+            continue
+        _check_data_size(tensor)
+        stub = skeleton.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value=STUB_FILE)
+    return skeleton
+
+
+def _check_data_size(tensor: onnx.TensorProto) -> None:
+    """What the checker verifies of a tensor that it sees as a stub: its raw data fits its type and dims."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
+        return
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    need, got = itemsize * math.prod(tensor.dims), len(tensor.raw_data)
+    if got != need:
+        raise ValueError(f"initializer '{tensor.name}' holds {got} bytes; its type and dims {list(tensor.dims)} need {need}")
+
+
+def _copy_field(target, descriptor, value) -> None:
+    if hasattr(value, "extend"):  # a repeated field
+        getattr(target, descriptor.name).extend(value)
+    elif hasattr(value, "CopyFrom"):  # a message
+        getattr(target, descriptor.name).CopyFrom(value)
+    else:
+        setattr(target, descriptor.name, value)
+
+
+def save_external(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Save ``model`` at ``path`` with its tensors in ``<name>.data`` beside it; the in-memory model
+    keeps its tensors (they are read back)."""
+    path = Path(path)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+    external_data_helper.load_external_data_for_model(model, str(path.parent))
+
+
+@contextlib.contextmanager
+def external_copy(model: onnx.ModelProto) -> Iterator[str]:
+    """The path of a temporary copy of ``model`` with external data (for tools that take a path)."""
+    with tempfile.TemporaryDirectory(prefix="bridge-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        save_external(model, path)
+        yield path
+
+
+def model_digest(model: onnx.ModelProto) -> str:
+    """sha256 identifying ``model``: of its serialization, or for a model with over
+    ``DIGEST_BY_PARTS_BYTES`` of tensors, of its parts one at a time (nodes, values, tensors), so that
+    no serialized copy of the whole model is made."""
+    if tensor_bytes(model) < DIGEST_BY_PARTS_BYTES:
+        return hashlib.sha256(model.SerializeToString()).hexdigest()
+    digest = hashlib.sha256()
+    graph = model.graph
+    for part in [*graph.node, *graph.input, *graph.output, *model.metadata_props]:
+        digest.update(part.SerializeToString())
+    for tensor in graph.initializer:
+        digest.update(f"{tensor.name}:{tensor.data_type}:{list(tensor.dims)}".encode())
+        digest.update(tensor.raw_data)
+    return digest.hexdigest()
+
+
+def _check_element_types(model: onnx.ModelProto, where: str) -> None:
+    """Refuse initializers and inputs of element types bridge cannot compute in (bfloat16, float8)."""
+    found = [f"{t.name} ({_UNSUPPORTED_TYPES[t.data_type]})" for t in model.graph.initializer
+             if t.data_type in _UNSUPPORTED_TYPES]
+    found += [f"{v.name} ({_UNSUPPORTED_TYPES[v.type.tensor_type.elem_type]})" for v in model.graph.input
+              if v.type.tensor_type.elem_type in _UNSUPPORTED_TYPES]
+    if found:
+        raise UnsupportedOpError(f"{where} holds tensors of element types bridge does not train in: "
+                                 f"{', '.join(found)}; convert them to float32 (or float16) first")
 
 
 def default_opset(model: onnx.ModelProto) -> int:

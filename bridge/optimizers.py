@@ -14,6 +14,7 @@ See docs/losses_and_optimizers.md for why the rules are re-implemented, not trac
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -258,6 +259,7 @@ def make_optimizer(optim: str | type[torch.optim.Optimizer], options: dict[str, 
         raise InvalidOptionError(
             f"unknown option(s) {unknown} for optimizer '{name}'; valid options: {', '.join(allowed)}"
         )
+    _check_finite(name, options)
     try:
         probe = rule.torch_class([torch.zeros(1, requires_grad=True)], **options)
     except (ValueError, TypeError, RuntimeError) as exc:
@@ -268,6 +270,17 @@ def make_optimizer(optim: str | type[torch.optim.Optimizer], options: dict[str, 
     if isinstance(defaults.get("lr"), torch.Tensor):
         defaults["lr"] = float(defaults["lr"])
     return Optimizer(name, rule, defaults)
+
+
+def _check_finite(name: str, options: dict[str, Any]) -> None:
+    """Every number among ``options`` (tuples such as ``betas`` included) must be finite: torch.optim
+    accepts ``lr=nan``/``inf`` or ``momentum=nan``, and the weights become NaN at the first step."""
+    for key, value in options.items():
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        for item in values:
+            number = float(item) if isinstance(item, torch.Tensor) and item.numel() == 1 else item
+            if isinstance(number, float) and not math.isfinite(number):
+                raise InvalidOptionError(f"optimizer '{name}': {key}={value!r} is not finite; give a finite number")
 
 
 def clip_grad_norm(grads: Sequence[torch.Tensor], max_norm: float) -> list[torch.Tensor]:

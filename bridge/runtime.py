@@ -24,6 +24,7 @@ import sympy
 
 from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, nonfinite_outputs
 from .errors import BridgeError
+from .load import external_copy, is_large, model_digest
 
 UPDATED = "updated_"
 RANDOM_INPUTS = "bridge.random_inputs"  # model metadata: JSON list of the noise inputs drawn every step
@@ -190,8 +191,7 @@ class StepSession(ABC):
 
 def graph_hash(model: onnx.ModelProto | bytes) -> str:
     """The identity of a training graph: sha256 of its serialized ONNX model."""
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    return hashlib.sha256(data).hexdigest()
+    return model_digest(model) if isinstance(model, onnx.ModelProto) else hashlib.sha256(model).hexdigest()
 
 
 class OrtGraph:
@@ -204,8 +204,12 @@ class OrtGraph:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         if threads is not None:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=providers or ["CPUExecutionProvider"])
+        providers = providers or ["CPUExecutionProvider"]
+        if is_large(model):  # past protobuf's 2 GiB: through a file with external data
+            with external_copy(model) as path:
+                self.session = ort.InferenceSession(path, options, providers=providers)
+        else:
+            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -10,10 +9,15 @@ from typing import Mapping
 import numpy as np
 import onnx
 
+from .atomic import AtomicWriter, atomic_writer, check_output_path
 from .errors import BridgeError
+from .load import read_model, save_external, tensor_bytes
 from .inference import with_trained_values
 from .runtime import TrainingSession
 from .trace import StepSignature
+
+# bytes of tensor data past which a saved model keeps its tensors in an external-data file
+EXTERNAL_DATA_THRESHOLD = 1 << 30
 
 
 @dataclass
@@ -33,6 +37,7 @@ class TrainingModel:
     eval_model: onnx.ModelProto | None = field(default=None, repr=False)  # forward + loss, inference mode
     eval_signature: StepSignature | None = None
     source: onnx.ModelProto | None = field(default=None, repr=False)  # the inference model, as given
+    source_path: Path | None = None  # or the file it is read from when needed
     # the step in two halves (forward + loss + backward; clipping + optimizer update), for accumulation
     gradient_model: onnx.ModelProto | None = field(default=None, repr=False)
     update_model: onnx.ModelProto | None = field(default=None, repr=False)
@@ -48,26 +53,33 @@ class TrainingModel:
     def initial_state(self) -> dict[str, np.ndarray]:
         return {name: value.copy() for name, value in self.initial_values.items()}
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the model atomically (no partial file is left if writing fails), and beside it the
-        eval graph as ``<name>.eval.onnx``, the gradient and update graphs as ``<name>.gradient.onnx``
-        and ``<name>.update.onnx``."""
-        for part, graph in (("eval", self.eval_model), ("gradient", self.gradient_model),
-                            ("update", self.update_model)):
-            if graph is not None:
-                save_atomically(graph, part_path(path, part))
-        return save_atomically(self.model, path)
+    def save(self, path: str | os.PathLike, state_path: str | os.PathLike | None = None) -> Path:
+        """Write the model, and beside it the eval graph as ``<name>.eval.onnx``, the gradient and
+        update graphs as ``<name>.gradient.onnx`` and ``<name>.update.onnx`` (and with ``state_path``
+        the initial state), all atomically: every file appears, or none (bridge.atomic). A graph whose
+        tensors exceed ``EXTERNAL_DATA_THRESHOLD`` bytes keeps them in ``<file>.data`` beside it."""
+        path = Path(path)
+        with atomic_writer() as writer:
+            for part, graph in (("eval", self.eval_model), ("gradient", self.gradient_model),
+                                ("update", self.update_model)):
+                if graph is not None:
+                    write_model(writer, graph, part_path(path, part))
+            if state_path is not None:
+                self._write_state(writer, state_path)
+            write_model(writer, self.model, path)
+        return path
 
     def inference_model(self, state: Mapping[str, np.ndarray]) -> onnx.ModelProto:
         """The source inference model with the weights and buffers of ``state`` (e.g. a session's
         ``.state``) in its initializers; see ``bridge.inference.with_trained_values``."""
-        if self.source is None:
+        source = self.source if self.source is not None or self.source_path is None else read_model(self.source_path)
+        if source is None:
             raise BridgeError("this TrainingModel does not hold its source model (it was not made by to_training_onnx)")
         names = self.signature.weights + self.signature.buffers
         missing = [name for name in names if name not in state]
         if missing:
             raise BridgeError(f"the state lacks {missing}; pass a session's .state (or initial_state())")
-        return with_trained_values(self.source, {name: np.asarray(state[name]) for name in names})
+        return with_trained_values(source, {name: np.asarray(state[name]) for name in names})
 
     def export_inference(self, path: str | os.PathLike, state: Mapping[str, np.ndarray]) -> Path:
         """Write the source inference model with the trained weights and running statistics of
@@ -75,10 +87,16 @@ class TrainingModel:
         return save_atomically(self.inference_model(state), path)
 
     def save_state(self, path: str | os.PathLike) -> Path:
-        """Write ``initial_state()`` as an ``.npz`` file (what the CLI's ``--state`` writes)."""
-        path = Path(path)
-        np.savez(path, **self.initial_values)
+        """Write ``initial_state()`` as an ``.npz`` file at exactly ``path`` (what the CLI's ``--state``
+        writes), atomically. (npz is a zip64 archive: no size limit.)"""
+        with atomic_writer() as writer:
+            path = self._write_state(writer, path)
         return path
+
+    def _write_state(self, writer: AtomicWriter, path: str | os.PathLike) -> Path:
+        with open(writer.path(path, "state path"), "xb") as file:
+            np.savez(file, **self.initial_values)
+        return Path(path)
 
     def session(self, providers=None, seed: int | None = None, on_nonfinite: str = "raise") -> TrainingSession:
         """An onnxruntime session holding the initial state, ready for ``.step(inputs, target)``
@@ -99,14 +117,23 @@ def eval_path(path: str | os.PathLike) -> Path:
 
 
 def save_atomically(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Write ``model`` to ``path`` atomically (external data past ``EXTERNAL_DATA_THRESHOLD``)."""
+    with atomic_writer() as writer:
+        write_model(writer, model, path)
+    return Path(path)
+
+
+def write_model(writer: AtomicWriter, model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Write ``model`` to a temporary of ``writer`` for ``path``; past ``EXTERNAL_DATA_THRESHOLD``
+    bytes of tensors, with its tensors in ``<name>.data`` beside it (protobuf's 2 GiB limit). The
+    in-memory ``model`` is left as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".onnx.tmp")
-    os.close(handle)
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    if tensor_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
+        onnx.save(model, writer.path(path))
+        return
+    folder = writer.folder(path)
+    data = path.name + ".data"
+    save_external(model, folder / path.name)
+    if (folder / data).exists():  # no tensor may be over save_external's size threshold
+        writer.add(folder / data, check_output_path(path.parent / data))
+    writer.add(folder / path.name, path)

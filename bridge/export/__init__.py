@@ -12,6 +12,7 @@ import json
 import operator
 import pkgutil
 import re
+from typing import Mapping
 
 import onnx
 import sympy
@@ -54,8 +55,11 @@ def _tags(node: torch.fx.Node) -> dict[str, str]:
     }
 
 
-def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) -> onnx.ModelProto:
-    """Translate the traced step into an ONNX ModelProto (named per the contract)."""
+def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature,
+                constant_names: Mapping[tuple[int, tuple[int, ...]], str] | None = None) -> onnx.ModelProto:
+    """Translate the traced step into an ONNX ModelProto (named per the contract). ``constant_names``:
+    initializer names by the data pointer and shape of their tensors, so that a constant the trace captured
+    (a frozen weight) keeps its source name instead of ``_tensor_constant<N>``."""
     _load_emitters()
     b = GraphBuilder()
     env: dict[torch.fx.Node, object] = {}
@@ -76,7 +80,8 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature) ->
         elif node.op == "get_attr":
             b.tags = {}
             tensor = getattr(graph_module, node.target)
-            env[node] = b.const(tensor.detach().numpy(), name=node.target)
+            name = (constant_names or {}).get((tensor.data_ptr(), tuple(tensor.shape)), node.target)
+            env[node] = b.const(tensor.detach().numpy(), name=name)
         elif node.op == "call_function":
             env[node] = _emit(b, node, env)
             if any(size.node.expr.is_number for size in sizes):

@@ -77,8 +77,9 @@ class OnnxProgram:
         self.graph = model.graph
         self.opset = default_opset(model)
         self._check_supported()
+        # writable arrays (to_array gives read-only views), so that weight tensors can share their memory
         self.initializers: dict[str, np.ndarray] = {
-            init.name: numpy_helper.to_array(init) for init in self.graph.initializer
+            init.name: np.array(numpy_helper.to_array(init)) for init in self.graph.initializer
         }
         self.input_names = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in self.graph.output]
@@ -116,7 +117,8 @@ class OnnxProgram:
         ]
 
     def initializer_tensor(self, name: str) -> torch.Tensor:
-        return torch.from_numpy(np.array(self.initializers[name], copy=True))
+        """The initializer as a tensor sharing its memory (no op bridge traces writes in place)."""
+        return torch.from_numpy(self.initializers[name])
 
     def run(
         self,
@@ -248,5 +250,7 @@ def _to_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.stack(items).reshape(array.shape) if items else torch.zeros(array.shape, dtype=torch.int64)
     if array.dtype in WIDE_UNSIGNED:
         return torch.from_numpy(array.astype(np.int64))
-    return torch.from_numpy(np.array(array, copy=True))
+    # shared, not copied: a frozen weight then stays one tensor, which the exporter names after it
+    shareable = array.flags.writeable and array.flags.c_contiguous
+    return torch.from_numpy(array if shareable else np.array(array, copy=True))
 

@@ -17,6 +17,8 @@ def differentiable_initializers(
 
     Found by running the graph once eagerly with every candidate requiring grad: an
     initializer used only as a shape, scale or index gets no gradient and stays a constant.
+    The autograd graph of the output is walked rather than differentiated (no gradient is
+    computed: a 100M-parameter model would allocate its weights' size again).
     """
     candidates = program.floating_initializers()
     tensors = {name: program.initializer_tensor(name).requires_grad_(True) for name in candidates}
@@ -30,15 +32,31 @@ def differentiable_initializers(
         )
     if not output.requires_grad:
         return []
-    grads = torch.autograd.grad(output, [tensors[n] for n in candidates], torch.ones_like(output), allow_unused=True)
-    return [name for name, grad in zip(candidates, grads) if grad is not None]
+    reached = _leaves(output)
+    return [name for name in candidates if id(tensors[name]) in reached]
 
 
-def _matches(patterns: Iterable[str], names: list[str], argument: str) -> set[str]:
+def _leaves(output: torch.Tensor) -> set[int]:
+    """``id`` of every leaf tensor that ``output``'s autograd graph accumulates a gradient into."""
+    found, seen, stack = set(), set(), [output.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):  # AccumulateGrad
+            found.add(id(fn.variable))
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return found
+
+
+def _matches(patterns: Iterable[str], names: list[str], argument: str, known: Iterable[str] = ()) -> set[str]:
+    """The ``names`` that ``patterns`` match; a pattern matching none of them (nor of ``known``) is refused."""
     chosen: set[str] = set()
+    known = list(known)
     for pattern in patterns:
         hits = {n for n in names if fnmatch.fnmatchcase(n, pattern)}
-        if not hits:
+        if not hits and not any(fnmatch.fnmatchcase(n, pattern) for n in known):
             raise InvalidOptionError(
                 f"{argument} pattern '{pattern}' matches no trainable weight; weights: {', '.join(names)}"
             )
@@ -51,6 +69,7 @@ def select_trainable(
     trainable: Iterable[str] | str | None,
     frozen: Iterable[str] | str | None,
     scalars: Iterable[str] = (),
+    initializers: Iterable[str] = (),
 ) -> list[str]:
     """Apply ``trainable=`` (keep only these) and ``frozen=`` (drop these); order is preserved.
 
@@ -63,5 +82,5 @@ def select_trainable(
     if isinstance(frozen, str):
         frozen = [frozen]
     keep = set(candidates) - set(scalars) if trainable is None else _matches(trainable, candidates, "trainable=")
-    drop = set() if frozen is None else _matches(frozen, candidates, "frozen=")
+    drop = set() if frozen is None else _matches(frozen, candidates, "frozen=", initializers)
     return [name for name in candidates if name in keep and name not in drop]
