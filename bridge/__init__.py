@@ -16,7 +16,7 @@ from .errors import (  # noqa: E402
 from .api import to_training_onnx  # noqa: E402
 from .from_torch import export_for_training  # noqa: E402
 from .source_checks import BridgeWarning, InferenceExportError, InferenceExportWarning  # noqa: E402
-from .compile import CompileError, CompiledModel, compile  # noqa: E402,A004
+from .compile import CompileError, CompiledModel, MissingExtraError, compile  # noqa: E402,A004
 from .runtime import TrainingSession  # noqa: E402
 from .training_model import TrainingModel  # noqa: E402
 from . import ir  # noqa: E402
@@ -31,6 +31,7 @@ __all__ = [
     "BridgeWarning",
     "CheckpointError",
     "CompileError",
+    "MissingExtraError",
     "CompiledModel",
     "InvalidModelError",
     "InvalidOptionError",

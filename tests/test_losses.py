@@ -273,6 +273,7 @@ def test_inplace_op_with_a_stale_alias_is_refused():
             _check_mutation_is_visible(node)
 
 
+@pytest.mark.iree
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] != "spatial"], ids=_case_id)
 def test_compiled_loss_matches_onnxruntime(models, case):

@@ -151,6 +151,7 @@ def test_state_slots_and_initial_values_are_torch_optims(case):
         torch.testing.assert_close(ours[slot], expected, rtol=0, atol=0)
 
 
+@pytest.mark.iree
 def test_converted_model_carries_the_slots(mlp):
     tm = bridge.to_training_onnx(mlp[1], loss="mse", optim="nadam")
     state = tm.initial_state()
