@@ -180,21 +180,15 @@ class DataParallelTrainer(Trainer):
         return TrainingSession(graph, state, seed=[seed, self.rank], eval_model=evaluation,
                                on_nonfinite=on_nonfinite)
 
-    def _enable_accumulation(self) -> None:
-        if self.session.split_step is not None:
-            return
-        super()._enable_accumulation()
-        if self.backend == "iree":
-            split = self.session.split_step
-            split.gradient, split.update = self._compiled(_split_graphs(self._model))
-
-    def _compiled(self, graphs: Sequence[onnx.ModelProto]) -> list[_IreeGraph]:
+    def _compiled(self, graphs: Sequence[onnx.ModelProto]) -> list:
         """The graphs compiled by IREE on rank 0, the modules sent to every rank."""
         from .compile import compile as compile_model
 
         modules = [compile_model(graph).vmfb for graph in graphs] if self.rank == 0 else None
         modules = self.collectives.broadcast_object(modules, "sharing the IREE modules compiled on rank 0")
-        return [_IreeGraph(module, graph) for module, graph in zip(modules, graphs)]
+        from .runtime_iree import IreeGraph
+
+        return [IreeGraph(module, graph) for module, graph in zip(modules, graphs)]
 
     def _accumulate(self, batches: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
         results = self.session.accumulate(batches, reduce=self._reduce_gradients)
@@ -268,18 +262,6 @@ class DataParallelTrainer(Trainer):
             super().export_inference(path)
         self.collectives.barrier(f"waiting for rank 0 to write {path}")
         return Path(path)
-
-
-class _IreeGraph:
-    """A graph compiled by IREE, called like ``bridge.runtime.OrtGraph`` (inputs and outputs by name)."""
-
-    def __init__(self, module: bytes, model: onnx.ModelProto):
-        from .runtime_iree import IreeTrainingSession
-
-        self._session = IreeTrainingSession(module, {}, training_model=model)  # stateless: only its graph runs
-
-    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._session._run(dict(feed))
 
 
 # -- launching ---------------------------------------------------------------------------------

@@ -75,3 +75,15 @@ def _entry_function(vm_module) -> str:
         if function is not None and INPUTS_KEY in function.reflection:
             return name
     raise ModelLoadError("the module was not compiled by bridge.compile (no function lists its inputs)")
+
+
+class IreeGraph:
+    """A compiled graph called like ``bridge.runtime.OrtGraph`` (inputs and outputs by name): the
+    gradient or update half of a step, for accumulation and data parallelism."""
+
+    def __init__(self, module: bytes, model: onnx.ModelProto):
+        self._session = IreeTrainingSession(module, {}, training_model=model)  # stateless: only its graph runs
+        self.input_names, self.output_names = self._session.input_names, self._session.output_names
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._session._run(dict(feed))

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -137,6 +137,7 @@ class Trainer:
         if backend not in BACKENDS:
             raise InvalidOptionError(f"backend={backend!r} is not one of {BACKENDS}")
         self.accumulation_steps = _check_accumulation(accumulation_steps)
+        self.backend = backend
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
         self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite)
@@ -188,6 +189,17 @@ class Trainer:
             raise InvalidOptionError("gradient accumulation needs the gradient and update graphs: create the "
                                      "Trainer from a TrainingModel, or save it with TrainingModel.save")
         self.session.enable_accumulation(*graphs)
+        if self.backend == "iree":  # the two halves compiled too, not run in onnxruntime
+            split = self.session.split_step
+            split.gradient, split.update = self._compiled(graphs)
+
+    def _compiled(self, graphs: Sequence[onnx.ModelProto]) -> list:
+        """The gradient and update graphs compiled by IREE, called by input name like ``OrtGraph``
+        (a hook: ``bridge.distributed`` compiles once and shares the modules)."""
+        from .compile import compile as compile_model
+        from .runtime_iree import IreeGraph
+
+        return [IreeGraph(compile_model(graph).vmfb, graph) for graph in graphs]
 
     def _optimizer_step(self, run: Callable[[], dict[str, np.ndarray]]) -> dict[str, Any]:
         """``run`` one optimizer step at the schedule's lr; record it and advance a per-step schedule."""

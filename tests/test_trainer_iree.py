@@ -37,3 +37,21 @@ def test_iree_trainer_matches_onnxruntime_and_resumes(tmp_path):
     from_iree = bridge.Trainer(tm, **options)
     from_iree.load_checkpoint(path)  # an onnxruntime session accepts the IREE checkpoint: one graph, one hash
     assert from_iree.epoch == 1 and set(from_iree.evaluate(data)) == {"loss", "accuracy", "samples"}
+
+
+def test_iree_accumulation_runs_the_compiled_halves():
+    """With ``accumulation_steps``, an IREE trainer runs the gradient and update graphs compiled by
+    IREE (not onnxruntime), and trains as the onnxruntime trainer does."""
+    from bridge.runtime_iree import IreeGraph
+
+    _, model = small_mlp()
+    tm = bridge.to_training_onnx(model, loss="ce", optim="adam", optim_options={"lr": 0.05})
+    data = features(16, seed=2)
+    iree = bridge.Trainer(tm, backend="iree", accumulation_steps=2, seed=1)
+    split = iree.session.split_step
+    assert isinstance(split.gradient, IreeGraph) and isinstance(split.update, IreeGraph)
+    iree.fit(data, epochs=1, batch_size=4)
+    ort = bridge.Trainer(tm, accumulation_steps=2, seed=1)
+    ort.fit(data, epochs=1, batch_size=4)
+    assert_steps_match([{"loss": s["loss"]} for s in iree.history.steps], [{"loss": s["loss"]} for s in ort.history.steps])
+    assert_steps_match([iree.state()], [ort.state()])
