@@ -233,12 +233,17 @@ def _check_output_path(model: str | os.PathLike | onnx.ModelProto, output_path: 
 def _run_example(run: Callable, inputs: Mapping[str, torch.Tensor]):
     """``run()`` (the first eager run of the model); a shape mismatch inside the model is a ``ShapeError``
     naming the example input shapes (from the model, ``batch_size=`` and ``input_shapes=``)."""
+    shapes = ", ".join(f"'{name}': {list(value.shape)}" for name, value in inputs.items())
     try:
         return run()
+    except ShapeError as exc:
+        if not isinstance(exc.__cause__, RuntimeError):  # not a node failing on these shapes
+            raise
+        raise ShapeError(f"{exc}; the example inputs had shapes {{{shapes}}}: check batch_size= and input_shapes= "
+                         "against the model (a static model may hard-code its batch size)") from exc
     except (RuntimeError, ValueError, IndexError) as exc:
         if isinstance(exc, BridgeError):
             raise
-        shapes = ", ".join(f"'{name}': {list(value.shape)}" for name, value in inputs.items())
         raise ShapeError(f"the model fails on inputs of shapes {{{shapes}}}: {exc}; check batch_size= and "
                          "input_shapes= against the model (a static model may hard-code its batch size)") from exc
 

@@ -205,8 +205,8 @@ def trace_training_step(
     (the ``grad_*`` outputs stay the unclipped gradients of the loss).
     """
     n_weights, n_buffers, n_state = len(signature.weights), len(signature.buffers), len(signature.state)
-    data, dim_names = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs},
-                                 {n: example_inputs[n] for n in signature.random}, example_target, output_index,
+    data, dim_names, bounds = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs},
+                                         {n: example_inputs[n] for n in signature.random}, example_target, output_index,
                                  tensors, training=True)
     tags = _LayerTags(dim_names)
 
@@ -254,7 +254,7 @@ def trace_training_step(
         + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
         + [tensors["step"], tensors["lr"]]
     )
-    return _trace(train_step, flat_args, data, dim_names)
+    return _trace(train_step, flat_args, data, dim_names, bounds)
 
 
 def split_step(graph_module: torch.fx.GraphModule,
@@ -325,8 +325,8 @@ def trace_eval_step(
     (BatchNorm with its running statistics, Dropout off) and the loss; returns the loss and
     the model outputs named in ``signature.outputs``."""
     n_weights, n_buffers = len(signature.weights), len(signature.buffers)
-    data, dim_names = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs}, {},
-                                 example_target, output_index, tensors, training=False)
+    data, dim_names, bounds = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs}, {},
+                                         example_target, output_index, tensors, training=False)
     tags = _LayerTags(dim_names)
 
     def eval_step(*flat):
@@ -340,14 +340,14 @@ def trace_eval_step(
         return (loss_value, *(outputs[program.output_names.index(name)] for name in signature.outputs))
 
     flat_args = [tensors[name].detach() for name in signature.weights + signature.buffers]
-    return _trace(eval_step, flat_args, data, dim_names)
+    return _trace(eval_step, flat_args, data, dim_names, bounds)
 
 
-def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor],
-           dim_names: dict[sympy.Symbol, str]) -> torch.fx.GraphModule:
+def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_names: dict[sympy.Symbol, str],
+           bounds: dict[str, int]) -> torch.fx.GraphModule:
     """``make_fx`` of ``step`` on ``flat_args`` + ``data`` with the lowering table; symbolic when
     ``data`` are fake tensors with symbolic dims (``_data_args``), whose names the graph module
-    keeps in ``meta[DIM_NAMES]``. Values no output needs are dropped."""
+    keeps in ``meta[DIM_NAMES]``, with ``bounds`` in ``meta[DIM_BOUNDS]``. Values no output needs are dropped."""
     fake_mode = next((t.fake_mode for t in data if isinstance(t, FakeTensor)), None)
     if fake_mode is not None:
         flat_args = [fake_mode.from_tensor(t, static_shapes=True) for t in flat_args] + list(data)
@@ -365,7 +365,7 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor],
     eliminate_common_subexpressions(graph_module.graph)
     graph_module.recompile()
     graph_module.meta[DIM_NAMES] = dim_names
-    graph_module.meta[DIM_BOUNDS] = {} if fake_mode is None else _upper_bounds(fake_mode.shape_env, dim_names)
+    graph_module.meta[DIM_BOUNDS] = bounds
     return graph_module
 
 
@@ -386,7 +386,7 @@ def _upper_bounds(shape_env: ShapeEnv, dim_names: Mapping[sympy.Symbol, str]) ->
 
 def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: dict[str, torch.Tensor],
                random: dict[str, torch.Tensor], target: torch.Tensor, output_index: int,
-               tensors: dict[str, torch.Tensor], training: bool) -> tuple[list[torch.Tensor], dict]:
+               tensors: dict[str, torch.Tensor], training: bool) -> tuple[list[torch.Tensor], dict, dict]:
     """The data arguments of a trace (inputs, noise, target) and the names of their symbols.
 
     Without ``dims``: the example tensors themselves. With ``dims``: fake tensors whose dims
@@ -395,7 +395,7 @@ def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: d
     get their symbolic shapes from a forward pass on those fakes (a noise input of a Dropout on
     ``[batch, heads, seq, seq]`` activations, a target ``[batch, seq]``)."""
     if not dims:
-        return [*inputs.values(), *random.values(), target], {}
+        return [*inputs.values(), *random.values(), target], {}, {}
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
     fakes, dim_names = {}, {}
     for name, tensor in inputs.items():
@@ -426,4 +426,9 @@ def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: d
     with fake_mode:
         fake_target = torch.empty(spec.shape, dtype=spec.dtype)
     noise = [value.to(random[name].dtype) for name, value in zip(random, noise)]
-    return [*fakes.values(), *noise, fake_target], dim_names
+    # The batch dims are never bounded: tracing a Conv guards ``batch < 16`` (a kernel-choice
+    # heuristic of torch's, no limit of the ONNX graph), which would refuse every larger batch.
+    batch_dims = {axes[0] for axes in dims.values() if 0 in axes}
+    bounds = {name: size for name, size in _upper_bounds(fake_mode.shape_env, dim_names).items()
+              if name not in batch_dims}
+    return [*fakes.values(), *noise, fake_target], dim_names, bounds

@@ -5,6 +5,7 @@ first Adam step at two lengths (12 and 20) and two batch sizes matches the torch
 first step there (the zoo's oracle and tolerance) and the static conversion at that size."""
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -271,3 +272,25 @@ def test_iree_compiled_once_trains_at_two_lengths(tmp_path):
         inputs, target = _batch(["input_ids"], True, batch, length, seed)
         assert_steps_match([iree.step(inputs, target)], [ort.step(inputs, target)])
 
+
+
+def test_a_conv_net_trains_at_any_batch(tmp_path):
+    """Tracing a Conv guards ``batch < 16`` (a torch kernel-choice heuristic): the batch is never bounded,
+    so one dynamic-batch file of a CNN steps at batch 20 like its static conversion."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                 torch.nn.Linear(4 * 6 * 6, 3))
+    path = tmp_path / "cnn.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.randn(2, 1, 6, 6),), str(path), dynamo=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd")
+    assert "batch" not in json.loads({p.key: p.value for p in tm.model.metadata_props}.get("bridge.dim_bounds", "{}"))
+    rng = np.random.default_rng(0)
+    x, target = rng.standard_normal((20, 1, 6, 6)).astype(np.float32), rng.integers(0, 3, 20)
+    static = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", input_shapes={"x": [20, 1, 6, 6]},
+                                     dynamic_batch=False)
+    got, want = tm.session().step({"x": x}, target), static.session().step({"x": x}, target)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
