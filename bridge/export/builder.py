@@ -81,6 +81,9 @@ def emits(*targets):
     return register
 
 
+MAX_TENSOR_BYTES = 2**31  # protobuf cannot serialize one tensor of 2 GiB or more
+
+
 def node_prefix(tags: dict[str, str]) -> str:
     """``<phase>_<kind>/<layer>/``: the start of the name of a node with these tags."""
     phase, kind = tags.get("bridge.phase", ""), tags.get("bridge.kind", "")
@@ -143,6 +146,14 @@ class GraphBuilder:
         key = (array.dtype.str, array.shape, array.tobytes()) if array.size <= 16 and name is None else None
         if key is not None and key in self._const_cache:
             return self._const_cache[key]
+        if array.nbytes >= MAX_TENSOR_BYTES:
+            layer = self.tags.get("bridge.layer", "") or "?"
+            raise ShapeError(
+                f"the training graph would hold a constant of {array.nbytes / 2**30:.1f} GiB (shape {list(array.shape)}, "
+                f"computed at conversion for the {self.tags.get('bridge.phase', '')} of node '{layer}' from values "
+                "known before the model runs); one ONNX tensor cannot exceed 2 GiB and bridge does not yet keep such "
+                "a folded constant as external data: compute it from a graph input, or split it into tensors "
+                "under 2 GiB in the source model")
         torch_dtype = next((t for t, n in TORCH_TO_NUMPY.items() if np.dtype(n) == array.dtype), None)
         result = Value(self.fresh(name or "const"), array.shape, torch_dtype)
         self.initializers.append(numpy_helper.from_array(array, str(result)))
