@@ -344,6 +344,16 @@ def test_outside_a_process_group_is_a_clear_error(models):
 
 # -- launchers and IREE (their own processes) ----------------------------------------------------------
 
+def _assert_checkpoint_is_one_process_run(tm: bridge.TrainingModel, path: Path, checkpoint: Path) -> None:
+    """The 2-rank run's checkpoint (batch 4 per rank) holds the weights of one process at batch 8."""
+    single = bridge.Trainer(tm)
+    single.fit(features(16, seed=11), epochs=1, batch_size=8)
+    resumed = bridge.Trainer(path)
+    resumed.load_checkpoint(checkpoint)
+    for name in tm.weights:
+        np.testing.assert_allclose(resumed.state()[name], single.state()[name], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.exhaustive  # run_local and bridge train inside a group are in the default tier (the spawn above)
 def test_cli_train_nproc_spawns_local_ranks(models, tmp_path):
     from bridge.cli import main
@@ -352,12 +362,7 @@ def test_cli_train_nproc_spawns_local_ranks(models, tmp_path):
     np.savez(tmp_path / "data.npz", **dict(zip(("x", "target"), features(16, seed=11))))
     assert main(["train", str(directory / "mlp-sgd.onnx"), "--data", str(tmp_path / "data.npz"), "--nproc", "2",
                  "--batch-size", "4", "--checkpoint", str(tmp_path / "run.npz")]) == 0
-    single = bridge.Trainer(converted["mlp-sgd"])
-    single.fit(features(16, seed=11), epochs=1, batch_size=8)
-    resumed = bridge.Trainer(directory / "mlp-sgd.onnx")
-    resumed.load_checkpoint(tmp_path / "run.npz")
-    for name in converted["mlp-sgd"].weights:
-        np.testing.assert_allclose(resumed.state()[name], single.state()[name], rtol=1e-5, atol=1e-6)
+    _assert_checkpoint_is_one_process_run(converted["mlp-sgd"], directory / "mlp-sgd.onnx", tmp_path / "run.npz")
 
 
 @pytest.mark.exhaustive
@@ -387,12 +392,7 @@ def test_torchrun_launches_bridge_train(models, tmp_path):
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("wrote ") == 1  # rank 0 only
-    single = bridge.Trainer(converted["mlp-sgd"])
-    single.fit(features(16, seed=11), epochs=1, batch_size=8)
-    resumed = bridge.Trainer(directory / "mlp-sgd.onnx")
-    resumed.load_checkpoint(tmp_path / "run.npz")
-    for name in converted["mlp-sgd"].weights:
-        np.testing.assert_allclose(resumed.state()[name], single.state()[name], rtol=1e-5, atol=1e-6)
+    _assert_checkpoint_is_one_process_run(converted["mlp-sgd"], directory / "mlp-sgd.onnx", tmp_path / "run.npz")
 
 
 def _rank_iree(directory: str) -> None:
