@@ -18,7 +18,7 @@ from typing import Iterator
 
 import onnx
 
-from .annotate import KIND, LAYER, PHASE, PHASES, ROLE, props
+from .contract import KIND, LAYER, PHASE, PHASES, ROLE, UPDATED_PREFIX, Role, grad_name, props, strip_prefix
 from .errors import ModelLoadError
 
 
@@ -76,47 +76,47 @@ class TrainingGraph:
     @property
     def inputs(self) -> list[str]:
         """Data inputs (the source model's inputs)."""
-        return self._with_role("input", self.graph_inputs)
+        return self._with_role(Role.INPUT, self.graph_inputs)
 
     @property
     def targets(self) -> list[str]:
-        return self._with_role("target", self.graph_inputs)
+        return self._with_role(Role.TARGET, self.graph_inputs)
 
     @property
     def weights(self) -> list[str]:
-        return self._with_role("weight", self.graph_inputs)
+        return self._with_role(Role.WEIGHT, self.graph_inputs)
 
     @property
     def buffers(self) -> list[str]:
-        return self._with_role("buffer", self.graph_inputs)
+        return self._with_role(Role.BUFFER, self.graph_inputs)
 
     @property
     def optimizer_state(self) -> list[str]:
         """Optimizer state inputs: ``<weight>.<slot>`` for each weight, and ``step``."""
-        return self._with_role("optimizer_state", self.graph_inputs)
+        return self._with_role(Role.OPTIMIZER_STATE, self.graph_inputs)
 
     @property
     def hyperparameters(self) -> list[str]:
-        return self._with_role("hyperparameter", self.graph_inputs)
+        return self._with_role(Role.HYPERPARAMETER, self.graph_inputs)
 
     @property
     def random_inputs(self) -> list[str]:
         """Noise inputs of random ops (``<node>.noise``), drawn fresh every step by the runner."""
-        return self._with_role("random", self.graph_inputs)
+        return self._with_role(Role.RANDOM, self.graph_inputs)
 
     @property
     def loss(self) -> str:
-        return self._with_role("loss", self.outputs)[0]
+        return self._with_role(Role.LOSS, self.outputs)[0]
 
     @property
     def gradients(self) -> dict[str, str]:
         """weight -> its gradient output."""
-        return {w: f"grad_{w}" for w in self.weights if self.roles.get(f"grad_{w}") == "gradient"}
+        return {w: grad_name(w) for w in self.weights if self.roles.get(grad_name(w)) == Role.GRADIENT}
 
     @property
     def updates(self) -> dict[str, str]:
         """state input (weight, buffer, optimizer state) -> the output that replaces it next step."""
-        return {name[len("updated_"):]: name for name in self._with_role("updated", self.outputs)}
+        return {strip_prefix(name, UPDATED_PREFIX): name for name in self._with_role(Role.UPDATED, self.outputs)}
 
     def state_of(self, weight: str) -> dict[str, str]:
         """slot -> optimizer state input of ``weight`` (``{"exp_avg": "fc.weight.exp_avg", ...}``)."""
@@ -126,7 +126,7 @@ class TrainingGraph:
     @property
     def activations(self) -> list[str]:
         """Intermediate values computed by the forward pass and the loss."""
-        return [name for name, role in self.roles.items() if role == "activation"]
+        return [name for name, role in self.roles.items() if role == Role.ACTIVATION]
 
     def role(self, value: str) -> str | None:
         """The ``bridge.role`` of a graph input/output or intermediate value."""

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import onnx
 import sympy
@@ -26,76 +25,14 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+from .contract import (DIM_BOUNDS, DIM_NAMES, LOSS, LOSS_LAYER, LR, STEP, TARGET, Phase, StepSignature, output_name,
+                       slot_name, updated_name)
 from .cse import eliminate_common_subexpressions
 from .errors import LoweringError, ShapeError
 from .importer.program import OnnxProgram
 from .losses import Loss
 from .lowering import decomposition_table
 from .optimizers import Optimizer, clip_grad_norm
-
-
-@dataclass(frozen=True)
-class StepSignature:
-    """The flat argument and result order of the traced step."""
-
-    weights: list[str]
-    buffers: list[str]
-    state: list[tuple[str, str]]  # (weight, slot)
-    inputs: list[str]
-    random: list[str] = field(default_factory=list)  # noise inputs of random ops, drawn every step
-    outputs: list[str] = field(default_factory=list)  # model outputs returned as ``output_<name>``
-    training: bool = True  # False: the eval graph (forward + loss, no update)
-    part: str = "step"  # "step": the whole step; "gradient" / "update": its two halves (see ``split``)
-
-    def state_names(self) -> list[str]:
-        """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``.
-
-        The eval and gradient graphs read only the weights and buffers; the update graph the
-        weights, the optimizer state, ``step`` and ``lr``."""
-        if not self.training or self.part == "gradient":
-            return self.weights + self.buffers
-        slots = [f"{w}.{slot}" for w, slot in self.state]
-        if self.part == "update":
-            return self.weights + slots + ["step", "lr"]
-        return self.weights + self.buffers + slots + ["step", "lr"]
-
-    def gradient_names(self) -> list[str]:
-        """``grad_<w>`` for every trained weight: outputs of the step and gradient graphs,
-        inputs of the update graph."""
-        return [f"grad_{w}" for w in self.weights]
-
-    def input_names(self) -> list[str]:
-        if self.part == "update":
-            return self.state_names() + self.gradient_names()
-        return self.state_names() + self.inputs + self.random + ["target"]
-
-    def output_names(self) -> list[str]:
-        extra = [output_name(name) for name in self.outputs]
-        if not self.training:
-            return ["loss"] + extra
-        if self.part == "gradient":
-            return ["loss"] + self.gradient_names() + [f"updated_{b}" for b in self.buffers] + extra
-        updated = [f"updated_{name}" for name in self.state_names() if name != "lr"]
-        if self.part == "update":
-            return updated
-        return ["loss"] + self.gradient_names() + updated + extra
-
-    def for_eval(self, outputs: list[str]) -> "StepSignature":
-        """The signature of the eval graph: weights, buffers, inputs, target -> loss, ``outputs``."""
-        return replace(self, state=[], random=[], outputs=list(outputs), training=False)
-
-    def split(self) -> tuple["StepSignature", "StepSignature"]:
-        """The signatures of the step's two halves: the gradient graph (weights, buffers, inputs,
-        noise, target -> loss, ``grad_*``, ``updated_<buffer>``, outputs) and the update graph
-        (weights, optimizer state, step, lr, ``grad_*`` -> ``updated_*`` of the weights,
-        optimizer state and step)."""
-        return replace(self, state=[], part="gradient"), replace(self, inputs=[], random=[], buffers=[],
-                                                                 outputs=[], part="update")
-
-
-def output_name(model_output: str) -> str:
-    """The step output that carries the model output ``model_output``."""
-    return f"output_{model_output}"
 
 
 class _LayerTags:
@@ -120,7 +57,7 @@ class _LayerTags:
     @contextlib.contextmanager
     def forward(self, node: onnx.NodeProto):
         self._record(node.name, node.op_type)
-        with fx_traceback.annotate(self._annotate("forward", node.name, node.op_type)):
+        with fx_traceback.annotate(self._annotate(Phase.FORWARD, node.name, node.op_type)):
             try:
                 yield
             except RuntimeError as exc:  # e.g. a symbolic length broadcast against a constant table
@@ -142,7 +79,7 @@ class _LayerTags:
 
     @contextlib.contextmanager
     def scope(self, phase: str, layer: str, kind: str):
-        if phase == "loss":
+        if phase == Phase.LOSS:
             self._record(layer, kind)
         with fx_traceback.annotate(self._annotate(phase, layer, kind)):
             yield
@@ -172,7 +109,7 @@ class _LayerTags:
 
     def _enter(self, layer: str, kind: str):
         def prehook(grad_outputs):
-            fx_traceback.current_meta["custom"] = self._annotate("backward", layer, kind)
+            fx_traceback.current_meta["custom"] = self._annotate(Phase.BACKWARD, layer, kind)
 
         return prehook
 
@@ -198,63 +135,97 @@ def trace_training_step(
 ) -> torch.fx.GraphModule:
     """Trace forward + loss + backward + optimizer update into one FX graph.
 
+    The traced function takes and returns ``signature``'s flat arguments and results
+    (``StepSignature.unflatten`` / ``flatten``); its body is three passes: ``_forward_loss``,
+    ``_backward``, ``_optimizer_update``.
     With ``dims`` the data inputs get those symbolic dims (one symbol per dim name), the noise
     inputs and the target the symbolic sizes that follow from them, and every size derived from
     them stays symbolic in the graph.
     With ``max_grad_norm`` the gradients are clipped by global norm before the update
     (the ``grad_*`` outputs stay the unclipped gradients of the loss).
     """
-    n_weights, n_buffers, n_state = len(signature.weights), len(signature.buffers), len(signature.state)
     data, dim_names, bounds = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs},
                                          {n: example_inputs[n] for n in signature.random}, example_target, output_index,
-                                 tensors, training=True)
+                                         tensors, training=True)
     tags = _LayerTags(dim_names)
 
     def train_step(*flat):
-        weights = dict(zip(signature.weights, flat[:n_weights]))
-        buffers = dict(zip(signature.buffers, flat[n_weights:n_weights + n_buffers]))
-        state_values = flat[n_weights + n_buffers:n_weights + n_buffers + n_state]
-        step, lr = flat[n_weights + n_buffers + n_state:n_weights + n_buffers + n_state + 2]
-        data = flat[n_weights + n_buffers + n_state + 2:]
-        inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
-        random = dict(zip(signature.random, data[len(signature.inputs):-1]))
-        tags.watch(data)
+        args = signature.unflatten(flat)
+        tags.watch([args[name] for name in signature.data_names()])
+        weights = {name: args[name] for name in signature.weights}
+        loss_value, outputs, updated_buffers = _forward_loss(program, loss, signature, args, tags, output_index)
+        grads = _backward(loss_value, list(weights.values()), tags)
+        results = {LOSS: loss_value, **dict(zip(signature.gradient_names(), grads))}
+        results.update(_optimizer_update(optimizer, signature, args, grads, tags, max_grad_norm))
+        results.update({updated_name(name): updated_buffers.get(name, args[name]) for name in signature.buffers})
+        results.update(_extra_outputs(program, signature, outputs))
+        return tuple(signature.flatten(results, outputs=True))
 
-        outputs, updated_buffers = program.run(
-            inputs, {**weights, **buffers}, training=True, node_scope=tags.forward, random=random
-        )
-        with tags.scope("loss", "loss", loss.name):
-            loss_value = loss(outputs[output_index], target)
-        tags.hook_backward(loss_value)
-        with fx_traceback.annotate({"phase": "backward", "layer": "", "kind": ""}):
-            grads = torch.autograd.grad(loss_value, list(weights.values()), materialize_grads=True)
-        tags.check_symbolic("the loss or the backward pass (a lowering of bridge.lowering)")
-        state = {}
-        for (weight, slot), value in zip(signature.state, state_values):
-            state.setdefault(weight, {})[slot] = value
-        with tags.scope("optimizer", "step", optimizer.name):
-            new_step = step + 1
-        updates = grads
-        if max_grad_norm is not None:
-            with tags.scope("optimizer", "global", "clip_grad_norm"):
-                updates = clip_grad_norm(grads, max_grad_norm)
-        new_weights, new_state = [], []
-        for (name, param), grad in zip(weights.items(), updates):
-            with tags.scope("optimizer", name, optimizer.name):
-                new_param, new_slots = optimizer.update(param, grad, state.get(name, {}), new_step, lr)
-            new_weights.append(new_param)
-            new_state.extend(new_slots[slot] for w, slot in signature.state if w == name)
-        new_buffers = [updated_buffers.get(name, buffers[name]) for name in signature.buffers]
-        extra = [outputs[program.output_names.index(name)] for name in signature.outputs]
-        return (loss_value, *grads, *new_weights, *new_buffers, *new_state, new_step, *extra)
+    return _trace(train_step, _state_args(signature, tensors), data, dim_names, bounds)
 
-    flat_args = (
-        [tensors[name].detach().requires_grad_(True) for name in signature.weights]
-        + [tensors[name] for name in signature.buffers]
-        + [tensors[f"{w}.{slot}"] for w, slot in signature.state]
-        + [tensors["step"], tensors["lr"]]
+
+def _state_args(signature: StepSignature, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The example state arguments of a trace (``signature.state_names()``), detached; in the
+    training step the weights require grad (the backward differentiates with respect to them)."""
+    weights = set(signature.weights) if signature.training else set()
+    return [tensors[name].detach().requires_grad_(name in weights) for name in signature.state_names()]
+
+
+def _forward_loss(program: OnnxProgram, loss: Loss, signature: StepSignature, args: dict[str, torch.Tensor],
+                  tags: _LayerTags, output_index: int) -> tuple[torch.Tensor, list, dict]:
+    """Pass 1: the ONNX program on the step's arguments (forward phase, each op tagged with its
+    ONNX node; in inference mode for the eval signature), then the loss of output ``output_index``
+    (loss phase). Returns the loss, the model outputs and the buffers the forward updated (BatchNorm
+    statistics in training mode)."""
+    outputs, updated_buffers = program.run(
+        {name: args[name] for name in signature.inputs},
+        {name: args[name] for name in signature.weights + signature.buffers},
+        training=signature.training, node_scope=tags.forward,
+        random={name: args[name] for name in signature.random}, evaluation=not signature.training,
     )
-    return _trace(train_step, flat_args, data, dim_names, bounds)
+    with tags.scope(Phase.LOSS, LOSS_LAYER, loss.name):
+        loss_value = loss(outputs[output_index], args[TARGET])
+    return loss_value, outputs, updated_buffers
+
+
+def _backward(loss_value: torch.Tensor, weights: list[torch.Tensor], tags: _LayerTags) -> tuple[torch.Tensor, ...]:
+    """Pass 2: the gradients of the loss with respect to ``weights`` (backward phase, each op tagged
+    with the forward layer whose grad_fn runs it)."""
+    tags.hook_backward(loss_value)
+    with fx_traceback.annotate({"phase": Phase.BACKWARD, "layer": "", "kind": ""}):
+        grads = torch.autograd.grad(loss_value, weights, materialize_grads=True)
+    tags.check_symbolic("the loss or the backward pass (a lowering of bridge.lowering)")
+    return grads
+
+
+def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict[str, torch.Tensor],
+                      grads: Sequence[torch.Tensor], tags: _LayerTags,
+                      max_grad_norm: float | None) -> dict[str, torch.Tensor]:
+    """Pass 3: ``step + 1``, global-norm clipping (``max_grad_norm``), then each weight's update
+    (optimizer phase, layer = the weight). Returns ``updated_*`` of the weights, optimizer state
+    and step."""
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for weight, slot in signature.state:
+        state.setdefault(weight, {})[slot] = args[slot_name(weight, slot)]
+    with tags.scope(Phase.OPTIMIZER, STEP, optimizer.name):
+        new_step = args[STEP] + 1
+    updates = grads
+    if max_grad_norm is not None:
+        with tags.scope(Phase.OPTIMIZER, "global", "clip_grad_norm"):
+            updates = clip_grad_norm(grads, max_grad_norm)
+    results = {}
+    for name, grad in zip(signature.weights, updates):
+        with tags.scope(Phase.OPTIMIZER, name, optimizer.name):
+            new_param, new_slots = optimizer.update(args[name], grad, state.get(name, {}), new_step, args[LR])
+        results[updated_name(name)] = new_param
+        results.update({updated_name(slot_name(name, slot)): new_slots[slot] for w, slot in signature.state if w == name})
+    results[updated_name(STEP)] = new_step
+    return results
+
+
+def _extra_outputs(program: OnnxProgram, signature: StepSignature, outputs: list) -> dict[str, torch.Tensor]:
+    """``output_<name>`` for the model outputs the step also returns (``signature.outputs``)."""
+    return {output_name(name): outputs[program.output_names.index(name)] for name in signature.outputs}
 
 
 def split_step(graph_module: torch.fx.GraphModule,
@@ -265,9 +236,9 @@ def split_step(graph_module: torch.fx.GraphModule,
     after the other computes exactly what the step computes."""
     gradient_signature, update_signature = signature.split()
     placeholders = [node for node in graph_module.graph.nodes if node.op == "placeholder"]
-    inputs = dict(zip(signature.input_names(), placeholders))
+    inputs = signature.unflatten(placeholders)
     (output,) = (node for node in graph_module.graph.nodes if node.op == "output")
-    results = dict(zip(signature.output_names(), output.args[0]))
+    results = signature.unflatten(output.args[0], outputs=True)
     gradient = _subgraph(graph_module, [inputs[name] for name in gradient_signature.input_names()],
                          [results[name] for name in gradient_signature.output_names()], "gradient")
     boundary = ([inputs[name] for name in update_signature.state_names()]
@@ -324,23 +295,17 @@ def trace_eval_step(
     """Trace the eval step (``signature.training`` is False): the forward in inference mode
     (BatchNorm with its running statistics, Dropout off) and the loss; returns the loss and
     the model outputs named in ``signature.outputs``."""
-    n_weights, n_buffers = len(signature.weights), len(signature.buffers)
     data, dim_names, bounds = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs}, {},
                                          example_target, output_index, tensors, training=False)
     tags = _LayerTags(dim_names)
 
     def eval_step(*flat):
-        tensors = dict(zip(signature.weights + signature.buffers, flat[:n_weights + n_buffers]))
-        data = flat[n_weights + n_buffers:]
-        inputs, target = dict(zip(signature.inputs, data[:-1])), data[-1]
-        tags.watch(data)
-        outputs, _ = program.run(inputs, tensors, training=False, node_scope=tags.forward, evaluation=True)
-        with tags.scope("loss", "loss", loss.name):
-            loss_value = loss(outputs[output_index], target)
-        return (loss_value, *(outputs[program.output_names.index(name)] for name in signature.outputs))
+        args = signature.unflatten(flat)
+        tags.watch([args[name] for name in signature.data_names()])
+        loss_value, outputs, _ = _forward_loss(program, loss, signature, args, tags, output_index)
+        return tuple(signature.flatten({LOSS: loss_value, **_extra_outputs(program, signature, outputs)}, outputs=True))
 
-    flat_args = [tensors[name].detach() for name in signature.weights + signature.buffers]
-    return _trace(eval_step, flat_args, data, dim_names, bounds)
+    return _trace(eval_step, _state_args(signature, tensors), data, dim_names, bounds)
 
 
 def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_names: dict[sympy.Symbol, str],
@@ -367,10 +332,6 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     graph_module.meta[DIM_NAMES] = dim_names
     graph_module.meta[DIM_BOUNDS] = bounds
     return graph_module
-
-
-DIM_NAMES = "bridge.dim_names"  # GraphModule.meta key: {sympy symbol: dim name}
-DIM_BOUNDS = "bridge.dim_bounds"  # GraphModule.meta key and model metadata: {dim name: largest size}
 
 
 def _upper_bounds(shape_env: ShapeEnv, dim_names: Mapping[sympy.Symbol, str]) -> dict[str, int]:

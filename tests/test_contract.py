@@ -1,15 +1,23 @@
 """The training-graph contract (docs/ir.md): names, roles, domain, opset, checker, state."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 import torch
 
 import bridge
+from bridge import contract
 from bridge.load import load_model
+from generated_docs import assert_generated_block_current
 
-EXAMPLE = "examples/models/mlp.onnx"
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT = ROOT / "bridge" / "contract.py"
+EXAMPLE = str(ROOT / "examples" / "models" / "mlp.onnx")
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +159,75 @@ def test_scalar_initializers_are_constants_unless_named():
     assert bridge.to_training_onnx(model).weights == ["W"]
     assert "half" not in {i.name for i in bridge.to_training_onnx(model).model.graph.input}
     assert bridge.to_training_onnx(model, trainable=["W", "half"]).weights == ["W", "half"]
+
+
+def test_contract_tables_in_docs_are_current():
+    """docs/ir.md's tables of roles and keys are rendered from bridge/contract.py (docs/contract_tables.py)."""
+    assert_generated_block_current("contract_tables.py", "ir.md", "render")
+
+
+def test_every_role_and_key_is_documented():
+    roles = {value for name, value in vars(contract.Role).items() if not name.startswith("_")}
+    assert set(contract.ROLE_DOCS) == roles
+    assert set(contract.INPUT_ROLES + contract.OUTPUT_ROLES) | set(contract.VALUE_ROLES.values()) == roles
+    assert set(contract.TAG_KEYS) | set(contract.MODEL_KEYS) | {contract.ROLE} <= set(contract.KEY_DOCS)
+
+
+_SIGNATURE = contract.StepSignature(["w", "b"], ["bn.mean"], [("w", "m"), ("b", "m"), ("w", "v")], ["x"],
+                                    random=["drop.noise"], outputs=["y"])
+
+
+@pytest.mark.parametrize("signature", [_SIGNATURE, _SIGNATURE.for_eval(["y", "z"]), *_SIGNATURE.split()],
+                         ids=["step", "eval", "gradient", "update"])
+def test_signature_flatten_unflatten_round_trip(signature):
+    for outputs in (False, True):
+        names = signature.output_names() if outputs else signature.input_names()
+        assert len(set(names)) == len(names), "names are unique"
+        values = {name: f"value of {name}" for name in reversed(names)}  # any insertion order
+        flat = signature.flatten(values, outputs=outputs)
+        assert flat == [f"value of {name}" for name in names]
+        assert signature.unflatten(flat, outputs=outputs) == values
+        with pytest.raises(ValueError, match="values for the"):
+            signature.unflatten(flat[:-1], outputs=outputs)
+        with pytest.raises(KeyError, match=names[0].replace(".", r"\.")):
+            signature.flatten({name: 0 for name in names[1:]}, outputs=outputs)
+
+
+def test_signature_order():
+    """The documented order (docs/ir.md): state, data -> loss, gradients, updated state, outputs."""
+    assert _SIGNATURE.input_names() == ["w", "b", "bn.mean", "w.m", "b.m", "w.v", "step", "lr", "x", "drop.noise",
+                                        "target"]
+    assert _SIGNATURE.output_names() == ["loss", "grad_w", "grad_b", "updated_w", "updated_b", "updated_bn.mean",
+                                         "updated_w.m", "updated_b.m", "updated_w.v", "updated_step", "output_y"]
+    gradient, update = _SIGNATURE.split()
+    assert gradient.input_names() == ["w", "b", "bn.mean", "x", "drop.noise", "target"]
+    assert update.input_names() == ["w", "b", "w.m", "b.m", "w.v", "step", "lr", "grad_w", "grad_b"]
+    assert _SIGNATURE.input_roles()["w.v"] == contract.Role.OPTIMIZER_STATE
+    assert update.input_roles()["grad_b"] == contract.Role.GRADIENT
+
+
+def test_random_inputs_payload_round_trips(adam_model):
+    assert contract.decode_random_inputs({}) == []
+    names = ["drop.noise", "attn/drop.noise"]
+    assert contract.decode_random_inputs({contract.RANDOM_INPUTS: contract.encode_random_inputs(names)}) == names
+    assert contract.decode_random_inputs(contract.props(adam_model.model.metadata_props)) == []
+
+
+_LIGHT = "import sys; {load}; heavy = {{'torch', 'onnx', 'numpy'}} & set(sys.modules); assert not heavy, heavy"
+
+
+def test_contract_module_imports_nothing_heavy():
+    """bridge/contract.py itself imports only the standard library (loaded alone, outside the package)."""
+    load = (f"import importlib.util; spec = importlib.util.spec_from_file_location('contract', {str(CONTRACT)!r}); "
+            "module = sys.modules['contract'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)")
+    subprocess.run([sys.executable, "-c", _LIGHT.format(load=load)], check=True, cwd=ROOT)
+
+
+# PEP 562: the package imports its submodules on first use (issue 13); before that ``import bridge`` imports torch
+_LAZY_PACKAGE = "def __getattr__" in (ROOT / "bridge" / "__init__.py").read_text()
+
+
+@pytest.mark.skipif(not _LAZY_PACKAGE, reason="bridge/__init__.py imports every submodule, torch included")
+def test_import_bridge_contract_needs_no_torch():
+    code = "import sys, bridge.contract; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -20,9 +20,8 @@ import torch
 import torch.fx
 from onnx import helper
 
+from ..contract import DIM_BOUNDS, DIM_NAMES, KIND, LAYER, OUTPUT_PREFIX, PHASE, UPDATED_PREFIX, Phase, StepSignature
 from ..errors import LoweringError
-from ..runtime import DIM_BOUNDS as DIM_BOUNDS_KEY
-from ..trace import DIM_BOUNDS, DIM_NAMES, StepSignature
 from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value
 
 OPSET = 18
@@ -49,9 +48,9 @@ def _value_of(meta_val, name: str) -> Value:
 def _tags(node: torch.fx.Node) -> dict[str, str]:
     custom = node.meta.get("custom") or {}
     return {
-        "bridge.phase": custom.get("phase", ""),
-        "bridge.layer": custom.get("layer", ""),
-        "bridge.kind": snake_case(custom.get("kind", "")),
+        PHASE: custom.get("phase", ""),
+        LAYER: custom.get("layer", ""),
+        KIND: snake_case(custom.get("kind", "")),
     }
 
 
@@ -78,7 +77,6 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature,
                     b.add_symbol_source(size, env[node], axis)
                     sizes.append(size)
         elif node.op == "get_attr":
-            b.tags = {}
             tensor = getattr(graph_module, node.target)
             name = (constant_names or {}).get((tensor.data_ptr(), tuple(tensor.shape)), node.target)
             env[node] = b.const(tensor.detach().numpy(), name=name)
@@ -95,11 +93,13 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature,
     model = _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name, dim_names)
     if graph_module.meta.get(DIM_BOUNDS):  # read by the runtime, which refuses larger sizes (docs/dynamic_batch.md)
         entry = model.metadata_props.add()
-        entry.key, entry.value = DIM_BOUNDS_KEY, json.dumps(graph_module.meta[DIM_BOUNDS])
+        entry.key, entry.value = DIM_BOUNDS, json.dumps(graph_module.meta[DIM_BOUNDS])
     return model
 
 
 def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
+    """The ONNX value(s) of one FX node: its emitter's, run in the node's context (tags and value
+    name hint, ``GraphBuilder.node_context``); a ``getitem`` picks from a multi-output result."""
     tags = _tags(node)
     if node.target is operator.getitem:
         return _with_meta(env[node.args[0]][node.args[1]], node)
@@ -107,10 +107,14 @@ def _emit(b: GraphBuilder, node: torch.fx.Node, env: dict):
     if emitter is None and not isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat)) and node.target is not torch.sym_float:
         raise LoweringError(
             f"no ONNX lowering for ATen op {node.target} (FX node '{node.name}', phase "
-            f"'{tags['bridge.phase']}', from ONNX node '{tags['bridge.layer']}')"
+            f"'{tags[PHASE]}', from ONNX node '{tags[LAYER]}')"
         )
-    b.tags = {k: v for k, v in tags.items() if v}
-    b.value_hint = node.name
+    with b.node_context({k: v for k, v in tags.items() if v}, node.name):
+        return _emit_in_context(b, node, emitter, env)
+
+
+def _emit_in_context(b: GraphBuilder, node: torch.fx.Node, emitter, env: dict):
+    """Size arithmetic (SymInt/SymFloat values) rebuilt from its expression; any other op by ``emitter``."""
     if isinstance(node.meta.get("val"), torch.SymInt):  # size arithmetic: rebuilt from its expression
         return b.dim(node.meta["val"])
     if node.target is torch.sym_float:
@@ -146,11 +150,11 @@ def _dims(shape, dim_names: dict[sympy.Symbol, str]) -> list:
 
 def _alias_phase(output: str) -> str:
     """The phase of an Identity that gives a graph output its name."""
-    if output.startswith("updated_"):
-        return "optimizer"
-    if output.startswith("output_"):
-        return "forward"
-    return "backward"
+    if output.startswith(UPDATED_PREFIX):
+        return Phase.OPTIMIZER
+    if output.startswith(OUTPUT_PREFIX):
+        return Phase.FORWARD
+    return Phase.BACKWARD
 
 
 def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: list[str],
@@ -161,9 +165,8 @@ def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: 
         if str(value) in produced and str(value) not in rename:
             rename[str(value)] = name
         else:  # an input, a constant, or a value already returned under another name
-            b.tags = {"bridge.phase": _alias_phase(name)}
-            b.value_hint = name
-            alias = b.op("Identity", rename.get(str(value), value))
+            with b.node_context({PHASE: _alias_phase(name)}, name):
+                alias = b.op("Identity", rename.get(str(value), value))
             rename[str(alias)] = name
     for node in b.nodes:
         for i, name in enumerate(node.input):

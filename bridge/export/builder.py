@@ -9,11 +9,14 @@ Emitters turn one ATen op into standard ONNX nodes::
 Tensor arguments arrive as ``Value``s (ONNX value names that also carry the traced
 ``shape`` and ``dtype``); other arguments arrive as given to the ATen op. An emitter returns
 a ``Value`` (or a tuple for multi-output ops). ``b.op`` stamps every node with the phase and
-layer of the FX node being emitted.
+layer of the FX node being emitted: the exporter runs each emitter inside
+``b.node_context(tags, hint)``, which sets ``b.context`` (an ``EmitContext``) and restores it after.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -21,6 +24,7 @@ import sympy
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from ..contract import LAYER, PHASE, node_prefix
 from ..errors import ShapeError
 
 TORCH_TO_ONNX = {
@@ -84,12 +88,14 @@ def emits(*targets):
 MAX_TENSOR_BYTES = 2**31  # protobuf cannot serialize one tensor of 2 GiB or more
 
 
-def node_prefix(tags: dict[str, str]) -> str:
-    """``<phase>_<kind>/<layer>/``: the start of the name of a node with these tags."""
-    phase, kind = tags.get("bridge.phase", ""), tags.get("bridge.kind", "")
-    layer = tags.get("bridge.layer", "").lstrip("/")
-    prefix = f"{phase}_{kind}" if kind else phase
-    return f"{prefix}/{layer}/" if layer else f"{prefix}/"
+@dataclass(frozen=True)
+class EmitContext:
+    """What ``GraphBuilder`` stamps on the nodes it creates for one FX node: its ``tags``
+    (``bridge.phase``, ``bridge.layer``, ``bridge.kind``; empty ones left out) and the ``hint``
+    that the names of new values start with (the FX node's name)."""
+
+    tags: Mapping[str, str] = field(default_factory=dict)
+    hint: str = "v"
 
 
 class GraphBuilder:
@@ -100,8 +106,7 @@ class GraphBuilder:
         self.initializers: list[onnx.TensorProto] = []
         self._const_cache: dict[tuple, Value] = {}
         self._names: set[str] = set()
-        self.tags: dict[str, str] = {}
-        self.value_hint = "v"
+        self.context = EmitContext()
         self._symbol_sources: dict = {}
         self._symbol_values: dict = {}
 
@@ -116,6 +121,16 @@ class GraphBuilder:
     def reserve(self, name: str) -> None:
         self._names.add(name)
 
+    @contextlib.contextmanager
+    def node_context(self, tags: Mapping[str, str], hint: str) -> Iterator[EmitContext]:
+        """Nodes created inside carry ``tags`` and values are named after ``hint``; the previous
+        context is restored on exit."""
+        outer, self.context = self.context, EmitContext(dict(tags), hint)
+        try:
+            yield self.context
+        finally:
+            self.context = outer
+
     def op(
         self,
         op_type: str,
@@ -126,15 +141,15 @@ class GraphBuilder:
         **attrs,
     ) -> Value | tuple[Value, ...]:
         """Add one ONNX node; returns its output value(s)."""
-        names = [Value(self.fresh(self.value_hint), shape, dtype) for _ in range(outputs)]
+        names = [Value(self.fresh(self.context.hint), shape, dtype) for _ in range(outputs)]
         node = helper.make_node(
             op_type,
             ["" if i is None else str(i) for i in inputs],
             [str(n) for n in names],
-            name=self.fresh(node_prefix(self.tags) + op_type),
+            name=self.fresh(node_prefix(self.context.tags) + op_type),
             **{k: v for k, v in attrs.items() if v is not None},
         )
-        for key, value in self.tags.items():
+        for key, value in self.context.tags.items():
             entry = node.metadata_props.add()
             entry.key, entry.value = key, value
         self.nodes.append(node)
@@ -147,10 +162,10 @@ class GraphBuilder:
         if key is not None and key in self._const_cache:
             return self._const_cache[key]
         if array.nbytes >= MAX_TENSOR_BYTES:
-            layer = self.tags.get("bridge.layer", "") or "?"
+            layer = self.context.tags.get(LAYER, "") or "?"
             raise ShapeError(
                 f"the training graph would hold a constant of {array.nbytes / 2**30:.1f} GiB (shape {list(array.shape)}, "
-                f"computed at conversion for the {self.tags.get('bridge.phase', '')} of node '{layer}' from values "
+                f"computed at conversion for the {self.context.tags.get(PHASE, '')} of node '{layer}' from values "
                 "known before the model runs); one ONNX tensor cannot exceed 2 GiB and bridge does not yet keep such "
                 "a folded constant as external data: compute it from a graph input, or split it into tensors "
                 "under 2 GiB in the source model")
