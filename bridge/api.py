@@ -14,6 +14,7 @@ from . import __version__
 from .annotate import annotate_model
 from .checks import CLASSES, LOSS_OUTPUT
 from .atomic import check_output_path
+from .contract import LOSS, LR, STEP, TARGET, StepSignature, slot_name
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
 from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
@@ -24,7 +25,7 @@ from .load import check_onnx, load_model, model_digest
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
 from .source_checks import check_export
-from .trace import StepSignature, split_step, trace_eval_step, trace_training_step
+from .trace import split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
 _ONNX_TO_TORCH = {
@@ -133,9 +134,9 @@ def to_training_onnx(
     tensors = {name: program.initializer_tensor(name) for name in weights + buffers}
     for w in weights:
         for slot, value in optimizer.initial_state(tensors[w]).items():
-            tensors[f"{w}.{slot}"] = value
-    tensors["step"] = torch.tensor(0.0)
-    tensors["lr"] = torch.tensor(optimizer.lr, dtype=torch.float32)
+            tensors[slot_name(w, slot)] = value
+    tensors[STEP] = torch.tensor(0.0)
+    tensors[LR] = torch.tensor(optimizer.lr, dtype=torch.float32)
 
     with torch.no_grad():
         example_output = program.run(inputs, tensors, training=True, random=dict(random))[0][output_index]
@@ -289,7 +290,7 @@ def _check_names_free(source: onnx.ModelProto, signature: StepSignature) -> None
     graph = source.graph
     used = {v.name for v in list(graph.input) + list(graph.initializer)} | {o for n in graph.node for o in n.output}
     kept = set(signature.weights) | set(signature.buffers) | set(signature.inputs) | set(signature.random)
-    added = (set(signature.input_names()) | set(signature.output_names())) - kept | {"target", "step", "lr", "loss"}
+    added = (set(signature.input_names()) | set(signature.output_names())) - kept | {TARGET, STEP, LR, LOSS}
     clashes = sorted(used & added)
     if clashes:
         raise BridgeError(f"the model already has values named {clashes}, names that the training graph gives "

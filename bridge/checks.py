@@ -14,10 +14,9 @@ from typing import Mapping
 import numpy as np
 import onnx
 
+from .contract import DATA_ROLES, LOSS_OUTPUT, ROLE, TARGET_CLASSES as CLASSES, Role, props
 from .errors import BridgeError, InvalidOptionError
 
-CLASSES = "bridge.target_classes"  # model metadata: JSON {"classes", "ignore_index", "axis"} of class-index targets
-LOSS_OUTPUT = "bridge.loss_output"  # model metadata: the model output the loss applies to
 NONFINITE_POLICIES = ("raise", "skip", "ignore")
 
 Shape = list  # ints, or a str for a symbolic dim
@@ -49,12 +48,12 @@ class StepChecks:
         """The checks of a bridge training or eval graph (``bridge.role`` of its inputs)."""
         specs, optional = {}, set()
         for value in model.graph.input:
-            role = {p.key: p.value for p in value.metadata_props}.get("bridge.role")
-            if role in ("input", "target", "random"):
+            role = props(value.metadata_props).get(ROLE)
+            if role in DATA_ROLES:
                 tensor_type = value.type.tensor_type
                 shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim]
                 specs[value.name] = (shape, onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-                if role == "random":
+                if role == Role.RANDOM:
                     optional.add(value.name)
         meta = {p.key: p.value for p in model.metadata_props}
         target = json.loads(meta.get(CLASSES, "null")) or {}

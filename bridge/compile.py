@@ -19,17 +19,14 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import onnx
 
+from .contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
 from .errors import BridgeError, InvalidOptionError, ModelLoadError
-from .runtime import RANDOM_INPUTS
 
 if TYPE_CHECKING:
     from .runtime_iree import IreeTrainingSession
     from .training_model import TrainingModel
 
 BACKENDS = ("iree",)
-INPUTS_KEY = "bridge.inputs"
-OUTPUTS_KEY = "bridge.outputs"
-RANDOM_KEY = "bridge.random_inputs"  # {name: [shape (None: symbolic), dtype]}: noise drawn every step
 _MAX_ERRORS = 5
 # IREE demotes float64 to float32 by default; bridge's optimizer rules compute bias corrections
 # in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
@@ -114,9 +111,11 @@ def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
     function = module.regions[0].blocks[0].operations[0]
     with context:
         function.attributes["iree.reflection"] = ir.DictAttr.get({
-            INPUTS_KEY: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.input])),
-            OUTPUTS_KEY: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.output])),
-            RANDOM_KEY: ir.StringAttr.get(json.dumps(_random_inputs(proto))),
+            INPUTS: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.input])),
+            OUTPUTS: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.output])),
+            INPUT_SPECS: ir.StringAttr.get(json.dumps(_input_specs(proto))),
+            # the same payload as the model metadata's
+            RANDOM_INPUTS: ir.StringAttr.get(props(proto.metadata_props).get(RANDOM_INPUTS, encode_random_inputs([]))),
         })
     module.verify()
     return module.get_asm(enable_debug_info=True)
@@ -172,16 +171,15 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     return compiled
 
 
-def _random_inputs(model: onnx.ModelProto) -> dict[str, list]:
-    """The inputs the runner fills with fresh noise each step (``bridge.runtime.RANDOM_INPUTS``)."""
-    meta = {p.key: p.value for p in model.metadata_props}
-    random = set(json.loads(meta.get(RANDOM_INPUTS, "[]")))
+def _input_specs(model: onnx.ModelProto) -> dict[str, list]:
+    """Each graph input's ``[shape (a symbolic dim: None), numpy dtype name]``, from which the runner
+    draws the noise inputs (``bridge.contract.RANDOM_INPUTS``) each step."""
     return {
         v.name: [
             [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim],
             onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
         ]
-        for v in model.graph.input if v.name in random
+        for v in model.graph.input
     }
 
 
@@ -234,7 +232,7 @@ def compiler_diagnostics(report: str, model: onnx.ModelProto) -> list[tuple[str,
 
 def _describe_failure(diagnostics: list[tuple[str, str, str]], report: str, model: onnx.ModelProto) -> str:
     """The compiler's errors, each with the ONNX node (name, op type, bridge layer) it is about."""
-    layers = {node.name: {p.key: p.value for p in node.metadata_props}.get("bridge.layer") for node in model.graph.node}
+    layers = {node.name: props(node.metadata_props).get(LAYER) for node in model.graph.node}
     lines = []
     for name, op, message in diagnostics:
         layer = f", layer {layers[name]}" if layers.get(name) else ""

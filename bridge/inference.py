@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .contract import ROLE, STATE_ROLES, Role, props
 from .errors import BridgeError
 
 TRAINED_SUFFIX = ".trained"
@@ -55,10 +56,11 @@ def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoi
     from .checkpoint import read_checkpoint
     from .runtime import graph_hash
 
-    roles = {v.name: {p.key: p.value for p in v.metadata_props}.get("bridge.role") for v in training.graph.input}
-    state_names = {name for name, role in roles.items() if role in ("weight", "buffer", "optimizer_state", "hyperparameter")}
+    roles = {v.name: props(v.metadata_props).get(ROLE) for v in training.graph.input}
+    state_names = {name for name, role in roles.items() if role in STATE_ROLES}
     state, _ = read_checkpoint(checkpoint, graph_hash(training), state_names)
-    return with_trained_values(source, {name: state[name] for name, role in roles.items() if role in ("weight", "buffer")})
+    trained = {name: state[name] for name, role in roles.items() if role in (Role.WEIGHT, Role.BUFFER)}
+    return with_trained_values(source, trained)
 
 
 def inference_mode(model: onnx.ModelProto) -> None:

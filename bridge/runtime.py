@@ -1,4 +1,4 @@
-"""Stage 8, runtime: run training steps of a training ONNX model in onnxruntime.
+"""Stage 7, runtime: run training steps of a training ONNX model in onnxruntime.
 
 ``StepSession`` keeps the state (weights, buffers, optimizer state, ``step``, ``lr``),
 feeds it with a batch, and feeds every ``updated_<x>`` output back as ``<x>``; a backend
@@ -23,12 +23,10 @@ import onnx
 import sympy
 
 from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, nonfinite_outputs
+from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs, props,
+                       strip_prefix, updated_name)
 from .errors import BridgeError
 from .load import external_copy, is_large, model_digest
-
-UPDATED = "updated_"
-RANDOM_INPUTS = "bridge.random_inputs"  # model metadata: JSON list of the noise inputs drawn every step
-DIM_BOUNDS = "bridge.dim_bounds"  # model metadata: JSON {dim name: the largest size the graph holds for}
 
 
 class StepSession(ABC):
@@ -105,14 +103,14 @@ class StepSession(ABC):
             weight = len(target) / total if graph.mean_loss else 1.0
             for name in ["loss"] + graph.gradients:
                 sums[name] = sums.get(name, 0.0) + weight * results[name].astype(np.float64)
-            buffers.update({name: results[UPDATED + name] for name in graph.buffers})
-            for name in (n for n in results if n.startswith("output_")):
+            buffers.update({name: results[updated_name(name)] for name in graph.buffers})
+            for name in (n for n in results if n.startswith(OUTPUT_PREFIX)):
                 outputs.setdefault(name, []).append(results[name])
         if reduce is not None:
             sums = reduce(sums, total)
-        grads = {name: sums[name].astype(self.state[name[len("grad_"):]].dtype) for name in graph.gradients}
+        grads = {name: sums[name].astype(self.state[strip_prefix(name, GRAD_PREFIX)].dtype) for name in graph.gradients}
         results = graph.update({**self.state, **grads})
-        results.update({UPDATED + name: value for name, value in buffers.items()})
+        results.update({updated_name(name): value for name, value in buffers.items()})
         results.update({"loss": np.asarray(sums["loss"], dtype=graph.loss_dtype), **grads})
         results.update({name: np.concatenate(parts) for name, parts in outputs.items()})
         return self._commit(results)
@@ -146,7 +144,7 @@ class StepSession(ABC):
     def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Feed ``updated_*`` back into the state, unless the loss or an update is not finite
         (then as ``on_nonfinite`` says)."""
-        updated = [name for name in results if name.startswith(UPDATED)]
+        updated = [name for name in results if name.startswith(UPDATED_PREFIX)]
         bad = nonfinite_outputs(results, ["loss"] + updated) if self.on_nonfinite != "ignore" else []
         if bad:
             if self.on_nonfinite == "raise":
@@ -155,7 +153,7 @@ class StepSession(ABC):
             self.skipped_steps += 1
             return results
         for name in updated:
-            self.state[name[len(UPDATED):]] = results[name]
+            self.state[strip_prefix(name, UPDATED_PREFIX)] = results[name]
         return results
 
     def save_checkpoint(self, path: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> Path:
@@ -239,17 +237,18 @@ class SplitStep:
         self.update = OrtGraph(update_model, providers)
         self.checks = StepChecks.from_model(gradient_model)
         self.random_inputs = random_inputs(gradient_model, self.gradient)
-        self.gradients = [name for name in self.gradient.output_names if name.startswith("grad_")]
+        self.gradients = [name for name in self.gradient.output_names if name.startswith(GRAD_PREFIX)]
         loss_type = gradient_model.graph.output[0].type.tensor_type.elem_type  # "loss" is the first output
         self.loss_dtype = onnx.helper.tensor_dtype_to_np_dtype(loss_type)
-        self.buffers = [name[len(UPDATED):] for name in self.gradient.output_names if name.startswith(UPDATED)]
-        options = json.loads({p.key: p.value for p in gradient_model.metadata_props}.get("bridge.loss_options", "{}"))
+        self.buffers = [strip_prefix(name, UPDATED_PREFIX) for name in self.gradient.output_names
+                        if name.startswith(UPDATED_PREFIX)]
+        options = json.loads(props(gradient_model.metadata_props).get(LOSS_OPTIONS, "{}"))
         self.mean_loss = options.get("reduction", "mean") != "sum"
 
 
 def random_inputs(model: onnx.ModelProto, graph: OrtGraph) -> dict[str, tuple[list, np.dtype]]:
     """The noise inputs of ``model`` (model metadata): name -> (shape, dtype), a symbolic dim by its dim_param."""
-    random = json.loads({p.key: p.value for p in model.metadata_props}.get(RANDOM_INPUTS, "[]"))
+    random = decode_random_inputs(props(model.metadata_props))
     found = {}
     for value in graph.session.get_inputs():
         if value.name in random:
@@ -275,7 +274,7 @@ class TrainingSession(StepSession):
         self._graph = OrtGraph(model, providers, threads)
         self.output_names = self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))
-        self.dim_bounds = json.loads({p.key: p.value for p in model.metadata_props}.get(DIM_BOUNDS, "{}"))
+        self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._graph(feed)

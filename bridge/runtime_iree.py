@@ -13,7 +13,8 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from .compile import INPUTS_KEY, OUTPUTS_KEY, RANDOM_KEY, CompiledModel, require_iree
+from .compile import CompiledModel, require_iree
+from .contract import INPUT_SPECS, INPUTS, OUTPUTS, decode_random_inputs
 from .errors import InvalidOptionError, ModelLoadError
 from .checks import StepChecks
 from .runtime import StepSession, graph_hash
@@ -50,9 +51,11 @@ class IreeTrainingSession(StepSession):
             raise ModelLoadError(f"not an IREE module (.vmfb): {exc}") from exc
         entry = _entry_function(vm_module)
         reflection = vm_module.lookup_function(entry).reflection
-        self.input_names: list[str] = json.loads(reflection[INPUTS_KEY])
-        self.output_names: list[str] = json.loads(reflection[OUTPUTS_KEY])
-        for name, (shape, dtype) in json.loads(reflection.get(RANDOM_KEY, "{}")).items():
+        self.input_names: list[str] = json.loads(reflection[INPUTS])
+        self.output_names: list[str] = json.loads(reflection[OUTPUTS])
+        specs = json.loads(reflection.get(INPUT_SPECS, "{}"))
+        for name in decode_random_inputs(reflection):
+            shape, dtype = specs[name]
             self.random_inputs[name] = (shape, np.dtype(dtype))
         self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
 
@@ -72,7 +75,7 @@ def _entry_function(vm_module) -> str:
         if "$" in name:  # IREE's generated variants (``<name>$async`` takes fences)
             continue
         function = vm_module.lookup_function(name)
-        if function is not None and INPUTS_KEY in function.reflection:
+        if function is not None and INPUTS in function.reflection:
             return name
     raise ModelLoadError("the module was not compiled by bridge.compile (no function lists its inputs)")
 

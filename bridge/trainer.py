@@ -22,9 +22,9 @@ import onnx
 import torch
 
 from .checks import CLASSES, LOSS_OUTPUT
+from .contract import OPTIMIZER_OPTIONS, OUTPUT_PREFIX, output_name
 from .errors import InvalidOptionError, ModelLoadError
 from .runtime import StepSession, TrainingSession
-from .trace import output_name
 from .training_model import TrainingModel, eval_path, part_path
 
 BACKENDS = ("onnxruntime", "iree")
@@ -149,7 +149,7 @@ class Trainer:
         self._loss_output = output_name(meta[LOSS_OUTPUT]) if LOSS_OUTPUT in meta else None
         self._batch = _static_batch(self.session)
         # the base lr in float64 as given (the state's lr is float32), so the schedule is torch's to the bit
-        base_lr = json.loads(meta.get("bridge.optimizer_options", "{}")).get("lr", self.session.lr)
+        base_lr = json.loads(meta.get(OPTIMIZER_OPTIONS, "{}")).get("lr", self.session.lr)
         self.schedule = None if schedule is None else LRSchedule(schedule, float(base_lr), interval,
                                                                  **dict(schedule_options or {}))
         self._rng = np.random.default_rng(seed)
@@ -210,7 +210,7 @@ class Trainer:
         self.history.steps.append({"loss": float(results["loss"]), "lr": lr})
         if self.schedule is not None and self.schedule.interval == "step":
             self.schedule.advance()
-        return {"loss": float(results["loss"]), **{k: v for k, v in results.items() if k.startswith("output_")}}
+        return {"loss": float(results["loss"]), **{k: v for k, v in results.items() if k.startswith(OUTPUT_PREFIX)}}
 
     def state(self) -> dict[str, np.ndarray]:
         """A copy of the training state (weights, buffers, optimizer state, step, lr)."""

@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 
 from .atomic import AtomicWriter, atomic_writer, check_output_path
+from .contract import StepSignature
 from .errors import BridgeError
 from .load import read_model, save_external, tensor_bytes
 from .inference import with_trained_values
 from .runtime import TrainingSession
-from .trace import StepSignature
 
 # bytes of tensor data past which a saved model keeps its tensors in an external-data file
 EXTERNAL_DATA_THRESHOLD = 1 << 30

@@ -25,12 +25,12 @@ import onnx
 import torch
 
 from .api import _output_index, to_training_onnx
+from .contract import STEP, UPDATED_PREFIX, grad_name, slot_name, strip_prefix, updated_name
 from .errors import InvalidOptionError
 from .importer.program import OnnxProgram
 from .load import load_model
 from .losses import _LOSSES, _flatten_sequence, INDICES, Loss, make_loss
 from .optimizers import Optimizer, make_optimizer
-from .runtime import UPDATED
 from .training_model import TrainingModel
 
 JITTER = 2.0 ** -20  # relative jitter of the extra float32 runs: ~the float32 noise of deep activations
@@ -383,16 +383,16 @@ class _Reference:
                 if p.grad is None:  # bridge materialises the gradient of an unused weight as zeros
                     p.grad = torch.zeros_like(p)
             record = {"loss": _to_numpy(value)}
-            record.update({f"grad_{n}": _to_numpy(p.grad) for n, p in params.items()})
+            record.update({grad_name(n): _to_numpy(p.grad) for n, p in params.items()})
             if self.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(list(params.values()), self.max_grad_norm, foreach=False)
             opt.step()
             buffers.update({name: updated[name].detach() for name in buffers if name in updated})
-            record.update({f"updated_{n}": _to_numpy(p) for n, p in params.items()})
-            record.update({f"updated_{n}": _to_numpy(b) for n, b in buffers.items()})
+            record.update({updated_name(n): _to_numpy(p) for n, p in params.items()})
+            record.update({updated_name(n): _to_numpy(b) for n, b in buffers.items()})
             for weight, slot in self.tm.signature.state:
-                record[f"updated_{weight}.{slot}"] = _to_numpy(opt.state[params[weight]][slot])
-            record["updated_step"] = np.asarray(float(index))
+                record[updated_name(slot_name(weight, slot))] = _to_numpy(opt.state[params[weight]][slot])
+            record[updated_name(STEP)] = np.asarray(float(index))
             records.append(record)
         return records
 
@@ -405,7 +405,7 @@ class _Reference:
         rows = []
         with torch.no_grad():
             for name, elements in chosen.items():
-                flat, grad = weights[name].view(-1), record[f"grad_{name}"].reshape(-1)
+                flat, grad = weights[name].view(-1), record[grad_name(name)].reshape(-1)
                 scale = float(np.max(np.abs(grad))) or 1.0
                 error = noise = 0.0
                 for element in elements:
@@ -515,10 +515,10 @@ def _limit(noise: float, gradient_noise: float, factor: float, floor: float) -> 
 
 def _gradient_of(name: str, record: Mapping[str, np.ndarray]) -> str | None:
     """The gradient that ``updated_<w>`` or ``updated_<w>.<slot>`` is computed from, if any."""
-    if not name.startswith(UPDATED):
+    if not name.startswith(UPDATED_PREFIX):
         return None
-    rest = name[len(UPDATED):]
+    rest = strip_prefix(name, UPDATED_PREFIX)
     for weight in (rest, rest.rpartition(".")[0]):
-        if f"grad_{weight}" in record:
-            return f"grad_{weight}"
+        if grad_name(weight) in record:
+            return grad_name(weight)
     return None
