@@ -231,3 +231,20 @@ _LAZY_PACKAGE = "def __getattr__" in (ROOT / "bridge" / "__init__.py").read_text
 def test_import_bridge_contract_needs_no_torch():
     code = "import sys, bridge.contract; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_builder_node_context_tags_its_nodes_and_is_restored():
+    """The exporter's per-node context (tags, value name hint) holds inside ``node_context`` only."""
+    from bridge.export.builder import EmitContext, GraphBuilder
+
+    b = GraphBuilder()
+    tags = {contract.PHASE: "backward", contract.LAYER: "/fc/Gemm", contract.KIND: "gemm"}
+    with b.node_context(tags, "mm_1"):
+        inside = b.op("Relu", "x")
+    outside = b.op("Relu", inside)
+    assert (b.nodes[0].name, str(inside)) == ("backward_gemm/fc/Gemm/Relu", "mm_1")
+    assert contract.props(b.nodes[0].metadata_props) == tags
+    assert b.context == EmitContext() and not b.nodes[1].metadata_props and str(outside) == "v"
+    with pytest.raises(RuntimeError), b.node_context(tags, "y"):
+        raise RuntimeError("an emitter failed")
+    assert b.context == EmitContext()
