@@ -23,8 +23,8 @@ import onnx
 import sympy
 
 from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, nonfinite_outputs
-from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs, props,
-                       strip_prefix, updated_name)
+from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs,
+                       props, strip_prefix, updated_name)
 from .errors import BridgeError
 from .load import external_copy, is_large, model_digest
 

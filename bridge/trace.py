@@ -218,7 +218,8 @@ def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict
         with tags.scope(Phase.OPTIMIZER, name, optimizer.name):
             new_param, new_slots = optimizer.update(args[name], grad, state.get(name, {}), new_step, args[LR])
         results[updated_name(name)] = new_param
-        results.update({updated_name(slot_name(name, slot)): new_slots[slot] for w, slot in signature.state if w == name})
+        results.update({updated_name(slot_name(name, slot)): new_slots[slot]
+                        for w, slot in signature.state if w == name})
     results[updated_name(STEP)] = new_step
     return results
 
