@@ -19,6 +19,7 @@ from .export import export_step
 from .export.builder import TORCH_TO_NUMPY
 from .from_torch import is_torch_source, load_torch_source
 from .importer.program import OnnxProgram
+from .importer.registry import buffer_inputs
 from .importer.weights import differentiable_initializers, select_trainable
 from .load import check_onnx, load_model, model_digest
 from .losses import INDICES, Loss, make_loss
@@ -106,7 +107,7 @@ def to_training_onnx(
         input_shapes = {**torch_source.input_shapes, **(input_shapes or {})}
     elif example_inputs is not None:
         raise InvalidOptionError("example_inputs= is for torch modules; an ONNX model declares its inputs")
-    source = load_model(model)
+    source = load_model(model, buffer_inputs())
     source_hash = model_digest(source)
     if parameters is None:
         check_export(source, strict=strict)

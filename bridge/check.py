@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from .errors import InvalidOptionError
-from .ir import read_model
+from .load import read_model
 
 TARGETS = ("onnx-mlir", "iree")
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE}

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 
 from onnx import TensorProto
 
-from .annotate import PHASES
+from .contract import PHASES
 from .ir import TrainingGraph
 
 PHASE_COLORS = {"forward": "#4c78a8", "loss": "#f58518", "backward": "#e45756", "optimizer": "#54a24b"}

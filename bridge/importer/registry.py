@@ -114,6 +114,13 @@ class NodeContext:
         return [v if isinstance(v, torch.SymInt) else int(v) for v in np.asarray(value).reshape(-1)]
 
 
+def buffer_inputs() -> dict[str, tuple[int, ...]]:
+    """``{op type: its running-statistic inputs}`` of every converter with ``buffers=``, for
+    ``bridge.load.load_model`` (which reads models without importing the converters)."""
+    import_all_converters()
+    return {op_type: c.buffers for op_type, c in CONVERTERS.items() if c.buffers}
+
+
 def import_all_converters() -> None:
     """Import every module of ``bridge.importer.ops`` so that their converters register."""
     import importlib

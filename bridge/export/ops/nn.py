@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import LoweringError
-from ...lowering.conv import per_dim
-from ...lowering.pool import pooled_size
+from ...geometry import per_dim, pooled_size
 from ..builder import GraphBuilder, Value, emits
 
 aten = torch.ops.aten

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...lowering.pool import avg_pool_divisor
+from ...geometry import avg_pool_divisor
 from ..registry import converter
 from .conv import forward_pads, spatial_attrs, split_pads
 

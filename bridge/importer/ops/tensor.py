@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ...errors import ShapeError
-from ...lowering import padding
+from .. import padding
 from ..registry import converter
 
 
@@ -204,7 +204,7 @@ def range_(ctx, start, limit, delta):
 @converter("Pad", static=(1, 2, 3))
 def pad(ctx, x, pads=None, value=None, axes=None):
     """constant mode with ``F.pad``; reflect / edge / wrap axis by axis with Slice + Concat forms
-    (``bridge.lowering.padding``), whose forward and backward export to ops onnx-mlir accepts."""
+    (``bridge.importer.padding``), whose forward and backward export to ops onnx-mlir accepts."""
     if ctx.opset < 11:
         pads, value = ctx.attr("pads"), ctx.attr("value", 0.0)
     pads = ctx.ints(pads)
