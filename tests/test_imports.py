@@ -21,7 +21,8 @@ PACKAGE = ROOT / "bridge"
 
 # modules that read or run a saved training graph: onnx + onnxruntime (+ numpy), never torch
 TORCH_FREE = ("bridge", "bridge.contract", "bridge.load", "bridge.ir", "bridge.show", "bridge.check",
-              "bridge.runtime", "bridge.compile", "bridge.runtime_iree", "bridge.geometry", "bridge.cli")
+              "bridge.runtime", "bridge.compile", "bridge.runtime_iree", "bridge.geometry", "bridge.dtypes",
+              "bridge.attributes", "bridge.cli")
 IMPORT_BRIDGE_S, HELP_S, SLACK = 1.5, 2.0, 3.0
 
 

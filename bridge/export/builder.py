@@ -21,33 +21,8 @@ import sympy
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from ..dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, TORCH_TO_ONNX  # noqa: F401 (TORCH_TO_ONNX: re-exported)
 from ..errors import ShapeError
-
-TORCH_TO_ONNX = {
-    torch.float32: TensorProto.FLOAT,
-    torch.float64: TensorProto.DOUBLE,
-    torch.float16: TensorProto.FLOAT16,
-    torch.bfloat16: TensorProto.BFLOAT16,
-    torch.int64: TensorProto.INT64,
-    torch.int32: TensorProto.INT32,
-    torch.int16: TensorProto.INT16,
-    torch.int8: TensorProto.INT8,
-    torch.uint8: TensorProto.UINT8,
-    torch.bool: TensorProto.BOOL,
-}
-
-TORCH_TO_NUMPY = {
-    torch.float32: np.float32,
-    torch.float64: np.float64,
-    torch.float16: np.float16,
-    torch.int64: np.int64,
-    torch.int32: np.int32,
-    torch.int16: np.int16,
-    torch.int8: np.int8,
-    torch.uint8: np.uint8,
-    torch.bool: np.bool_,
-}
-
 
 class Value(str):
     """An ONNX value name with the traced shape and dtype (``None`` when not known)."""
@@ -154,7 +129,7 @@ class GraphBuilder:
                 "known before the model runs); one ONNX tensor cannot exceed 2 GiB and bridge does not yet keep such "
                 "a folded constant as external data: compute it from a graph input, or split it into tensors "
                 "under 2 GiB in the source model")
-        torch_dtype = next((t for t, n in TORCH_TO_NUMPY.items() if np.dtype(n) == array.dtype), None)
+        torch_dtype = NUMPY_TO_TORCH.get(array.dtype)
         result = Value(self.fresh(name or "const"), array.shape, torch_dtype)
         self.initializers.append(numpy_helper.from_array(array, str(result)))
         if key is not None:

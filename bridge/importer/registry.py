@@ -21,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 import torch
-from onnx import helper
 
+from ..attributes import attribute
 from ..errors import UnsupportedOpError
 
 
@@ -72,17 +72,8 @@ class NodeContext:
         return self.node.name
 
     def attr(self, name: str, default: Any = None) -> Any:
-        for attribute in self.node.attribute:
-            if attribute.name == name:
-                value = helper.get_attribute_value(attribute)
-                if isinstance(value, bytes):
-                    return value.decode()
-                if isinstance(value, onnx.TensorProto):
-                    return onnx.numpy_helper.to_array(value)
-                return value
-        if isinstance(default, float):  # ONNX float attributes are float32: so is their default
-            return float(np.float32(default))
-        return default
+        """The node's attribute ``name`` decoded (``bridge.attributes.attribute``), or ``default``."""
+        return attribute(self.node, name, default)
 
     def has_attr(self, name: str) -> bool:
         return any(a.name == name for a in self.node.attribute)

@@ -5,6 +5,7 @@ import numpy as np
 import onnx
 import torch
 
+from ...dtypes import ONNX_TO_TORCH
 from ..program import _to_tensor
 from ..registry import converter
 from ..shape_folding import is_symbolic
@@ -123,17 +124,8 @@ def clip(ctx, x, low=None, high=None):
 
 
 def onnx_to_torch_dtype(onnx_type: int) -> torch.dtype:
-    return {
-        np.dtype(np.float32): torch.float32,
-        np.dtype(np.float64): torch.float64,
-        np.dtype(np.float16): torch.float16,
-        np.dtype(np.int64): torch.int64,
-        np.dtype(np.int32): torch.int32,
-        np.dtype(np.int16): torch.int16,
-        np.dtype(np.int8): torch.int8,
-        np.dtype(np.uint8): torch.uint8,
-        np.dtype(np.bool_): torch.bool,
-    }[onnx.helper.tensor_dtype_to_np_dtype(onnx_type)]
+    """The torch dtype of ONNX element type ``onnx_type`` (``bridge.dtypes``)."""
+    return ONNX_TO_TORCH[onnx_type]
 
 
 # Unsigned types that the importer computes as int64 (importer/program.py WIDE_UNSIGNED): a Cast
