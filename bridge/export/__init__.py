@@ -7,10 +7,8 @@ tracer attached to its FX node.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import operator
-import pkgutil
 import re
 from typing import Mapping
 
@@ -23,17 +21,10 @@ from onnx import helper
 from ..errors import LoweringError
 from ..runtime import DIM_BOUNDS as DIM_BOUNDS_KEY
 from ..trace import DIM_BOUNDS, DIM_NAMES, StepSignature
-from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value
+from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value, import_all_emitters
 
 OPSET = 18
 IR_VERSION = 10
-
-
-def _load_emitters() -> None:
-    from . import ops
-
-    for module in pkgutil.iter_modules(ops.__path__):
-        importlib.import_module(f"{ops.__name__}.{module.name}")
 
 
 def snake_case(name: str) -> str:
@@ -60,7 +51,7 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature,
     """Translate the traced step into an ONNX ModelProto (named per the contract). ``constant_names``:
     initializer names by the data pointer and shape of their tensors, so that a constant the trace captured
     (a frozen weight) keeps its source name instead of ``_tensor_constant<N>``."""
-    _load_emitters()
+    import_all_emitters()
     b = GraphBuilder()
     env: dict[torch.fx.Node, object] = {}
     input_names = iter(signature.input_names())

@@ -13,7 +13,7 @@ layer of the FX node being emitted.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, TORCH_TO_ONNX  # noqa: F401 (TORCH_TO_ONNX: re-exported)
 from ..errors import ShapeError
+from ..registry import import_submodules, register
 
 class Value(str):
     """An ONNX value name with the traced shape and dtype (``None`` when not known)."""
@@ -42,18 +43,31 @@ class Value(str):
         return len(self.shape)
 
 
-EMITTERS: dict[Any, Callable] = {}
+class EmitterFn(Protocol):
+    """An emitter: the builder, the FX node and the ATen op's arguments (FX nodes replaced by their
+    ``Value``) -> the ``Value`` (or tuple of them) of the op's result, built with ``b.op``. It
+    raises only ``bridge.errors.LoweringError`` (naming ``node``) for a form it cannot emit."""
+
+    def __call__(self, b: GraphBuilder, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any: ...
+
+
+EMITTERS: dict[Any, EmitterFn] = {}
 
 
 def emits(*targets):
-    """Register ``fn`` as the ONNX emitter of each ATen overload (or callable) in ``targets``."""
+    """Register ``fn`` as the ONNX emitter of each ATen overload (or callable) in ``targets`` (once per target)."""
 
-    def register(fn):
+    def add(fn: EmitterFn) -> EmitterFn:
         for target in targets:
-            EMITTERS[target] = fn
+            register(EMITTERS, target, fn, "emitters for")
         return fn
 
-    return register
+    return add
+
+
+def import_all_emitters() -> None:
+    """Import every module of ``bridge.export.ops`` so that their emitters register."""
+    import_submodules(f"{__package__}.ops")
 
 
 MAX_TENSOR_BYTES = 2**31  # protobuf cannot serialize one tensor of 2 GiB or more

@@ -16,7 +16,7 @@ input from 13 on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import onnx
@@ -24,12 +24,20 @@ import torch
 
 from ..attributes import attribute
 from ..errors import UnsupportedOpError
+from ..registry import import_submodules, register
+
+
+class ConverterFn(Protocol):
+    """A converter: the node's context and its inputs in order (``None`` for an absent optional
+    one; numpy for ``static=`` inputs) -> a tensor, or a tuple of them, one per node output."""
+
+    def __call__(self, ctx: NodeContext, *inputs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Converter:
     op_type: str
-    fn: Callable[..., Any]
+    fn: ConverterFn
     static: tuple[int, ...] = ()
     buffers: tuple[int, ...] = ()  # inputs that are running statistics (updated, not trained)
     raw: bool = False  # inputs as they are (numpy or tensor, never folded as a whole): control flow
@@ -43,14 +51,12 @@ def converter(*op_types: str, static: tuple[int, ...] = (), buffers: tuple[int, 
     values known before the model runs as numpy and values computed from data as tensors, and
     the node is never folded as a whole: for ops whose subgraphs read outer-scope values)."""
 
-    def register(fn):
+    def add(fn: ConverterFn) -> ConverterFn:
         for op_type in op_types:
-            if op_type in CONVERTERS:
-                raise RuntimeError(f"two converters for ONNX op {op_type}")
-            CONVERTERS[op_type] = Converter(op_type, fn, static, buffers, raw)
+            register(CONVERTERS, op_type, Converter(op_type, fn, static, buffers, raw), "converters for ONNX op")
         return fn
 
-    return register
+    return add
 
 
 @dataclass
@@ -114,10 +120,4 @@ def buffer_inputs() -> dict[str, tuple[int, ...]]:
 
 def import_all_converters() -> None:
     """Import every module of ``bridge.importer.ops`` so that their converters register."""
-    import importlib
-    import pkgutil
-
-    from . import ops
-
-    for module in pkgutil.iter_modules(ops.__path__):
-        importlib.import_module(f"{ops.__name__}.{module.name}")
+    import_submodules(f"{__package__}.ops")
