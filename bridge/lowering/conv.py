@@ -138,7 +138,7 @@ def _bias_grad(grad_output: torch.Tensor) -> torch.Tensor:
 
 
 @lowers(aten.convolution.default)
-def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+def lower_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """Transposed convolution as the input gradient of a Conv (so it never becomes ConvTranspose)."""
     if not transposed:
         return NotImplemented

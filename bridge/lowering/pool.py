@@ -124,7 +124,7 @@ def _ones_weight(channels: int, kernel: Sequence[int], like: torch.Tensor) -> to
 
 
 @_per_rank({2: aten.avg_pool2d.default, 3: aten.avg_pool3d.default})
-def avg_pool(rank, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
+def lower_avg_pool(rank, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     """Windows that ceil_mode adds, or a divisor_override: a sum Conv divided by torch's divisor.
 
     Every other average pool is left to the ``AveragePool`` emitter.

@@ -71,7 +71,7 @@ for _op, _fn in _UNARY.items():
 
 
 @converter("Div")
-def div(ctx, a, b):
+def convert_div(ctx, a, b):
     if a.dtype.is_floating_point:
         return a / b
     return torch.div(a, b, rounding_mode="trunc")
@@ -102,12 +102,12 @@ def variadic(ctx, *xs):
 
 
 @converter("Where")
-def where(ctx, cond, a, b):
+def convert_where(ctx, cond, a, b):
     return torch.where(cond, a, b)
 
 
 @converter("IsInf")
-def isinf(ctx, x):
+def convert_isinf(ctx, x):
     pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
     if pos and neg:
         return torch.isinf(x)

@@ -49,7 +49,7 @@ def _window(ctx, x):
 
 
 @converter("MaxPool")
-def max_pool(ctx, x):
+def convert_max_pool(ctx, x):
     if len(ctx.node.output) > 1 and ctx.node.output[1]:
         raise ctx.unsupported("the Indices output (onnx-mlir's MaxPool has a single output)")
     rank, kernel, strides, dilations, begins, ends = _window(ctx, x)
