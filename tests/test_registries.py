@@ -71,3 +71,20 @@ def test_lowerings_and_emitters_raise_only_lowering_error(package):
 
 def test_registry_tables_are_current():
     assert_generated_block_current("registries.py", "registries.md", "table")
+
+
+def _top_level_names(table: dict, function=lambda entry: entry) -> set[str]:
+    """Names of the registered module-level functions (not those a factory builds)."""
+    functions = (getattr(function(e), "func", function(e)) for e in table.values())
+    return {fn.__name__ for fn in functions if "<locals>" not in fn.__qualname__}
+
+
+def test_registered_names_never_clash_across_stages():
+    """A converter, a lowering and an emitter of the same op are told apart by their names
+    (``convert_``/``lower_``/``emit_`` prefixes where they would clash), not by module aliases."""
+    converters = _top_level_names(CONVERTERS, lambda c: c.fn)
+    lowerings, emitters = _top_level_names(LOWERINGS), _top_level_names(EMITTERS)
+    assert {"convert_reshape", "lower_convolution", "emit_reshape"} <= converters | lowerings | emitters
+    assert converters & lowerings == set()
+    assert converters & emitters == set()
+    assert lowerings & emitters == set()
