@@ -17,9 +17,10 @@ from .atomic import check_output_path
 from .contract import LOSS, LR, STEP, TARGET, StepSignature, slot_name
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
 from .export import export_step
-from .export.builder import TORCH_TO_NUMPY
+from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .from_torch import is_torch_source, load_torch_source
 from .importer.program import OnnxProgram
+from .importer.registry import buffer_inputs
 from .importer.weights import differentiable_initializers, select_trainable
 from .load import check_onnx, load_model, model_digest
 from .losses import INDICES, Loss, make_loss
@@ -27,16 +28,6 @@ from .optimizers import Optimizer, check_max_norm, make_optimizer
 from .source_checks import check_export
 from .trace import split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
-
-_ONNX_TO_TORCH = {
-    onnx.TensorProto.FLOAT: torch.float32,
-    onnx.TensorProto.DOUBLE: torch.float64,
-    onnx.TensorProto.FLOAT16: torch.float16,
-    onnx.TensorProto.INT64: torch.int64,
-    onnx.TensorProto.INT32: torch.int32,
-    onnx.TensorProto.BOOL: torch.bool,
-}
-
 
 def to_training_onnx(
     model: str | os.PathLike | onnx.ModelProto | torch.nn.Module | torch.export.ExportedProgram,
@@ -107,7 +98,7 @@ def to_training_onnx(
         input_shapes = {**torch_source.input_shapes, **(input_shapes or {})}
     elif example_inputs is not None:
         raise InvalidOptionError("example_inputs= is for torch modules; an ONNX model declares its inputs")
-    source = load_model(model)
+    source = load_model(model, buffer_inputs())
     source_hash = model_digest(source)
     if parameters is None:
         check_export(source, strict=strict)
@@ -379,7 +370,7 @@ def _example_inputs(
             if batch_size and sizes:
                 sizes[0] = batch_size
         sizes = [max(size, _MIN_TRACE_SIZE) if axis in symbolic else size for axis, size in enumerate(sizes)]
-        dtype = _ONNX_TO_TORCH.get(tensor_type.elem_type)
+        dtype = ONNX_TO_TORCH.get(tensor_type.elem_type)
         if dtype is None:
             raise BridgeError(f"input '{value.name}' has an unsupported element type {tensor_type.elem_type}")
         if dtype.is_floating_point:

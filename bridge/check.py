@@ -22,8 +22,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from .attributes import attribute
 from .errors import InvalidOptionError
-from .ir import read_model
+from .load import read_model
 
 TARGETS = ("onnx-mlir", "iree")
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE}
@@ -91,13 +92,6 @@ def rule(*op_types: str, target: str = "onnx-mlir"):
     return register
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    for attr in node.attribute:
-        if attr.name == name:
-            return onnx.helper.get_attribute_value(attr)
-    return default
-
-
 def _present(node: onnx.NodeProto, index: int, outputs: bool = False) -> bool:
     names = node.output if outputs else node.input
     return len(names) > index and names[index] != ""
@@ -111,7 +105,7 @@ def _maxpool_indices(node, graph):
 
 @rule("Reshape")
 def _reshape_allowzero(node, graph):
-    if _attr(node, "allowzero", 0):
+    if attribute(node, "allowzero", 0):
         yield "allowzero=1"
 
 
@@ -121,13 +115,13 @@ REDUCTIONS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "Reduce
 
 @rule(*REDUCTIONS)
 def _reduce_keepdims(node, graph):
-    if _attr(node, "keepdims", 1) == 0:
+    if attribute(node, "keepdims", 1) == 0:
         yield "keepdims=0"
 
 
 @rule("ReduceSum", "ReduceSumSquare")
 def _reduce_default_axes(node, graph):
-    if _attr(node, "axes") is None and not _present(node, 1):
+    if attribute(node, "axes") is None and not _present(node, 1):
         yield "no axes (reduce over the default axes)"
 
 
@@ -135,9 +129,9 @@ def _reduce_default_axes(node, graph):
 def _convtranspose(node, graph):
     if graph.constant(node.input[1]) is None:
         yield f"weight W '{node.input[1]}' is not a constant"
-    if _attr(node, "output_shape") is not None:
+    if attribute(node, "output_shape") is not None:
         yield "output_shape attribute (also fails to compile in IREE)"
-    pads = _attr(node, "pads")
+    pads = attribute(node, "pads")
     if pads is not None and list(pads[: len(pads) // 2]) != list(pads[len(pads) // 2:]):
         yield f"asymmetric pads {list(pads)} (fail to compile in IREE)"
 
@@ -151,23 +145,23 @@ def _recurrent_constants(node, graph):
 
 @rule("Resize")
 def _resize(node, graph):
-    mode = _attr(node, "mode", b"nearest")
-    if mode in (b"linear", b"cubic"):
-        yield f"mode={mode.decode()}"
-    transform = _attr(node, "coordinate_transformation_mode", b"half_pixel")
-    if transform in (b"tf_crop_and_resize", b"pytorch_half_pixel"):
-        yield f"coordinate_transformation_mode={transform.decode()}"
-    if mode == b"nearest" and _attr(node, "nearest_mode", b"round_prefer_floor") == b"floor":
+    mode = attribute(node, "mode", "nearest")
+    if mode in ("linear", "cubic"):
+        yield f"mode={mode}"
+    transform = attribute(node, "coordinate_transformation_mode", "half_pixel")
+    if transform in ("tf_crop_and_resize", "pytorch_half_pixel"):
+        yield f"coordinate_transformation_mode={transform}"
+    if mode == "nearest" and attribute(node, "nearest_mode", "round_prefer_floor") == "floor":
         yield "nearest_mode=floor"
     for name in ("antialias", "axes", "keep_aspect_ratio_policy"):
-        if _attr(node, name) is not None:
+        if attribute(node, name) is not None:
             yield f"attribute {name}"
 
 
 @rule("Cast", "CastLike")
 def _cast_types(node, graph):
     source = graph.types.get(node.input[0])
-    to = _attr(node, "to") if node.op_type == "Cast" else graph.types.get(node.input[1])
+    to = attribute(node, "to") if node.op_type == "Cast" else graph.types.get(node.input[1])
     for what, elem in (("from", source), ("to", to)):
         if elem is not None and elem not in FLOAT_TYPES:
             yield f"cast {what} {TensorProto.DataType.Name(elem)} (float <-> double only)"
@@ -185,18 +179,18 @@ def _dropout_training(node, graph):
 
 @rule("BatchNormalization")
 def _batchnorm_training(node, graph):
-    if _attr(node, "training_mode", 0) or any(_present(node, i, outputs=True) for i in (1, 2)):
+    if attribute(node, "training_mode", 0) or any(_present(node, i, outputs=True) for i in (1, 2)):
         yield "training mode (batch statistics / running statistics outputs)"
 
 
 @rule("ScatterElements", "ScatterND")
 def _scatter(node, graph):
-    reduction = _attr(node, "reduction", b"none")
-    if reduction != b"none":
-        yield f"reduction={reduction.decode()}"
+    reduction = attribute(node, "reduction", "none")
+    if reduction != "none":
+        yield f"reduction={reduction}"
     indices = graph.constant(node.input[1])
     if node.op_type == "ScatterElements" and indices is not None:
-        axis = _attr(node, "axis", 0) % indices.ndim
+        axis = attribute(node, "axis", 0) % indices.ndim
         lines = np.moveaxis(indices, axis, -1).reshape(-1, indices.shape[axis])
         if any(len(set(line.tolist())) < len(line) for line in lines):
             yield "duplicate indices"
@@ -204,7 +198,7 @@ def _scatter(node, graph):
 
 @rule("LogSoftmax")
 def _logsoftmax_axis(node, graph):
-    axis = _attr(node, "axis")
+    axis = attribute(node, "axis")
     if axis is None or axis in (0, 1):
         yield f"axis {'default' if axis is None else axis}"
 
@@ -217,7 +211,7 @@ def _pad_axes(node, graph):
 
 @rule("Shape")
 def _shape_slice(node, graph):
-    if _attr(node, "start") is not None or _attr(node, "end") is not None:
+    if attribute(node, "start") is not None or attribute(node, "end") is not None:
         yield "start/end attributes"
 
 
@@ -232,14 +226,14 @@ def _conv_unread_padded_end(node, graph):
     """A strided Conv with a 1-wide output whose padded input has an end no window reads
     (docs/onnx-mlir.md; bridge's emitter pads exactly the read extent)."""
     shape = graph.shapes.get(node.input[0])
-    if not shape or any(size is None for size in shape[2:]) or _attr(node, "auto_pad", b"NOTSET") != b"NOTSET":
+    if not shape or any(size is None for size in shape[2:]) or attribute(node, "auto_pad", "NOTSET") != "NOTSET":
         return
-    kernel = _attr(node, "kernel_shape") or (graph.shapes.get(node.input[1]) or [None, None])[2:]
+    kernel = attribute(node, "kernel_shape") or (graph.shapes.get(node.input[1]) or [None, None])[2:]
     rank = len(shape) - 2
     if len(kernel) != rank or None in kernel:
         return
-    strides, dilations = _attr(node, "strides", [1] * rank), _attr(node, "dilations", [1] * rank)
-    pads = _attr(node, "pads", [0] * 2 * rank)
+    strides, dilations = attribute(node, "strides", [1] * rank), attribute(node, "dilations", [1] * rank)
+    pads = attribute(node, "pads", [0] * 2 * rank)
     for axis, (size, k, s, d) in enumerate(zip(shape[2:], kernel, strides, dilations)):
         padded = size + pads[axis] + pads[rank + axis]
         windows = (padded - d * (k - 1) - 1) // s + 1

@@ -20,10 +20,11 @@ import numpy as np
 import onnx
 
 from .contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
-from .errors import BridgeError, InvalidOptionError, ModelLoadError
+from .errors import BridgeError, InvalidOptionError, MissingExtraError  # noqa: F401 (MissingExtraError: re-exported)
+from .load import read_model
+from .runtime_iree import IreeTrainingSession, require_iree
 
 if TYPE_CHECKING:
-    from .runtime_iree import IreeTrainingSession
     from .training_model import TrainingModel
 
 BACKENDS = ("iree",)
@@ -42,21 +43,6 @@ class CompileError(BridgeError):
     def __init__(self, message: str, diagnostics: list[tuple[str, str, str]] | None = None):
         super().__init__(message)
         self.diagnostics = diagnostics or []
-
-
-class MissingExtraError(BridgeError, ImportError):
-    """An optional dependency of bridge is not installed; the message names the install extra."""
-
-
-def require_iree(part: str = "compiler") -> None:
-    """Raise ``MissingExtraError`` naming ``pip install bridge[iree]`` unless IREE's ``part`` imports."""
-    try:
-        __import__(f"iree.{part}")
-    except ImportError as exc:
-        raise MissingExtraError(
-            f"IREE ({'iree-base-compiler' if part == 'compiler' else 'iree-base-runtime'}) is not installed: "
-            f"pip install 'bridge[iree]' ({exc})"
-        ) from exc
 
 
 Progress = Callable[[str], None]
@@ -80,8 +66,6 @@ class CompiledModel:
     def session(self, state: dict[str, np.ndarray] | None = None, driver: str = "local-task",
                 seed: int | None = None) -> IreeTrainingSession:
         """An IREE session holding ``state`` (default: the TrainingModel's initial state)."""
-        from .runtime_iree import IreeTrainingSession
-
         if state is None:
             if self.initial_state is None:
                 raise InvalidOptionError("this module was not compiled from a TrainingModel: pass state=")
@@ -95,7 +79,7 @@ def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
     from iree.compiler import ir
     from iree.compiler.extras import onnx_importer
 
-    proto = _load(model)
+    proto = read_model(model)
     try:
         proto = onnx.shape_inference.infer_shapes(proto, check_type=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError) as exc:
@@ -146,7 +130,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     require_iree()
     import iree.compiler.tools as iree_tools
 
-    proto = _load(model)
+    proto = read_model(model)
     report = progress or (lambda line: None)
     start = time.perf_counter()
     report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
@@ -183,26 +167,10 @@ def _input_specs(model: onnx.ModelProto) -> dict[str, list]:
     }
 
 
-def _load(model) -> onnx.ModelProto:
-    from .training_model import TrainingModel
-
-    if isinstance(model, TrainingModel):
-        return model.model
-    if isinstance(model, onnx.ModelProto):
-        return model
-    path = Path(model)
-    if not path.is_file():
-        raise ModelLoadError(f"no such model file: {path}")
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # onnx raises DecodeError, OSError, ...
-        raise ModelLoadError(f"{path} is not an ONNX model: {exc}") from exc
-
-
 def _initial_state(model) -> dict[str, np.ndarray] | None:
-    from .training_model import TrainingModel
-
-    return model.initial_state() if isinstance(model, TrainingModel) else None
+    """The initial state of a ``TrainingModel`` (None for a ModelProto or a path)."""
+    initial_state = getattr(model, "initial_state", None)
+    return initial_state() if callable(initial_state) else None
 
 
 _ERROR = re.compile(r"error: (.*)")

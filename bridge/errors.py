@@ -31,3 +31,7 @@ class InvalidModelError(BridgeError, ValueError):
 
 class OutputPathError(BridgeError, OSError):
     """An output path cannot be written (a folder, under a regular file, not writable, or the input itself)."""
+
+
+class MissingExtraError(BridgeError, ImportError):
+    """An optional dependency of bridge is not installed; the message names the install extra."""

@@ -20,6 +20,7 @@ import onnx
 
 from .contract import KIND, LAYER, PHASE, PHASES, ROLE, UPDATED_PREFIX, Role, grad_name, props, strip_prefix
 from .errors import ModelLoadError
+from .load import read_model
 
 
 @dataclass(frozen=True)
@@ -164,19 +165,6 @@ class TrainingGraph:
     def update_of(self, weight: str) -> list[Node]:
         """The optimizer nodes that update ``weight`` and its optimizer state."""
         return list(self.nodes("optimizer", weight))
-
-
-def read_model(source) -> onnx.ModelProto:
-    """The ModelProto of a path, a ModelProto, or anything with a ``.model`` ModelProto."""
-    if isinstance(source, onnx.ModelProto):
-        return source
-    model = getattr(source, "model", None)
-    if isinstance(model, onnx.ModelProto):
-        return model
-    try:
-        return onnx.load(os.fspath(source))
-    except Exception as exc:  # OSError, protobuf DecodeError, ...
-        raise ModelLoadError(f"cannot read ONNX model '{source}': {exc}") from exc
 
 
 def load(source: str | os.PathLike | onnx.ModelProto) -> TrainingGraph:

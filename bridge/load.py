@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 import onnx
 import onnx.inliner
@@ -36,8 +36,13 @@ _UNSUPPORTED_TYPES = {onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.FL
                       onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz", onnx.TensorProto.FLOAT4E2M1: "float4e2m1"}
 
 
-def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
-    """Read ``source`` (a path or a ModelProto), check it, and return a cleaned-up copy."""
+def load_model(source: str | os.PathLike | onnx.ModelProto,
+               buffer_inputs: Mapping[str, Sequence[int]] | None = None) -> onnx.ModelProto:
+    """Read ``source`` (a path or a ModelProto), check it, and return a cleaned-up copy.
+
+    ``buffer_inputs`` maps op types to the inputs that are running statistics (the importer's
+    ``bridge.importer.registry.buffer_inputs()``): an ``Identity(initializer)`` feeding one is copied,
+    not folded (see ``fold_initializer_identities``). This module needs no torch."""
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
@@ -55,14 +60,24 @@ def load_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         )
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    fold_initializer_identities(model)
+    fold_initializer_identities(model, buffer_inputs or {})
     name_unnamed_nodes(model)
     return model
 
 
-def read_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """The ONNX model at ``path`` (its external data loaded), or ``ModelLoadError`` naming the file."""
-    path = Path(path)
+def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """The ModelProto of ``source``: a ModelProto (as is), anything with a ``.model`` ModelProto (a
+    ``TrainingModel``), or the ONNX file at a path (its external data loaded); ``ModelLoadError``
+    naming the file when it cannot be read. bridge's one model reader."""
+    if isinstance(source, onnx.ModelProto):
+        return source
+    model = getattr(source, "model", None)
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        path = Path(source)
+    except TypeError as exc:
+        raise ModelLoadError(f"cannot read an ONNX model from {type(source).__name__} {source!r}") from exc
     if path.is_dir():
         raise ModelLoadError(f"'{path}' is a folder, not an ONNX model file; give the path of the .onnx file")
     if not path.is_file():
@@ -200,17 +215,18 @@ def default_opset(model: onnx.ModelProto) -> int:
     raise ModelLoadError("the model imports no default-domain opset")
 
 
-def fold_initializer_identities(model: onnx.ModelProto) -> None:
+def fold_initializer_identities(model: onnx.ModelProto, buffer_inputs: Mapping[str, Sequence[int]]) -> None:
     """Make consumers of ``Identity(initializer)`` read the initializer directly (in place).
 
-    An Identity that feeds a running statistic (a converter's ``buffers=`` input) becomes a
-    copy of the initializer under its own name instead: a buffer is updated, so it must not
-    stay shared with a weight or another buffer that happened to hold equal values.
+    An Identity that feeds a running statistic (an input listed in ``buffer_inputs[op_type]``, a
+    converter's ``buffers=``) becomes a copy of the initializer under its own name instead: a
+    buffer is updated, so it must not stay shared with a weight or another buffer that happened
+    to hold equal values.
     """
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     graph_outputs = {out.name for out in graph.output}
-    buffers = _buffer_inputs(graph)
+    buffers = _buffer_inputs(graph, buffer_inputs)
     alias: dict[str, str] = {}
     kept = []
     for node in graph.node:
@@ -234,16 +250,12 @@ def fold_initializer_identities(model: onnx.ModelProto) -> None:
     graph.node.extend(kept)
 
 
-def _buffer_inputs(graph: onnx.GraphProto) -> set[str]:
-    """Names read by nodes at their converters' running-statistic (``buffers=``) inputs."""
-    from .importer.registry import CONVERTERS, import_all_converters
-
-    import_all_converters()
+def _buffer_inputs(graph: onnx.GraphProto, buffer_inputs: Mapping[str, Sequence[int]]) -> set[str]:
+    """Names read by nodes at their running-statistic inputs (``buffer_inputs[op_type]``)."""
     return {
         node.input[i]
         for node in graph.node
-        if node.op_type in CONVERTERS
-        for i in CONVERTERS[node.op_type].buffers
+        for i in buffer_inputs.get(node.op_type, ())
         if i < len(node.input)
     }
 

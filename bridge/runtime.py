@@ -20,7 +20,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
-import sympy
 
 from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, nonfinite_outputs
 from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs,
@@ -286,6 +285,8 @@ def _size(dim, sizes: Mapping, noise: str) -> int:
         return dim
     if dim in sizes:
         return sizes[dim]
+    import sympy  # only for a dim written as an expression: importing sympy costs ~0.5 s
+
     symbols = {name: sympy.Symbol(name) for name in sizes if isinstance(name, str)}
     value = sympy.parse_expr(dim, local_dict=symbols).subs({symbols[n]: v for n, v in sizes.items() if n in symbols})
     if not value.is_Integer:

@@ -8,16 +8,28 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import onnx
 
-from .compile import CompiledModel, require_iree
 from .contract import INPUT_SPECS, INPUTS, OUTPUTS, decode_random_inputs
-from .errors import InvalidOptionError, ModelLoadError
+from .errors import InvalidOptionError, MissingExtraError, ModelLoadError
 from .checks import StepChecks
 from .runtime import StepSession, graph_hash
+
+if TYPE_CHECKING:
+    from .compile import CompiledModel
+
+def require_iree(part: str = "compiler") -> None:
+    """Raise ``MissingExtraError`` naming ``pip install bridge[iree]`` unless IREE's ``part`` imports."""
+    try:
+        __import__(f"iree.{part}")
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"IREE ({'iree-base-compiler' if part == 'compiler' else 'iree-base-runtime'}) is not installed: "
+            f"pip install 'bridge[iree]' ({exc})"
+        ) from exc
 
 
 class IreeTrainingSession(StepSession):
@@ -33,9 +45,8 @@ class IreeTrainingSession(StepSession):
         require_iree("runtime")
         import iree.runtime as rt
 
-        if isinstance(module, CompiledModel):
-            module = module.vmfb
-        elif not isinstance(module, bytes):
+        module = getattr(module, "vmfb", module)  # a bridge.compile.CompiledModel
+        if not isinstance(module, bytes):
             path = Path(module)
             if not path.is_file():
                 raise ModelLoadError(f"no such compiled module: {path}")

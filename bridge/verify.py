@@ -28,6 +28,7 @@ from .api import _output_index, to_training_onnx
 from .contract import STEP, UPDATED_PREFIX, grad_name, slot_name, strip_prefix, updated_name
 from .errors import InvalidOptionError
 from .importer.program import OnnxProgram
+from .importer.registry import buffer_inputs
 from .load import load_model
 from .losses import _LOSSES, _flatten_sequence, INDICES, Loss, make_loss
 from .optimizers import Optimizer, make_optimizer
@@ -171,7 +172,7 @@ def verify(
     tm = to_training_onnx(model, loss, optim, loss_options=loss_options, optim_options=optim_options,
                           batch_size=batch_size, **convert_options)
     figures["convert_s"] = time.perf_counter() - start
-    source = load_model(model)
+    source = load_model(model, buffer_inputs())
     program32, program64 = OnnxProgram(source), OnnxProgram(as_float64(source))
     loss_fn, optimizer = make_loss(loss, dict(loss_options or {})), make_optimizer(optim, dict(optim_options or {}))
     output_index = _output_index(program32, convert_options.get("output"))

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.lowering import conv as lowering
+from bridge.lowering.conv import convolution_backward, lower_convolution
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 from single_op import batches_for, one_node_model, train_and_compare
@@ -43,7 +43,7 @@ def test_convolution_backward_lowering_matches_aten(rank, stride, padding, dilat
     args = ([stride] * rank, [padding] * rank, [dilation] * rank, False, [0] * rank, groups)
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
     want = aten.convolution_backward(gy, x, w, [8], *args, ALL)
-    got = lowering.convolution_backward(gy, x, w, [8], *args, ALL)
+    got = convolution_backward(gy, x, w, [8], *args, ALL)
     for g, r in zip(got, want):
         _close(g, r)
 
@@ -53,7 +53,7 @@ def test_convolution_backward_honours_output_mask(mask):
     x, w = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
     args = ([2, 1], [1, 0], [1, 2], False, [0, 0], 1)
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
-    got = lowering.convolution_backward(gy, x, w, [4], *args, mask)
+    got = convolution_backward(gy, x, w, [4], *args, mask)
     want = aten.convolution_backward(gy, x, w, [4], *args, ALL)
     for keep, g, r in zip(mask, got, want):
         if keep:
@@ -74,16 +74,16 @@ def test_transposed_convolution_lowering_matches_aten(rank, stride, padding, dil
     bias = torch.randn(6, dtype=torch.float64)
     args = ([stride] * rank, [padding] * rank, [dilation] * rank, True, [output_padding] * rank, groups)
     y = aten.convolution(x, w, bias, *args)
-    _close(lowering.convolution(x, w, bias, *args), y)
+    _close(lower_convolution(x, w, bias, *args), y)
     gy = torch.randn_like(y)
     want = aten.convolution_backward(gy, x, w, [6], *args, ALL)
-    for g, r in zip(lowering.convolution_backward(gy, x, w, [6], *args, ALL), want):
+    for g, r in zip(convolution_backward(gy, x, w, [6], *args, ALL), want):
         _close(g, r)
 
 
 def test_non_transposed_convolution_is_left_to_the_emitter():
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
-    assert lowering.convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented
+    assert lower_convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented
 
 
 # -- importer: ONNX semantics (pads, auto_pad, output_shape) vs onnxruntime -------------------

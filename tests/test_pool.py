@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from bridge.errors import LoweringError, UnsupportedOpError
 from bridge.export.builder import GraphBuilder, Value
-from bridge.export.ops import nn as emitters
+from bridge.export.ops.nn import emit_max_pool
 from bridge.importer.program import OnnxProgram
 from bridge.lowering import LOWERINGS
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
@@ -106,7 +106,7 @@ def test_max_pool_emitter_refuses_a_used_indices_output():
     traced = make_fx(lambda x: aten.max_pool2d_with_indices.default(x, [2, 2])[1] + 1)(torch.randn(1, 1, 4, 4))
     node = next(n for n in traced.graph.nodes if n.target is aten.max_pool2d_with_indices.default)
     with pytest.raises(LoweringError, match="Indices"):
-        emitters.max_pool(GraphBuilder(), node, Value("x", (1, 1, 4, 4), torch.float32), [2, 2])
+        emit_max_pool(GraphBuilder(), node, Value("x", (1, 1, 4, 4), torch.float32), [2, 2])
 
 
 # -- importer: ONNX semantics vs onnxruntime ----------------------------------------------------

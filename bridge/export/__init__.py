@@ -7,10 +7,8 @@ tracer attached to its FX node.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import operator
-import pkgutil
 import re
 from typing import Mapping
 
@@ -22,17 +20,10 @@ from onnx import helper
 
 from ..contract import DIM_BOUNDS, DIM_NAMES, KIND, LAYER, OUTPUT_PREFIX, PHASE, UPDATED_PREFIX, Phase, StepSignature
 from ..errors import LoweringError
-from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value
+from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value, import_all_emitters
 
 OPSET = 18
 IR_VERSION = 10
-
-
-def _load_emitters() -> None:
-    from . import ops
-
-    for module in pkgutil.iter_modules(ops.__path__):
-        importlib.import_module(f"{ops.__name__}.{module.name}")
 
 
 def snake_case(name: str) -> str:
@@ -59,7 +50,7 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature,
     """Translate the traced step into an ONNX ModelProto (named per the contract). ``constant_names``:
     initializer names by the data pointer and shape of their tensors, so that a constant the trace captured
     (a frozen weight) keeps its source name instead of ``_tensor_constant<N>``."""
-    _load_emitters()
+    import_all_emitters()
     b = GraphBuilder()
     env: dict[torch.fx.Node, object] = {}
     input_names = iter(signature.input_names())

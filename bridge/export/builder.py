@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -25,33 +25,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from ..contract import LAYER, PHASE, node_prefix
+from ..dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, TORCH_TO_ONNX  # noqa: F401 (TORCH_TO_ONNX: re-exported)
 from ..errors import ShapeError
-
-TORCH_TO_ONNX = {
-    torch.float32: TensorProto.FLOAT,
-    torch.float64: TensorProto.DOUBLE,
-    torch.float16: TensorProto.FLOAT16,
-    torch.bfloat16: TensorProto.BFLOAT16,
-    torch.int64: TensorProto.INT64,
-    torch.int32: TensorProto.INT32,
-    torch.int16: TensorProto.INT16,
-    torch.int8: TensorProto.INT8,
-    torch.uint8: TensorProto.UINT8,
-    torch.bool: TensorProto.BOOL,
-}
-
-TORCH_TO_NUMPY = {
-    torch.float32: np.float32,
-    torch.float64: np.float64,
-    torch.float16: np.float16,
-    torch.int64: np.int64,
-    torch.int32: np.int32,
-    torch.int16: np.int16,
-    torch.int8: np.int8,
-    torch.uint8: np.uint8,
-    torch.bool: np.bool_,
-}
-
+from ..registry import import_submodules, register
 
 class Value(str):
     """An ONNX value name with the traced shape and dtype (``None`` when not known)."""
@@ -71,18 +47,31 @@ class Value(str):
         return len(self.shape)
 
 
-EMITTERS: dict[Any, Callable] = {}
+class EmitterFn(Protocol):
+    """An emitter: the builder, the FX node and the ATen op's arguments (FX nodes replaced by their
+    ``Value``) -> the ``Value`` (or tuple of them) of the op's result, built with ``b.op``. It
+    raises only ``bridge.errors.LoweringError`` (naming ``node``) for a form it cannot emit."""
+
+    def __call__(self, b: GraphBuilder, node: torch.fx.Node, *args: Any, **kwargs: Any) -> Any: ...
+
+
+EMITTERS: dict[Any, EmitterFn] = {}
 
 
 def emits(*targets):
-    """Register ``fn`` as the ONNX emitter of each ATen overload (or callable) in ``targets``."""
+    """Register ``fn`` as the ONNX emitter of each ATen overload (or callable) in ``targets`` (once per target)."""
 
-    def register(fn):
+    def add(fn: EmitterFn) -> EmitterFn:
         for target in targets:
-            EMITTERS[target] = fn
+            register(EMITTERS, target, fn, "emitters for")
         return fn
 
-    return register
+    return add
+
+
+def import_all_emitters() -> None:
+    """Import every module of ``bridge.export.ops`` so that their emitters register."""
+    import_submodules(f"{__package__}.ops")
 
 
 MAX_TENSOR_BYTES = 2**31  # protobuf cannot serialize one tensor of 2 GiB or more
@@ -169,7 +158,7 @@ class GraphBuilder:
                 "known before the model runs); one ONNX tensor cannot exceed 2 GiB and bridge does not yet keep such "
                 "a folded constant as external data: compute it from a graph input, or split it into tensors "
                 "under 2 GiB in the source model")
-        torch_dtype = next((t for t, n in TORCH_TO_NUMPY.items() if np.dtype(n) == array.dtype), None)
+        torch_dtype = NUMPY_TO_TORCH.get(array.dtype)
         result = Value(self.fresh(name or "const"), array.shape, torch_dtype)
         self.initializers.append(numpy_helper.from_array(array, str(result)))
         if key is not None:

@@ -16,20 +16,28 @@ input from 13 on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import onnx
 import torch
-from onnx import helper
 
+from ..attributes import attribute
 from ..errors import UnsupportedOpError
+from ..registry import import_submodules, register
+
+
+class ConverterFn(Protocol):
+    """A converter: the node's context and its inputs in order (``None`` for an absent optional
+    one; numpy for ``static=`` inputs) -> a tensor, or a tuple of them, one per node output."""
+
+    def __call__(self, ctx: NodeContext, *inputs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Converter:
     op_type: str
-    fn: Callable[..., Any]
+    fn: ConverterFn
     static: tuple[int, ...] = ()
     buffers: tuple[int, ...] = ()  # inputs that are running statistics (updated, not trained)
     raw: bool = False  # inputs as they are (numpy or tensor, never folded as a whole): control flow
@@ -43,14 +51,12 @@ def converter(*op_types: str, static: tuple[int, ...] = (), buffers: tuple[int, 
     values known before the model runs as numpy and values computed from data as tensors, and
     the node is never folded as a whole: for ops whose subgraphs read outer-scope values)."""
 
-    def register(fn):
+    def add(fn: ConverterFn) -> ConverterFn:
         for op_type in op_types:
-            if op_type in CONVERTERS:
-                raise RuntimeError(f"two converters for ONNX op {op_type}")
-            CONVERTERS[op_type] = Converter(op_type, fn, static, buffers, raw)
+            register(CONVERTERS, op_type, Converter(op_type, fn, static, buffers, raw), "converters for ONNX op")
         return fn
 
-    return register
+    return add
 
 
 @dataclass
@@ -72,17 +78,8 @@ class NodeContext:
         return self.node.name
 
     def attr(self, name: str, default: Any = None) -> Any:
-        for attribute in self.node.attribute:
-            if attribute.name == name:
-                value = helper.get_attribute_value(attribute)
-                if isinstance(value, bytes):
-                    return value.decode()
-                if isinstance(value, onnx.TensorProto):
-                    return onnx.numpy_helper.to_array(value)
-                return value
-        if isinstance(default, float):  # ONNX float attributes are float32: so is their default
-            return float(np.float32(default))
-        return default
+        """The node's attribute ``name`` decoded (``bridge.attributes.attribute``), or ``default``."""
+        return attribute(self.node, name, default)
 
     def has_attr(self, name: str) -> bool:
         return any(a.name == name for a in self.node.attribute)
@@ -114,12 +111,13 @@ class NodeContext:
         return [v if isinstance(v, torch.SymInt) else int(v) for v in np.asarray(value).reshape(-1)]
 
 
+def buffer_inputs() -> dict[str, tuple[int, ...]]:
+    """``{op type: its running-statistic inputs}`` of every converter with ``buffers=``, for
+    ``bridge.load.load_model`` (which reads models without importing the converters)."""
+    import_all_converters()
+    return {op_type: c.buffers for op_type, c in CONVERTERS.items() if c.buffers}
+
+
 def import_all_converters() -> None:
     """Import every module of ``bridge.importer.ops`` so that their converters register."""
-    import importlib
-    import pkgutil
-
-    from . import ops
-
-    for module in pkgutil.iter_modules(ops.__path__):
-        importlib.import_module(f"{ops.__name__}.{module.name}")
+    import_submodules(f"{__package__}.ops")

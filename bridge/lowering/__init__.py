@@ -8,30 +8,44 @@ Indices output, SoftmaxCrossEntropyLoss) with ops that it accepts.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from typing import Callable
+from typing import Any, Protocol
 
 import torch
 from torch._decomp import core_aten_decompositions
 
-LOWERINGS: dict[torch._ops.OpOverload, Callable] = {}
+from ..registry import import_submodules, register
+
+
+class LoweringFn(Protocol):
+    """A lowering: the ATen op's arguments -> what the op returns, computed with ATen ops that have
+    emitters; or ``NotImplemented`` to decline (torch then keeps the op as it is, e.g. a
+    convolution that is not transposed). It raises only ``bridge.errors.LoweringError``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
 
 
 def lowers(*ops: torch._ops.OpOverload):
-    """Register ``fn`` as bridge's decomposition of each ATen overload in ``ops``."""
+    """Register ``fn`` as bridge's decomposition of each ATen overload in ``ops`` (once per overload)."""
 
-    def register(fn):
+    def add(fn: LoweringFn) -> LoweringFn:
         for op in ops:
-            LOWERINGS[op] = fn
+            register(LOWERINGS, op, fn, "lowerings for ATen op")
         return fn
 
-    return register
+    return add
+
+
+def import_all_lowerings() -> None:
+    """Import every module of ``bridge.lowering`` so that their lowerings register."""
+    import_submodules(__name__)
 
 
 def decomposition_table() -> dict:
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """torch's core-ATen decompositions, with bridge's lowerings in place of torch's for their ops."""
+    import_all_lowerings()
     table = dict(core_aten_decompositions())
     table.update(LOWERINGS)
     return table

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from ..geometry import per_dim, torch_pad
 from . import lowers
 
 aten = torch.ops.aten
@@ -29,28 +30,12 @@ def _spatial(x: torch.Tensor) -> list[int]:
     return list(x.shape[2:])
 
 
-def per_dim(values: Sequence[int], rank: int, default: int | None = None) -> list[int]:
-    """An ATen int-list argument (empty, one value, or one per spatial dim) -> one per dim."""
-    values = list(values)
-    if not values:
-        return [default] * rank
-    return values * rank if len(values) == 1 else values
-
-
-def _torch_pad(begins: Sequence[int], ends: Sequence[int]) -> list[int]:
-    """Per-dim (begin, end) pads of the spatial dims -> torch's pad list (last dim first)."""
-    pad = []
-    for begin, end in reversed(list(zip(begins, ends))):
-        pad += [begin, end]
-    return pad
-
-
 def fit_spatial(x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     """Crop (or zero-pad) the end of each spatial dim of ``x`` to ``sizes``."""
     have = _spatial(x)
     if have == list(sizes):
         return x
-    return aten.constant_pad_nd.default(x, _torch_pad([0] * len(have), [s - h for s, h in zip(sizes, have)]), 0.0)
+    return aten.constant_pad_nd.default(x, torch_pad([0] * len(have), [s - h for s, h in zip(sizes, have)]), 0.0)
 
 
 def zero_insert(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
@@ -108,7 +93,7 @@ def input_grad(
     if all(b == e and b >= 0 for b, e in zip(begins, ends)):
         conv_padding, begins, ends = begins, [0] * len(kernel), [0] * len(kernel)
     if any(begins) or any(ends):
-        spread = aten.constant_pad_nd.default(spread, _torch_pad(begins, ends), 0.0)
+        spread = aten.constant_pad_nd.default(spread, torch_pad(begins, ends), 0.0)
     w = _swapped_flipped_weight(weight, groups)
     ones = [1] * len(kernel)
     return aten.convolution.default(spread, w, None, ones, conv_padding, list(dilation), False, [0] * len(kernel), groups)
@@ -153,7 +138,7 @@ def _bias_grad(grad_output: torch.Tensor) -> torch.Tensor:
 
 
 @lowers(aten.convolution.default)
-def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+def lower_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """Transposed convolution as the input gradient of a Conv (so it never becomes ConvTranspose)."""
     if not transposed:
         return NotImplemented

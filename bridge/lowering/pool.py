@@ -28,8 +28,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..geometry import avg_pool_divisor, per_dim, pooled_size
 from . import lowers
-from .conv import input_grad, per_dim
+from .conv import input_grad
 
 aten = torch.ops.aten
 
@@ -48,15 +49,6 @@ def _per_rank(ops_by_rank: dict[int, torch._ops.OpOverload]):
 def _pool_args(rank: int, kernel_size, stride, padding, dilation=(1,)) -> tuple[list[int], ...]:
     kernel = per_dim(kernel_size, rank)
     return kernel, per_dim(stride, rank) if stride else kernel, per_dim(padding, rank), per_dim(dilation, rank)
-
-
-def pooled_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    """torch's pooling output size (a ceil_mode window must start inside the input or left pad)."""
-    span = size + 2 * p - d * (k - 1) - 1
-    out = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (out - 1) * s >= size + p:
-        out -= 1
-    return out
 
 
 def _channels_first(x: torch.Tensor, rank: int) -> torch.Tensor:
@@ -127,32 +119,12 @@ def _route_to_first_max(windows: list[torch.Tensor], grad_output: torch.Tensor) 
     return routed
 
 
-def avg_pool_divisor(
-    sizes, outputs, kernel, stride, padding, ceil_mode: bool, count_include_pad: bool, divisor_override
-) -> np.ndarray:
-    """torch's per-window divisor, shape ``outputs``."""
-    if divisor_override:
-        return np.full(outputs, float(divisor_override))
-    factors = []
-    for size, o, k, s, p in zip(sizes, outputs, kernel, stride, padding):
-        start = np.arange(o) * s - p
-        end = np.minimum(start + k, size + p)
-        if count_include_pad:
-            factors.append(end - start)
-        else:
-            factors.append(np.minimum(end, size) - np.maximum(start, 0))
-    divisor = np.ones([], dtype=np.float64)
-    for factor in factors:
-        divisor = np.multiply.outer(divisor, factor.astype(np.float64))
-    return divisor
-
-
 def _ones_weight(channels: int, kernel: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     return _constant(np.ones([channels, 1] + list(kernel)), like)
 
 
 @_per_rank({2: aten.avg_pool2d.default, 3: aten.avg_pool3d.default})
-def avg_pool(rank, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
+def lower_avg_pool(rank, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None):
     """Windows that ceil_mode adds, or a divisor_override: a sum Conv divided by torch's divisor.
 
     Every other average pool is left to the ``AveragePool`` emitter.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..builder import TORCH_TO_NUMPY, Value, emits, is_static
+from ...dtypes import TORCH_TO_NUMPY
+from ..builder import Value, emits, is_static
 
 aten = torch.ops.aten
 

@@ -48,7 +48,7 @@ def pow_scalar(b, node, base, exponent):
 
 
 @emits(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode)
-def div(b, node, a, other, rounding_mode=None):
+def emit_div(b, node, a, other, rounding_mode=None):
     dtype = _out_dtype(node)
     if rounding_mode is None:
         return b.op("Div", b.operand(a, dtype), b.operand(other, dtype))
@@ -138,7 +138,7 @@ def isnan(b, node, x):
 
 
 @emits(aten.isinf.default)
-def isinf(b, node, x):
+def emit_isinf(b, node, x):
     return b.op("IsInf", x)
 
 
@@ -182,7 +182,7 @@ def bitwise(b, node, a, other):
 
 
 @emits(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
-def where(b, node, cond, a, other):
+def emit_where(b, node, cond, a, other):
     dtype = _out_dtype(node)
     return b.op("Where", cond, b.operand(a, dtype), b.operand(other, dtype))
 
@@ -231,7 +231,7 @@ def to_copy(b, node, x, dtype=None, **_):
 
 @emits(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default, aten.copy.default,
        torch.ops.prims.copy_strided.default)
-def identity(b, node, x, *rest, **_):
+def emit_identity(b, node, x, *rest, **_):
     """Copies and aliases: values are immutable in ONNX, so these emit nothing."""
     if node.target is aten.copy.default:
         return b.cast(rest[0], x.dtype)

@@ -9,7 +9,7 @@ aten = torch.ops.aten
 
 
 @emits(aten.mm.default, aten.bmm.default, aten.matmul.default)
-def matmul(b, node, a, other):
+def emit_matmul(b, node, a, other):
     return b.op("MatMul", a, other)
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import LoweringError
-from ...lowering.conv import per_dim
-from ...lowering.pool import pooled_size
+from ...geometry import per_dim, pooled_size
 from ..builder import GraphBuilder, Value, emits
 
 aten = torch.ops.aten
@@ -22,7 +21,7 @@ def _where(node) -> str:
 
 
 @emits(aten.convolution.default)
-def convolution(b: GraphBuilder, node, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+def emit_convolution(b: GraphBuilder, node, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
         raise LoweringError(f"aten.convolution with transposed=True reached export at {_where(node)}; it must be lowered")
     rank = weight.rank - 2
@@ -70,7 +69,7 @@ def _batched(b: GraphBuilder, x: Value, rank: int) -> Value:
 
 
 @emits(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
-def max_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+def emit_max_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     """MaxPool with its single output; windows that ceil_mode adds get an explicit -inf Pad."""
     if _indices_used(node):
         raise LoweringError(
@@ -94,7 +93,7 @@ def max_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,), dil
 
 
 @emits(aten.avg_pool2d.default, aten.avg_pool3d.default)
-def avg_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+def emit_avg_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
              divisor_override=None):
     """AveragePool; the lowering has already rewritten windows added by ceil_mode and divisor_override."""
     rank = 2 if node.target is aten.avg_pool2d.default else 3

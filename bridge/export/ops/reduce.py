@@ -74,7 +74,7 @@ def any_(b, node, x, dims=None, keepdim=False):
 
 
 @emits(aten.argmax.default, aten.argmin.default)
-def arg_extreme(b, node, x, dim=None, keepdim=False):
+def emit_arg_extreme(b, node, x, dim=None, keepdim=False):
     op = "ArgMax" if node.target is aten.argmax.default else "ArgMin"
     if dim is None:
         x = b.reshape(x, [-1])
@@ -97,6 +97,6 @@ def var(b, node, x, dims=None, correction=None, keepdim=False):
 
 
 @emits(aten.cumsum.default)
-def cumsum(b, node, x, dim, dtype=None):
+def emit_cumsum(b, node, x, dim, dtype=None):
     x = b.cast(x, dtype or node.meta["val"].dtype)
     return b.op("CumSum", x, b.const(np.int64(dim % x.rank)))

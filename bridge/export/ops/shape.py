@@ -18,7 +18,7 @@ def _out_shape(node) -> list:
 @emits(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.squeeze.dim, aten.squeeze.dims,
        aten.squeeze.default, aten.unsqueeze.default, aten.flatten.using_ints, aten.view_copy.default,
        aten._reshape_alias.default)
-def reshape(b: GraphBuilder, node, x, *_, **__):
+def emit_reshape(b: GraphBuilder, node, x, *_, **__):
     return b.reshape(x, _out_shape(node))
 
 
@@ -36,14 +36,14 @@ def transpose_2d(b, node, x):
 
 
 @emits(aten.transpose.int)
-def transpose(b, node, x, dim0, dim1):
+def emit_transpose(b, node, x, dim0, dim1):
     perm = list(range(x.rank))
     perm[dim0 % x.rank], perm[dim1 % x.rank] = perm[dim1 % x.rank], perm[dim0 % x.rank]
     return b.op("Transpose", x, perm=perm)
 
 
 @emits(aten.expand.default, aten.expand_copy.default)
-def expand(b, node, x, size, implicit=False):
+def emit_expand(b, node, x, size, implicit=False):
     shape = _out_shape(node)
     if is_static(shape) and is_static(x.shape) and list(x.shape) == shape:
         return x
@@ -68,7 +68,7 @@ _END = np.iinfo(np.int64).max  # a Slice end past any length
 
 
 @emits(aten.slice.Tensor, aten.slice_copy.Tensor)
-def slice_(b, node, x, dim=0, start=None, end=None, step=1):
+def emit_slice(b, node, x, dim=0, start=None, end=None, step=1):
     """ONNX Slice, whose bounds follow torch's (negative: from the end; clamped to the axis). A
     symbolic length or bound (a sequence length) is passed as is, never compared with a number."""
     dim %= x.rank
@@ -95,7 +95,7 @@ def select(b, node, x, dim, index):
 
 
 @emits(aten.split_with_sizes.default, aten.split_with_sizes_copy.default, aten.split.Tensor)
-def split(b, node, x, sizes, dim=0):
+def emit_split(b, node, x, sizes, dim=0):
     dim %= x.rank
     if isinstance(sizes, int):
         sizes = [min(sizes, x.shape[dim] - i) for i in range(0, x.shape[dim], sizes)]
@@ -126,7 +126,7 @@ def embedding(b, node, weight, indices, *_):
 
 
 @emits(aten.gather.default)
-def gather(b, node, x, dim, index, sparse_grad=False):
+def emit_gather(b, node, x, dim, index, sparse_grad=False):
     return b.op("GatherElements", x, index, axis=dim % x.rank)
 
 
@@ -179,5 +179,5 @@ def repeat(b, node, x, repeats):
 
 
 @emits(aten.tril.default, aten.triu.default)
-def trilu(b, node, x, diagonal=0):
+def emit_trilu(b, node, x, diagonal=0):
     return b.op("Trilu", x, b.const(np.int64(diagonal)), upper=int(node.target is aten.triu.default))

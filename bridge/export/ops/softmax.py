@@ -15,14 +15,14 @@ def _shifted(b, x, dim):
 
 
 @emits(aten._softmax.default)
-def softmax(b, node, x, dim, half_to_float=False):
+def emit_softmax(b, node, x, dim, half_to_float=False):
     shifted, axes = _shifted(b, x, dim)
     exp = b.op("Exp", shifted)
     return b.op("Div", exp, b.op("ReduceSum", exp, axes, keepdims=1))
 
 
 @emits(aten._log_softmax.default)
-def log_softmax(b, node, x, dim, half_to_float=False):
+def emit_log_softmax(b, node, x, dim, half_to_float=False):
     shifted, axes = _shifted(b, x, dim)
     return b.op("Sub", shifted, b.op("Log", b.op("ReduceSum", b.op("Exp", shifted), axes, keepdims=1)))
 

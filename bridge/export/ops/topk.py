@@ -9,7 +9,7 @@ aten = torch.ops.aten
 
 
 @emits(aten.topk.default)
-def topk(b, node, x, k, dim=-1, largest=True, sorted=True):
+def emit_topk(b, node, x, k, dim=-1, largest=True, sorted=True):
     """Always sorted: ONNX's order for ``sorted=0`` is unspecified, torch's sorted one is valid."""
     values, indices = b.op("TopK", x, b.ints([k]), outputs=2, axis=dim % x.rank, largest=int(largest), sorted=1)
     for value, val in zip((values, indices), node.meta["val"]):

@@ -134,12 +134,12 @@ def _coerced(ctx, x, fn):
 
 
 @converter("Softmax")
-def softmax(ctx, x):
+def convert_softmax(ctx, x):
     return _coerced(ctx, x, lambda t, axis: torch.softmax(t, axis))
 
 
 @converter("LogSoftmax")
-def log_softmax(ctx, x):
+def convert_log_softmax(ctx, x):
     return _coerced(ctx, x, lambda t, axis: torch.log_softmax(t, axis))
 
 

@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ...geometry import torch_pad
 from ..registry import NodeContext, converter
 
 
@@ -40,14 +41,6 @@ def forward_pads(
         raise ctx.unsupported(f"auto_pad='{auto_pad}'")
     pads = list(ctx.attr("pads") or [0] * (2 * rank))
     return pads[:rank], pads[rank:]
-
-
-def torch_pad(begins: Sequence[int], ends: Sequence[int]) -> list[int]:
-    """Per-dim (begin, end) -> ``F.pad``'s list (last dim first)."""
-    pad = []
-    for begin, end in reversed(list(zip(begins, ends))):
-        pad += [begin, end]
-    return pad
 
 
 def split_pads(

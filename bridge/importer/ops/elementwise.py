@@ -5,6 +5,7 @@ import numpy as np
 import onnx
 import torch
 
+from ...dtypes import ONNX_TO_TORCH
 from ..program import _to_tensor
 from ..registry import converter
 from ..shape_folding import is_symbolic
@@ -70,7 +71,7 @@ for _op, _fn in _UNARY.items():
 
 
 @converter("Div")
-def div(ctx, a, b):
+def convert_div(ctx, a, b):
     if a.dtype.is_floating_point:
         return a / b
     return torch.div(a, b, rounding_mode="trunc")
@@ -101,12 +102,12 @@ def variadic(ctx, *xs):
 
 
 @converter("Where")
-def where(ctx, cond, a, b):
+def convert_where(ctx, cond, a, b):
     return torch.where(cond, a, b)
 
 
 @converter("IsInf")
-def isinf(ctx, x):
+def convert_isinf(ctx, x):
     pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
     if pos and neg:
         return torch.isinf(x)
@@ -123,17 +124,8 @@ def clip(ctx, x, low=None, high=None):
 
 
 def onnx_to_torch_dtype(onnx_type: int) -> torch.dtype:
-    return {
-        np.dtype(np.float32): torch.float32,
-        np.dtype(np.float64): torch.float64,
-        np.dtype(np.float16): torch.float16,
-        np.dtype(np.int64): torch.int64,
-        np.dtype(np.int32): torch.int32,
-        np.dtype(np.int16): torch.int16,
-        np.dtype(np.int8): torch.int8,
-        np.dtype(np.uint8): torch.uint8,
-        np.dtype(np.bool_): torch.bool,
-    }[onnx.helper.tensor_dtype_to_np_dtype(onnx_type)]
+    """The torch dtype of ONNX element type ``onnx_type`` (``bridge.dtypes``)."""
+    return ONNX_TO_TORCH[onnx_type]
 
 
 # Unsigned types that the importer computes as int64 (importer/program.py WIDE_UNSIGNED): a Cast

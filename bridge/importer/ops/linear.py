@@ -23,7 +23,7 @@ def gemm(ctx, a, b, c=None):
 
 
 @converter("MatMul")
-def matmul(ctx, a, b):
+def convert_matmul(ctx, a, b):
     return torch.matmul(a, b)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...lowering.pool import avg_pool_divisor
+from ...geometry import avg_pool_divisor
 from ..registry import converter
 from .conv import forward_pads, spatial_attrs, split_pads
 
@@ -49,7 +49,7 @@ def _window(ctx, x):
 
 
 @converter("MaxPool")
-def max_pool(ctx, x):
+def convert_max_pool(ctx, x):
     if len(ctx.node.output) > 1 and ctx.node.output[1]:
         raise ctx.unsupported("the Indices output (onnx-mlir's MaxPool has a single output)")
     rank, kernel, strides, dilations, begins, ends = _window(ctx, x)

@@ -126,7 +126,7 @@ for _op, _reduction in _REDUCTIONS.items():
 
 
 @converter("ArgMax", "ArgMin")
-def arg_extreme(ctx, x):
+def convert_arg_extreme(ctx, x):
     axis, keep = ctx.attr("axis", 0), bool(ctx.attr("keepdims", 1))
     if ctx.attr("select_last_index", 0):
         flipped = torch.flip(x, [axis])
@@ -137,7 +137,7 @@ def arg_extreme(ctx, x):
 
 
 @converter("CumSum", static=(1,))
-def cumsum(ctx, x, axis):
+def convert_cumsum(ctx, x, axis):
     axis = ctx.ints(axis)[0] % x.dim()
     if ctx.attr("reverse", 0):
         x = torch.flip(x, [axis])

@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ...errors import ShapeError
-from ...lowering import padding
+from .. import padding
 from ..registry import converter
 
 
 @converter("Identity")
-def identity(ctx, x):
+def convert_identity(ctx, x):
     """A tensor or a whole sequence (a list, returned as the node's one output)."""
     return (x,) if isinstance(x, list) else x
 
@@ -51,7 +51,7 @@ def _reshape_target(ctx, x, shape: list[int]) -> list[int]:
 
 
 @converter("Reshape", static=(1,))
-def reshape(ctx, x, shape):
+def convert_reshape(ctx, x, shape):
     if ctx.opset < 5:
         shape = ctx.attr("shape")
     return x.reshape(_reshape_target(ctx, x, ctx.ints(shape)))
@@ -66,7 +66,7 @@ def flatten(ctx, x):
 
 
 @converter("Transpose")
-def transpose(ctx, x):
+def convert_transpose(ctx, x):
     perm = ctx.attr("perm") or list(reversed(range(x.dim())))
     return x.permute(perm)
 
@@ -101,7 +101,7 @@ def concat(ctx, *xs):
 
 
 @converter("Split", static=(1,))
-def split(ctx, x, sizes=None):
+def convert_split(ctx, x, sizes=None):
     axis = ctx.attr("axis", 0)
     if ctx.opset < 13:
         sizes = ctx.attr("split")
@@ -116,7 +116,7 @@ def split(ctx, x, sizes=None):
 
 
 @converter("Slice", static=(1, 2, 3, 4))
-def slice_(ctx, x, starts=None, ends=None, axes=None, steps=None):
+def convert_slice(ctx, x, starts=None, ends=None, axes=None, steps=None):
     """One ``aten.slice`` per sliced axis (a negative step: flip, then slice forward); axes kept
     whole trace nothing, so a symbolic batch axis is never compared with a number."""
     if ctx.opset < 10:
@@ -154,7 +154,7 @@ def _whole_axis(start: int, end: int, step: int, length) -> bool:
 
 
 @converter("Gather")
-def gather(ctx, x, indices):
+def convert_gather(ctx, x, indices):
     axis = ctx.attr("axis", 0) % x.dim()
     indices = torch.where(indices < 0, indices + x.shape[axis], indices)
     flat = x.index_select(axis, indices.reshape(-1))
@@ -169,7 +169,7 @@ def gather_elements(ctx, x, indices):
 
 
 @converter("Expand", static=(1,))
-def expand(ctx, x, shape):
+def convert_expand(ctx, x, shape):
     shape = ctx.ints(shape)
     rank = max(len(shape), x.dim())
     shape = [1] * (rank - len(shape)) + shape
@@ -204,7 +204,7 @@ def range_(ctx, start, limit, delta):
 @converter("Pad", static=(1, 2, 3))
 def pad(ctx, x, pads=None, value=None, axes=None):
     """constant mode with ``F.pad``; reflect / edge / wrap axis by axis with Slice + Concat forms
-    (``bridge.lowering.padding``), whose forward and backward export to ops onnx-mlir accepts."""
+    (``bridge.importer.padding``), whose forward and backward export to ops onnx-mlir accepts."""
     if ctx.opset < 11:
         pads, value = ctx.attr("pads"), ctx.attr("value", 0.0)
     pads = ctx.ints(pads)
@@ -241,7 +241,7 @@ def _check_pad_fits(ctx, x, axis: int, begin: int, end: int, mode: str) -> None:
 
 
 @converter("Trilu", static=(1,))
-def trilu(ctx, x, k=None):
+def convert_trilu(ctx, x, k=None):
     k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
     return torch.triu(x, k) if ctx.attr("upper", 1) else torch.tril(x, k)
 

@@ -13,7 +13,7 @@ from ..registry import converter
 
 
 @converter("TopK", static=(1,))
-def topk(ctx, x, k=None):
+def convert_topk(ctx, x, k=None):
     """The ``k`` largest (``largest=1``) or smallest elements along ``axis``, always sorted (ONNX
     leaves the order free for ``sorted=0``); ties keep the lower index first, as ONNX specifies."""
     k = ctx.attr("k") if ctx.opset < 10 else int(np.asarray(k).reshape(-1)[0])

@@ -1,0 +1,55 @@
+"""Print the tables of bridge's lowerings and emitters (docs/registries.md) from their registries.
+
+One row per registered ATen op: the function that lowers it (``@lowers``, ``bridge/lowering/``)
+or emits it as ONNX (``@emits``, ``bridge/export/ops/``). The converter table (``@converter``)
+is in docs/models.md (docs/supported_ops.py). Run ``.venv/bin/python docs/registries.py --write``
+to rewrite the block of docs/registries.md (tests/test_registries.py checks that it is current).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bridge.export.builder import EMITTERS, import_all_emitters
+from bridge.lowering import LOWERINGS, import_all_lowerings
+
+BEGIN, END = "<!-- registries: begin -->", "<!-- registries: end -->"
+DOC = Path(__file__).with_name("registries.md")
+
+
+def _rows(table: dict, package: str) -> list[str]:
+    rows = []
+    for target, fn in table.items():
+        fn = getattr(fn, "func", fn)  # a functools.partial: the function it wraps
+        path = fn.__module__.removeprefix(package + ".").replace(".", "/")
+        name, _, made = fn.__qualname__.partition(".<locals>")  # made: a function built by a factory
+        rows.append(f"| `{target}` | `{path}.py` | `{name}{'(...)' if made else ''}` |")
+    return sorted(rows)
+
+
+def table() -> str:
+    import_all_lowerings()
+    import_all_emitters()
+    return "\n".join([
+        BEGIN, "",
+        "### Lowerings (`@lowers`, `bridge/lowering/`)", "",
+        "| ATen op | module | function |", "| --- | --- | --- |",
+        *_rows(LOWERINGS, "bridge.lowering"), "",
+        f"{len(LOWERINGS)} ATen ops lowered.", "",
+        "### Emitters (`@emits`, `bridge/export/ops/`)", "",
+        "| ATen op | module | function |", "| --- | --- | --- |",
+        *_rows(EMITTERS, "bridge.export.ops"), "",
+        f"{len(EMITTERS)} ATen ops (and size callables) emitted.", "",
+        END,
+    ])
+
+
+def write() -> None:
+    """Replace the generated block of docs/registries.md."""
+    text = DOC.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    DOC.write_text(text[:start] + table() + text[end:])
+
+
+if __name__ == "__main__":
+    write() if "--write" in sys.argv else print(table())
