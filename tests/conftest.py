@@ -7,6 +7,7 @@ longest ones start early instead of ending up serial at the tail), except tests 
 expensive module-scoped fixture (``SHARED_FIXTURES``): those form one ``xdist_group`` and run on
 one worker, so the fixture is built once rather than once per worker.
 """
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -33,7 +34,8 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
     for name in SHARED_FIXTURES:
         if name in getattr(item, "fixturenames", ()):
             param = getattr(item, "callspec", None) and item.callspec.params.get(name)
-            return f"{item.module.__name__}.{name}" + (f"[{param}]" if param is not None else "")
+            suffix = "" if param is None else "-" + re.sub(r"\W+", "_", str(param)).strip("_")
+            return f"{item.module.__name__}.{name}{suffix}"
     return None
 
 
