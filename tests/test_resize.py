@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.importer.program import OnnxProgram
+from helpers.importer import assert_importer_matches_onnxruntime
 from reference import assert_steps_match, bridge_steps, torch_steps
-from single_op import batches_for, one_node_model, run_onnxruntime, train_and_compare
+from single_op import batches_for, one_node_model, train_and_compare
 
 rng = np.random.default_rng(5)
 SHAPE = (2, 3, 4, 5)
@@ -38,10 +38,7 @@ def _resize_model(shape, opset, scales=None, sizes=None, dtype=np.float32, presc
 
 def _forward_matches_onnxruntime(model: onnx.ModelProto, shape) -> None:
     x = rng.standard_normal(shape).astype(np.float32)
-    got = OnnxProgram(model).run({"x": torch.tensor(x)}, {}, training=True)[0][0].numpy()
-    want = run_onnxruntime(model, {"x": x})[0]
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_importer_matches_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5, training=True)
 
 
 NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
