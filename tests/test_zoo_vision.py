@@ -52,13 +52,15 @@ EXHAUSTIVE = {
 # torch float32 to 2e-5); the onnxruntime run is up to 2.6% away on 9 of 36864 elements.
 ALLOWED_MISMATCH = {"googlenet": 0.005, "densenet121": 0.005}
 # Open numerical question (docs/dynamic_batch.md): deep CNNs drift further from float64 torch than
-# 4x torch's own float32 error at some batch sizes only (deterministic). Measured (worst error
-# beyond rtol 1e-4 of the scale, as a multiple of torch's float32 error on that tensor and as a
-# fraction of its scale): shufflenet_v2_x0_5 batch 3: 1.2x (passes), batch 16: 2264x at
-# grad_conv5.1.bias, 0.10% of its scale (1.7% of conv5.0.weight before BatchNorm statistics moved
-# to float64). At those batch sizes only, rtol is twice the worst measured fraction (before: 0.03 for
-# every tensor at every batch). googlenet (batch 16: 7.8%) and densenet121 (batch 3: 5.3%, 16: 4.4%)
-# are the figures of the previous session, not re-measured: their rtol there stays 0.1.
+# 4x torch's own float32 error at some batch sizes only (deterministic). Measured this session
+# (legacy17 symbolic export; worst error beyond rtol 1e-4 of the scale, as a multiple of torch's
+# float32 error on that tensor, and as a fraction of the tensor's scale):
+#   shufflenet_v2_x0_5: batch 3 1.2x (passes); batch 16 2264x at grad_conv5.1.bias, 0.10%
+#   googlenet:          batch 3 1.2x (passes); batch 16 2432x at inception4e.branch2.0.conv.weight, 7.75%
+#   densenet121:        not re-measured (previous session: batch 3 5.3%, batch 16 4.4%)
+# At those batch sizes only, rtol is twice the worst measured fraction where that is tighter than
+# before (shufflenet: 2e-3, was 0.03 at every batch), else it stays 0.1; every other batch size of
+# these models is checked at rtol 1e-4 + 4x torch's float32 error, as every other model.
 BATCH_RTOL = {"shufflenet_v2_x0_5": {16: 2e-3}, "googlenet": {16: 0.1}, "densenet121": {3: 0.1, 16: 0.1}}
 
 
