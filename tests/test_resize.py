@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import bridge
 from helpers.importer import assert_importer_matches_onnxruntime
-from reference import assert_steps_match, bridge_steps, torch_steps
+from helpers.training import assert_trains_like
 from single_op import batches_for, one_node_model, train_and_compare
 
 rng = np.random.default_rng(5)
@@ -146,13 +146,7 @@ def test_torch_exported_upsampling_model_matches_torch(upsample, opset):
     assert "Resize" not in {n.op_type for n in tm.model.graph.node}
     out_shape = tuple(module(torch.zeros(2, 2, 3, 4)).shape)
     batches = batches_for({"x": (2, 2, 3, 4)}, out_shape, 2, dtype=np.float32)
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["x"],))
-
-    want = torch_steps(forward, weights, F.mse_loss, torch.optim.SGD, {"lr": 0.1}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want)
+    assert_trains_like(tm, module, batches, F.mse_loss, torch.optim.SGD, {"lr": 0.1})
 
 
 def _upsampling_net(upsample: torch.nn.Module) -> torch.nn.Module:
