@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
         group = _shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: modules stay contiguous
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: modules stay contiguous
 
 
 def seed_of(node: pytest.Item) -> int:
