@@ -26,8 +26,10 @@ demo: $(STAMP)
 system-deps:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-# Two workers: the machines here have 2 cores.
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=15
+# Two workers: the machines here have 2 cores. loadgroup hands each test to whichever worker is
+# free, in the order tests/conftest.py gives (slow tests first, so none ends up alone at the tail),
+# and keeps the tests of one expensive module-scoped fixture on one worker (tests/conftest.py).
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15
 
 test: $(STAMP) system-deps
 	$(PYTEST) -m "not exhaustive" tests

@@ -6,19 +6,14 @@ from typing import Mapping
 
 import numpy as np
 import onnx
-import torch
 
 import bridge
-from bridge.importer.program import OnnxProgram
-from single_op import run_onnxruntime
+from helpers.importer import importer_and_onnxruntime
 
 
 def assert_forward_matches_onnxruntime(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5) -> None:
     """bridge's interpretation of the inference model equals onnxruntime's (ONNX semantics)."""
-    (want,) = run_onnxruntime(model, feed)
-    outputs, _ = OnnxProgram(model).run({k: torch.from_numpy(v) for k, v in feed.items()}, {}, training=False)
-    got = outputs[0].detach().numpy()
-    assert got.shape == want.shape
+    ((got, want),) = importer_and_onnxruntime(model, feed)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
 
 

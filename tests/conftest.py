@@ -1,18 +1,68 @@
+"""Test-suite wiring: the IREE skip, the order and grouping pytest-xdist schedules, and
+per-test seeds for module-level random generators.
+
+The Makefile runs ``pytest -n 2 --dist loadgroup``: each test is its own work unit, handed to
+whichever worker is free, in the order collected here (``slow`` tests first, so that the
+longest ones start early instead of ending up serial at the tail), except tests that share an
+expensive module-scoped fixture (``SHARED_FIXTURES``): those form one ``xdist_group`` and run on
+one worker, so the fixture is built once rather than once per worker.
+"""
+import re
 import sys
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import importlib.util  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# Module-scoped fixtures too expensive to build on both workers: one spawn of 2 ranks
+# (test_distributed), one IREE compile per model family and batch mode (test_iree).
+SHARED_FIXTURES = ("spawned", "compiled")
 
+
+def _iree_installed() -> bool:
+    return importlib.util.find_spec("iree") is not None and importlib.util.find_spec("iree.compiler") is not None
+
+
+def _shared_fixture_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test using a ``SHARED_FIXTURES`` fixture: its module, the fixture and
+    the fixture's parameter (one group per fixture instance)."""
+    for name in SHARED_FIXTURES:
+        if name in getattr(item, "fixturenames", ()):
+            param = getattr(item, "callspec", None) and item.callspec.params.get(name)
+            suffix = "" if param is None else "-" + re.sub(r"\W+", "_", str(param)).strip("_")
+            return f"{item.module.__name__}.{name}{suffix}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``iree`` skip when IREE (the ``bridge[iree]`` install extra) is missing."""
-    if importlib.util.find_spec("iree") is not None and importlib.util.find_spec("iree.compiler") is not None:
-        return
-    skip = pytest.mark.skip(reason="IREE is not installed: pip install 'bridge[iree]'")
+    """Skip ``iree`` tests without IREE; group tests sharing an expensive fixture; slow tests first."""
+    skip = None if _iree_installed() else pytest.mark.skip(reason="IREE is not installed: pip install 'bridge[iree]'")
     for item in items:
-        if "iree" in item.keywords:
+        if skip is not None and "iree" in item.keywords:
             item.add_marker(skip)
+        group = _shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: modules stay contiguous
+
+
+def seed_of(node: pytest.Item) -> int:
+    """The seed of ``node``'s module-level generators: a function of its module and name only."""
+    return zlib.crc32(f"{node.module.__name__}::{node.name}".encode())
+
+
+@pytest.fixture(autouse=True)
+def _seeded_module_generators(request, monkeypatch):
+    """Every module-level numpy ``Generator`` (``rng = np.random.default_rng(...)``) is replaced, for
+    each test, by one seeded from the test's id: what a test draws no longer depends on which
+    tests ran before it in its worker (pytest-xdist changes that from run to run)."""
+    module = getattr(request, "module", None)
+    for name, value in list(vars(module).items()) if module is not None else ():
+        if isinstance(value, np.random.Generator):
+            monkeypatch.setattr(module, name, np.random.default_rng(seed_of(request.node)))

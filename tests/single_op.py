@@ -10,12 +10,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
 import bridge
+from helpers.importer import run_onnxruntime  # noqa: F401 (the tests import it from here too)
 from reference import assert_steps_match, bridge_steps, torch_steps
 
 ELEM = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float64): onnx.TensorProto.DOUBLE,
@@ -47,12 +47,6 @@ def one_node_model(op_type: str, node_inputs: Sequence[str], data: Mapping[str, 
     model = onnx.shape_inference.infer_shapes(model)
     onnx.checker.check_model(model)
     return model
-
-
-def run_onnxruntime(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """The inference model itself in onnxruntime: the reference for ONNX forward semantics."""
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, dict(feed))
 
 
 def train_and_compare(model: onnx.ModelProto, weights: Mapping[str, np.ndarray],

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 import bridge
 from bridge.lowering.conv import convolution_backward, lower_convolution
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
+from helpers.training import assert_trains_like, module_weights
+from reference import random_batches
 from single_op import batches_for, one_node_model, train_and_compare
 
 aten = torch.ops.aten
@@ -230,12 +231,6 @@ def test_torch_exported_cnn_matches_torch(tmp_path, optim):
     assert {"Conv", "MaxPool"} <= {n.op_type for n in tm.model.graph.node}
     assert_onnx_mlir_clean(tm.model)
     batches = random_batches(tm, 3, classes=5)
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-    assert set(tm.weights) == set(weights)
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["x"],))
-
+    assert set(tm.weights) == set(module_weights(module))
     optimizer = {"sgd": torch.optim.SGD, "rmsprop": torch.optim.RMSprop}[optim]
-    want = torch_steps(forward, weights, F.cross_entropy, optimizer, {"lr": 0.01}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want)
+    assert_trains_like(tm, module, batches, F.cross_entropy, optimizer, {"lr": 0.01})

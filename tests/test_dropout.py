@@ -13,9 +13,10 @@ import torch.nn.functional as F
 
 import bridge
 from reference import assert_steps_match, bridge_steps, torch_steps
+from conftest import seed_of
 from single_op import one_node_model, train_and_compare
 
-rng = np.random.default_rng(11)
+rng = np.random.default_rng(11)  # re-seeded for each test from its id (tests/conftest.py)
 SHAPE = (3, 4, 5)
 
 
@@ -98,3 +99,11 @@ def test_torch_training_mode_export_matches_torch_dropout():
 
     want = torch_steps(forward, weights, F.mse_loss, torch.optim.SGD, {"lr": 0.125}, batches)
     assert_steps_match(bridge_steps(tm, batches), want)
+
+
+def test_draws_do_not_depend_on_the_tests_run_before(request):
+    """The module generator this file draws from is seeded per test (tests/conftest.py): pytest-xdist
+    hands tests to workers in a different order each run, and a shared generator would give a test
+    different data each time."""
+    drawn = rng.standard_normal(4)
+    assert np.array_equal(drawn, np.random.default_rng(seed_of(request.node)).standard_normal(4))

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from reference import assert_steps_match, bridge_steps, torch_steps
+from helpers.training import assert_trains_like
 from single_op import one_node_model, train_and_compare
 
 rng = np.random.default_rng(3)
@@ -89,10 +89,4 @@ def test_torch_embedding_model_matches_torch():
     assert _no_scatter(tm)
     batches = [({"tokens": rng.integers(0, 11, size=(2, 5))}, rng.integers(0, 3, size=2)) for _ in range(3)]
     batches[0][0]["tokens"][:] = [[1, 1, 1, 2, 1], [2, 2, 7, 1, 10]]
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["tokens"],))
-
-    want = torch_steps(forward, weights, F.cross_entropy, torch.optim.Adam, {"lr": 0.01}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want)
+    assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.Adam, {"lr": 0.01}, inputs=["tokens"])

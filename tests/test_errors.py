@@ -1,14 +1,18 @@
-"""Bad input gets a BridgeError that names the culprit, and leaves no output file."""
+"""Bad input gets a BridgeError that names the culprit, and leaves no output file; a write that
+fails midway leaves no file either, and the previous files as they were."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main
 
-EXAMPLE = "examples/models/mlp.onnx"
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "mlp.onnx")
 
 
 def test_missing_file(tmp_path):
@@ -120,3 +124,46 @@ def test_output_size_decided_by_data_names_the_node(op_type, attrs):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(bridge.ShapeError, match=f"{op_type} node 'selector'.*known before the model runs"):
         bridge.to_training_onnx(model)
+
+
+# Bad options are refused before anything is written (above); these writes fail after part of a
+# file is on disk: the save is atomic (bridge/atomic.py), so nothing appears and what was there stays.
+SAVED = ["train.onnx", "train.eval.onnx", "train.gradient.onnx", "train.update.onnx", "state.npz"]
+
+
+def _full_disk_at(monkeypatch, failing_call: int) -> list[Path]:
+    """``onnx.save`` writes its files for real, except its ``failing_call``-th: half the bytes, then
+    ENOSPC (a full disk). Returns the paths it was given."""
+    real_save, calls = onnx.save, []
+
+    def save(model, path, *args, **kwargs):
+        calls.append(Path(path))
+        if len(calls) < failing_call:
+            return real_save(model, path, *args, **kwargs)
+        data = model.SerializeToString()
+        Path(path).write_bytes(data[:len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(onnx, "save", save)
+    return calls
+
+
+@pytest.mark.parametrize("failing_call", [1, 4], ids=["first_graph", "last_graph"])
+def test_a_write_failing_midway_leaves_the_previous_files(tmp_path, monkeypatch, failing_call):
+    previous = {name: f"previous {name}".encode() for name in SAVED}
+    for name, data in previous.items():
+        (tmp_path / name).write_bytes(data)
+    calls = _full_disk_at(monkeypatch, failing_call)
+    tm = bridge.to_training_onnx(EXAMPLE)
+    with pytest.raises(OSError, match="No space left"):
+        tm.save(tmp_path / "train.onnx", state_path=tmp_path / "state.npz")
+    assert len(calls) == failing_call and all(path.parent == tmp_path and path.name not in SAVED for path in calls), (
+        "the graphs must be written to temporaries beside their targets")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == previous, "a target or a temporary changed"
+
+
+def test_output_path_write_failing_midway_leaves_nothing(tmp_path, monkeypatch):
+    _full_disk_at(monkeypatch, 2)
+    with pytest.raises(OSError, match="No space left"):
+        bridge.to_training_onnx(EXAMPLE, output_path=tmp_path / "out" / "train.onnx")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-import torch
 from onnx import TensorProto, helper
 
-from bridge.importer.program import OnnxProgram
+from helpers.importer import assert_importer_matches_onnxruntime, import_and_run, run_onnxruntime
 
 
 def _model(nodes, inputs: dict[str, np.ndarray], outputs: list[str], opset: int, initializers=()) -> onnx.ModelProto:
@@ -22,19 +20,9 @@ def _model(nodes, inputs: dict[str, np.ndarray], outputs: list[str], opset: int,
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _onnxruntime(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
-
-
-def _bridge(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    got, _ = OnnxProgram(model).run({k: torch.from_numpy(v) for k, v in inputs.items()}, {}, training=False)
-    return [g.detach().numpy() for g in got]
-
-
 def _run_both(nodes, inputs, outputs, opset, initializers=()):
     model = _model(nodes, inputs, outputs, opset, initializers)
-    for name, want, got in zip(outputs, _onnxruntime(model, inputs), _bridge(model, inputs)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert_importer_matches_onnxruntime(model, inputs, rtol=1e-5, atol=1e-5, checked=False, what=str(outputs))
 
 
 RNN_CASES = [
@@ -77,11 +65,11 @@ def test_recurrent_ops_match_onnxruntime(op, attrs, with_state):
             names += ["c0", "P"]
     outputs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
     node = helper.make_node(op, names, outputs, hidden_size=hidden, **attrs)
-    got = _bridge(_model([node], inputs, outputs, 14), inputs)
+    got = import_and_run(_model([node], inputs, outputs, 14), inputs, checked=False)
     if layout:  # onnxruntime has no batch-first RNNs: run it on the seq-first problem
         inputs = {k: v.swapaxes(0, 1) if k in ("x", "h0", "c0") else v for k, v in inputs.items()}
         node = helper.make_node(op, names, outputs, hidden_size=hidden, **{**attrs, "layout": 0})
-    want = _onnxruntime(_model([node], inputs, outputs, 14), inputs)
+    want = run_onnxruntime(_model([node], inputs, outputs, 14), inputs)
     if layout:  # Y [T, D, B, H] -> [B, T, D, H]; states [D, B, H] -> [B, D, H]
         want = [want[0].transpose(2, 0, 1, 3)] + [w.swapaxes(0, 1) for w in want[1:]]
     for name, w, g in zip(outputs, want, got):
@@ -96,7 +84,7 @@ def test_recurrent_sequence_lens_that_pad_are_rejected():
     lens = onnx.numpy_helper.from_array(np.array([3, 2], np.int32), "lens")
     node = helper.make_node("RNN", ["x", "W", "R", "", "lens"], ["Y"], name="rnn", hidden_size=2)
     with pytest.raises(UnsupportedOpError, match="rnn.*sequence_lens"):
-        _bridge(_model([node], inputs, ["Y"], 14, [lens]), inputs)
+        import_and_run(_model([node], inputs, ["Y"], 14, [lens]), inputs, checked=False)
 
 
 @pytest.mark.parametrize("batch_dims, data_shape, index_shape", [

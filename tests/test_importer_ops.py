@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.importer.program import OnnxProgram
-from bridge.load import load_model
+from helpers.importer import assert_importer_matches_onnxruntime, import_and_run
 from single_op import one_node_model, run_onnxruntime
 
 RNG = np.random.default_rng(0)
@@ -18,22 +17,10 @@ POSITIVE = (np.abs(X) + 0.5).astype(np.float32)
 UNIT = np.clip(X / 4, -0.9, 0.9).astype(np.float32)
 
 
-def _import_and_run(model, feed):
-    program = OnnxProgram(load_model(model))
-    inputs = {k: torch.tensor(v) for k, v in feed.items()}
-    tensors = {n: program.initializer_tensor(n) for n in program.initializers}
-    outputs, _ = program.run(inputs, tensors, training=False)
-    return [o.detach().numpy() for o in outputs]
-
-
 def _check(op, feed, initializers=None, opset=18, out_dtype=None, **attrs):
     initializers = initializers or {}
     model = one_node_model(op, list(feed) + list(initializers), feed, initializers, opset, out_dtype=out_dtype, **attrs)
-    got = _import_and_run(model, feed)
-    want = run_onnxruntime(model, feed)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape, f"{op}: shape {g.shape} != {w.shape}"
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=op)
+    assert_importer_matches_onnxruntime(model, feed, rtol=1e-5, atol=1e-6, what=op)
 
 
 UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs", "Floor", "Ceil", "Sign", "Sin", "Cos", "Erf",
@@ -99,7 +86,7 @@ def test_reductions(op, keepdims):
 def test_reduction_axes_attribute_before_opset_18(op):
     opset = 11
     model = one_node_model(op, ["x"], {"x": X}, {}, opset, axes=[0, 2], keepdims=0)
-    np.testing.assert_allclose(_import_and_run(model, {"x": X})[0], run_onnxruntime(model, {"x": X})[0], rtol=1e-6)
+    np.testing.assert_allclose(import_and_run(model, {"x": X})[0], run_onnxruntime(model, {"x": X})[0], rtol=1e-6)
 
 
 REDUCTIONS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -130,7 +117,7 @@ def test_reduce_mean_over_an_empty_axis_is_nan():
     """0/0: NaN as the ONNX reference (numpy's mean) gives; onnxruntime returns 0 instead."""
     feed = {"x": np.zeros((2, 0, 4), np.float32)}
     model = one_node_model("ReduceMean", ["x", "axes"], feed, {"axes": np.array([1], np.int64)}, 18)
-    assert np.isnan(_import_and_run(model, feed)[0]).all()
+    assert np.isnan(import_and_run(model, feed)[0]).all()
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32])
@@ -145,7 +132,7 @@ def test_cumsum_keeps_the_input_dtype(dtype):
                               [helper.make_tensor_value_info("y", elem, x.shape)],
                               [numpy_helper.from_array(np.array(1, np.int64), "axis")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    got, want = _import_and_run(model, {"x": x})[0], run_onnxruntime(model, {"x": x})[0]
+    got, want = import_and_run(model, {"x": x})[0], run_onnxruntime(model, {"x": x})[0]
     assert got.dtype == want.dtype == dtype
     np.testing.assert_array_equal(got, want)
 
@@ -194,7 +181,7 @@ def test_shape_and_data_movement(op, inputs, attrs):
 
 def test_split_and_concat_round_trip():
     model = one_node_model("Split", ["x", "split"], {"x": X}, {"split": np.array([1, 3], np.int64)}, 18, outputs=2, axis=2)
-    got, want = _import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
+    got, want = import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     _check("Concat", {"x": X}, {"other": np.ones((2, 1, 4), np.float32)}, axis=1)
@@ -265,7 +252,7 @@ def test_batch_norm_training_mode_outputs_running_statistics(opset):
              "m": RNG.standard_normal(channels).astype(np.float32), "v": (RNG.random(channels) + 0.5).astype(np.float32)}
     model = one_node_model("BatchNormalization", ["x", *inits], {"x": X}, inits, opset, outputs=3, momentum=0.7,
                            training_mode=1)
-    got, want = _import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
+    got, want = import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
     assert len(got) == len(want) == 3
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

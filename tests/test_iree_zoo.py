@@ -169,21 +169,21 @@ XFAIL: dict[str, str] = {
 
 def _torch_case(kind: str, name: str, mode: str, tmp_path):
     """(case, training model) for a torch zoo module exported with a symbolic batch."""
-    from test_zoo_dynamic import LOOSE_RTOL, _export_symbolic_batch, _rows
-    from test_zoo_vision import ALLOWED_MISMATCH
-    from zoo.harness import Case, module_oracle, name_map
+    from test_zoo_vision import ALLOWED_MISMATCH, BATCH_RTOL
+    from zoo.exporters import SYMBOLIC_BATCH, export
+    from zoo.harness import Case, module_oracle, name_map, rows
     from zoo.torch_models import TEXT, VISION
 
     module, inputs, target, loss = {**TEXT, **VISION, **TORCHVISION}[name]()
-    path = _export_symbolic_batch(module, inputs, tmp_path / "model.onnx")
+    path = export(module, inputs, SYMBOLIC_BATCH, tmp_path / "model.onnx", dynamic_batch=True)
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     tm = bridge.to_training_onnx(path, loss=loss, optim="adam", optim_options={"lr": 1e-3}, input_shapes=shapes,
                                  dynamic_batch=mode == "dynamic")
     if mode == "dynamic":  # a batch size the graph was not traced with (one more: BatchNorm on 1x1 maps
         batch = len(target) + 1  # at batch 3 is too ill-conditioned for float32, docs/dynamic_batch.md)
-        inputs, target = {k: _rows(v, batch) for k, v in inputs.items()}, _rows(target, batch)
+        inputs, target = {k: rows(v, batch) for k, v in inputs.items()}, rows(target, batch)
     mapping, _ = name_map(module, path)
-    rtol = LOOSE_RTOL.get(name, 1e-4) if mode == "dynamic" else 1e-4
+    rtol = BATCH_RTOL.get(name, {}).get(len(target), 1e-4) if mode == "dynamic" else 1e-4
     oracle = module_oracle(module, mapping, inputs, target, loss, 1e-3)
     case = Case(f"{name}/{mode}", path, inputs, target, loss, set(tm.weights), oracle, lr=1e-3, rtol=rtol,
                 allowed_mismatch=ALLOWED_MISMATCH.get(name, 0.0))

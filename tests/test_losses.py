@@ -14,6 +14,7 @@ import bridge
 from bridge.check import check
 from bridge.losses import available_losses
 from bridge.lowering.loss import xlogy
+from helpers.training import assert_trains_like
 from reference import assert_steps_match, bridge_steps, torch_steps
 
 C = 4
@@ -124,13 +125,7 @@ def _run(models, model, loss, options, kind, torch_loss, steps=2):
     batches = [({"x": rng.standard_normal(shape).astype(np.float32)}, _targets(kind, tm.target_shape, rng)) for _ in range(steps)]
     if kind == "indices" and "ignore_index" in (options or {}):
         assert any((t == options["ignore_index"]).any() for _, t in batches), "some targets must be ignored"
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["x"],))
-
-    want = torch_steps(forward, weights, torch_loss, torch.optim.SGD, {"lr": 0.1}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want)
+    assert_trains_like(tm, module, batches, torch_loss, torch.optim.SGD, {"lr": 0.1})
     return tm
 
 

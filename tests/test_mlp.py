@@ -1,13 +1,13 @@
 """End to end on MLPs: loss, every gradient and every updated weight over 3 steps, vs torch."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import bridge
 from helpers.models import gemm_mlp, matmul_add_mlp
+from helpers.training import assert_trains_like, module_weights
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}
@@ -33,14 +33,8 @@ def test_torch_exported_mlp_matches_torch(torch_mlp, loss, optim):
     module, path = torch_mlp
     tm = bridge.to_training_onnx(path, loss=loss, optim=optim, optim_options={"lr": 0.05})
     batches = random_batches(tm, 3, classes=4)
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-    assert set(tm.weights) == set(weights)
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["x"],))
-
-    want = torch_steps(forward, weights, LOSSES[loss], OPTIMIZERS[optim], {"lr": 0.05}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want)
+    assert set(tm.weights) == set(module_weights(module))
+    assert_trains_like(tm, module, batches, LOSSES[loss], OPTIMIZERS[optim], {"lr": 0.05})
 
 
 def _matmul_twin(params, inputs):

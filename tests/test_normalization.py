@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.importer.program import OnnxProgram
-from single_op import batches_for, one_node_model, run_onnxruntime, train_and_compare
+from helpers.importer import assert_importer_matches_onnxruntime
+from single_op import batches_for, one_node_model, train_and_compare
 
 RTOL = 1e-9
 EPS = 2.0 ** -10  # exact in the float32 epsilon attribute
@@ -106,9 +106,7 @@ def test_layer_norm_matches_torch(shape, axis, with_bias):
     model = one_node_model("LayerNormalization", ["x", "s"] + (["b"] if with_bias else []), {"x": np.zeros(shape)},
                            inits, 17, axis=axis, epsilon=EPS)
     feed = {"x": rng.standard_normal(shape)}
-    np.testing.assert_allclose(
-        OnnxProgram(model).run({"x": torch.tensor(feed["x"])}, {}, training=True)[0][0].numpy(),
-        run_onnxruntime(model, feed)[0], rtol=1e-9, atol=1e-12)
+    assert_importer_matches_onnxruntime(model, feed, rtol=1e-9, atol=1e-12, training=True)
 
     def twin(p, inputs):
         return F.layer_norm(inputs["x"], normalized, p["s"], p.get("b"), eps=EPS)
@@ -167,9 +165,7 @@ def test_mean_variance_normalization_matches_onnxruntime_and_torch():
     model = one_node_model("MeanVarianceNormalization", ["x"], {"x": np.zeros(shape, np.float32)}, {}, 13,
                            out_shape=shape, prescale=pre)
     feed = {"x": rng.standard_normal(shape).astype(np.float32)}
-    program = OnnxProgram(model)
-    np.testing.assert_allclose(program.run({"x": torch.tensor(feed["x"])}, {}, training=True)[0][0].numpy(),
-                               run_onnxruntime(model, feed)[0], rtol=1e-5, atol=1e-6)
+    assert_importer_matches_onnxruntime(model, feed, rtol=1e-5, atol=1e-6, training=True)
 
     def twin(params, inputs):
         x = inputs["x"] * params["w_pre"]

@@ -12,12 +12,12 @@ import pytest
 import bridge
 from bridge.importer.registry import CONVERTERS, import_all_converters
 from generated_docs import assert_generated_block_current
+from helpers.importer import import_and_run
 from helpers.oracle import (FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, _scale, check_training_step, run_reference,
                             step_outputs)
 from op_db import ROWS, OpRow
 from reference import assert_steps_match
 from single_op import run_onnxruntime
-from test_importer_ops import _import_and_run
 
 OPTIONS = {"loss": "mse", "optim": "sgd", "optim_options": {"lr": LR}}
 FLOAT32_BOUND = FLOAT32_ULPS * FLOAT32_EPS  # of a tensor's scale: float32 results vs each other
@@ -68,7 +68,7 @@ def test_every_converter_has_a_row_and_every_row_a_converter():
 @pytest.mark.parametrize("row", list(_params(ROWS, "forward")))
 def test_forward_matches_onnxruntime(row: OpRow):
     model, feed = row.model(), row.inputs()
-    got, want = _import_and_run(model, feed), _ort_or_reference(model, feed)
+    got, want = import_and_run(model, feed), _ort_or_reference(model, feed)
     assert len(got) == len(want)
     for index, (g, w) in enumerate(zip(got, want)):
         assert_close_float32(g, w, f"{row.id} output {index}")

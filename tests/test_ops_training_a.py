@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 import bridge
 from bridge.lowering.reduce import cumprod
 from bridge.lowering.softmax import softmax_backward
+from helpers.training import assert_trains_like
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 from single_op import batches_for, one_node_model, train_and_compare
 
@@ -159,13 +160,7 @@ def test_torch_exported_mlp_with_activation_matches_torch(activation):
     tm = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.05})
     assert bridge.check(tm.model, target="onnx-mlir") == []
     batches = random_batches(tm, 3)
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["x"],))
-
-    want = torch_steps(forward, weights, F.mse_loss, torch.optim.SGD, {"lr": 0.05}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want, rtol=1e-5)  # float32 as torch's module
+    assert_trains_like(tm, module, batches, F.mse_loss, torch.optim.SGD, {"lr": 0.05})  # float32 as torch's module
 
 
 @pytest.mark.parametrize("activation, alpha", [("LeakyRelu", 0.25), ("Elu", 0.75)])

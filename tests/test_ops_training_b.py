@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
+from helpers.training import assert_trains_like, module_weights
 from reference import assert_steps_match, bridge_steps, torch_steps
 from single_op import batches_for, one_node_model, run_onnxruntime, train_and_compare
 
@@ -138,14 +139,11 @@ def test_reflect_padded_conv1d_module_trains_like_torch():
     module = torch.nn.Sequential(torch.nn.ReflectionPad1d(2), torch.nn.Conv1d(3, 4, 3, padding=1, padding_mode="reflect"))
     model = _exported(module, torch.zeros(2, 3, 9), opset_version=17)  # float32: onnxruntime has no float64 Conv
     assert "reflect" in str([n.attribute for n in model.graph.node if n.op_type == "Pad"])
-    weights = {n: p.detach().numpy().copy() for n, p in module.named_parameters()}
     tm = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125})
-    assert sorted(tm.weights) == sorted(weights)
+    assert sorted(tm.weights) == sorted(module_weights(module))
     assert bridge.check(tm.model, target="onnx-mlir") == []
     batches = batches_for({"x": (2, 3, 9)}, (2, 4, 13), 3, dtype=np.float32)
-    twin = lambda p, i: torch.func.functional_call(module, p, (i["x"],))  # noqa: E731
-    want = torch_steps(twin, weights, F.mse_loss, torch.optim.SGD, {"lr": 0.125}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want, rtol=RTOL32)
+    assert_trains_like(tm, module, batches, F.mse_loss, torch.optim.SGD, {"lr": 0.125}, rtol=RTOL32)
 
 
 # -- Slice with steps, Flatten with a negative axis ------------------------------------------
@@ -264,8 +262,7 @@ def shifted_lm() -> tuple[_ShiftedLM, bridge.TrainingModel]:
 @pytest.mark.parametrize("batch", [1, 3, 16])
 def test_shifted_lm_trains_like_torch_at_any_batch(shifted_lm, batch):
     module, tm = shifted_lm
-    weights = {n: p.detach().numpy().copy() for n, p in module.named_parameters()}
-    assert sorted(tm.weights) == sorted(weights)
+    assert sorted(tm.weights) == sorted(module_weights(module))
     batch_rng = np.random.default_rng(batch)
     batches = []
     for _ in range(2):
@@ -276,9 +273,7 @@ def test_shifted_lm_trains_like_torch_at_any_batch(shifted_lm, batch):
     def loss(output, target):
         return F.cross_entropy(output.flatten(0, 1), target.flatten())
 
-    twin = lambda p, i: torch.func.functional_call(module, p, (i["x"],))  # noqa: E731
-    want = torch_steps(twin, weights, loss, torch.optim.SGD, {"lr": 0.5}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want, rtol=RTOL)
+    assert_trains_like(tm, module, batches, loss, torch.optim.SGD, {"lr": 0.5}, rtol=RTOL)
 
 
 # -- The same ops at a symbolic batch ----------------------------------------------------------

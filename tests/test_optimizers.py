@@ -13,7 +13,8 @@ import torch.nn.functional as F
 import bridge
 from bridge.check import check
 from bridge.optimizers import available_optimizers, make_optimizer
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
+from helpers.training import module_steps
+from reference import assert_steps_match, bridge_steps, random_batches
 
 STEPS, HALVE_AT = 20, 10
 
@@ -87,13 +88,9 @@ def _run_both(module, path, optim, options, max_grad_norm=None):
     batches = random_batches(tm, STEPS, seed=3)
     lr = make_optimizer(optim, options).lr
     schedule = {HALVE_AT: lr / 2}
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["x"],))
-
     torch_class = optim if isinstance(optim, type) else CLASSES[optim]
-    want = torch_steps(forward, weights, F.mse_loss, torch_class, options, batches, schedule, max_grad_norm)
+    want = module_steps(module, batches, F.mse_loss, torch_class, options, lr_schedule=schedule,
+                        max_grad_norm=max_grad_norm)
     return bridge_steps(tm, batches, schedule), want, tm
 
 

@@ -13,8 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import bridge
 from bridge.errors import UnsupportedOpError
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
-from single_op import run_onnxruntime
-from test_importer_ops import _import_and_run
+from helpers.importer import import_and_run, run_onnxruntime
 
 RNG = np.random.default_rng(0)
 W = (2.0 * RNG.standard_normal((4, 3))).astype(np.float32)
@@ -68,7 +67,7 @@ def test_quantize_rounds_half_to_even_and_saturates():
         [helper.make_tensor_value_info("y", TensorProto.UINT8, x.shape)],
         [numpy_helper.from_array(np.float32(0.5), "s"), numpy_helper.from_array(np.uint8(128), "zp")]),
         opset_imports=[helper.make_opsetid("", 17)])
-    got, = _import_and_run(model, {"x": x})
+    got, = import_and_run(model, {"x": x})
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, [[128, 130, 130, 128, 126, 255, 0]])
     np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})[0])
@@ -100,5 +99,5 @@ def test_gradient_through_an_integer_only_op_is_refused(op):
 def test_integer_only_op_imports_for_inference(op):
     model = _integer_op_model(op)
     x = RNG.standard_normal((5, 4)).astype(np.float32)
-    got, = _import_and_run(model, {"x": x})
+    got, = import_and_run(model, {"x": x})
     np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})[0])

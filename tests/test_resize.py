@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.importer.program import OnnxProgram
-from reference import assert_steps_match, bridge_steps, torch_steps
-from single_op import batches_for, one_node_model, run_onnxruntime, train_and_compare
+from helpers.importer import assert_importer_matches_onnxruntime
+from helpers.training import assert_trains_like
+from single_op import batches_for, one_node_model, train_and_compare
 
 rng = np.random.default_rng(5)
 SHAPE = (2, 3, 4, 5)
@@ -38,10 +38,7 @@ def _resize_model(shape, opset, scales=None, sizes=None, dtype=np.float32, presc
 
 def _forward_matches_onnxruntime(model: onnx.ModelProto, shape) -> None:
     x = rng.standard_normal(shape).astype(np.float32)
-    got = OnnxProgram(model).run({"x": torch.tensor(x)}, {}, training=True)[0][0].numpy()
-    want = run_onnxruntime(model, {"x": x})[0]
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_importer_matches_onnxruntime(model, {"x": x}, rtol=1e-5, atol=1e-5, training=True)
 
 
 NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
@@ -149,13 +146,7 @@ def test_torch_exported_upsampling_model_matches_torch(upsample, opset):
     assert "Resize" not in {n.op_type for n in tm.model.graph.node}
     out_shape = tuple(module(torch.zeros(2, 2, 3, 4)).shape)
     batches = batches_for({"x": (2, 2, 3, 4)}, out_shape, 2, dtype=np.float32)
-    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
-
-    def forward(params, inputs):
-        return torch.func.functional_call(module, params, (inputs["x"],))
-
-    want = torch_steps(forward, weights, F.mse_loss, torch.optim.SGD, {"lr": 0.1}, batches)
-    assert_steps_match(bridge_steps(tm, batches), want)
+    assert_trains_like(tm, module, batches, F.mse_loss, torch.optim.SGD, {"lr": 0.1})
 
 
 def _upsampling_net(upsample: torch.nn.Module) -> torch.nn.Module:

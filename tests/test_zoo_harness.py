@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zoo.harness import MISMATCH_BOUND, Case, assert_first_step
+from zoo.harness import MISMATCH_BOUND, Case, assert_first_step, check_batch
 
 
 def _case(allowed_mismatch: float) -> Case:
@@ -37,3 +37,31 @@ def test_exact_tolerance_without_allowed_mismatch():
     got["grad_w"][5] *= 1.01
     with pytest.raises(AssertionError):
         assert_first_step(_case(0.0), got, want, {}, {})
+
+
+class _Converted:
+    """A stand-in for a converted model whose every step returns ``outputs``."""
+
+    def __init__(self, outputs: dict):
+        self.outputs = outputs
+
+    def session(self):
+        return self
+
+    def step(self, inputs, target):
+        return self.outputs
+
+    def initial_state(self):
+        return {}
+
+
+def test_a_loose_batch_tolerance_applies_at_its_batch_only():
+    """``batch_rtol`` (measured drift at one batch size) does not loosen the other batch sizes."""
+    want = {"grad_w": np.arange(1.0, 101.0, dtype=np.float32)}
+    converted = _Converted({"grad_w": want["grad_w"] * np.float32(1.01)})  # 1% off everywhere
+    case = Case("probe", "unused.onnx", {"x": np.zeros((2, 3), np.float32)}, np.zeros(2, np.int64), "ce", set(),
+                oracle=lambda: ({}, {}), rtol=1e-4, rebatch=lambda inputs, target: lambda: (want, {}),
+                batch_rtol={16: 0.02})
+    check_batch(case, converted, 16)
+    with pytest.raises(AssertionError, match="batch3"):
+        check_batch(case, converted, 3)

@@ -1,14 +1,16 @@
 """Zoo, text models (HF BERT / DistilBERT / GPT-2 from tiny configs, an LSTM tagger), each
-exported several ways: first Adam step vs the torch module itself, trained set, falling loss."""
+exported several ways: first Adam step vs the torch module itself, trained set, falling loss.
+The ``legacy17`` export of a model has a symbolic batch: the same conversion is also checked at
+batch 1, 3 and 16 (see test_zoo_vision.py)."""
 from __future__ import annotations
 
 import functools
 
 import pytest
 
-from zoo.exporters import export
+from zoo.exporters import SYMBOLIC_BATCH, export
 from zoo.harness import check_case, module_case
-from zoo.torch_models import TEXT
+from zoo.torch_models import TEXT, symbolic_batches
 
 # (model, exporter, external data). GPT-2 is not exported with constant folding: it unties the
 # embedding from the LM head (see docs/models.md).
@@ -17,7 +19,15 @@ MATRIX = [
     ("distilbert", "legacy13", False), ("distilbert", "legacy17_fold", False), ("distilbert", "dynamo18_noopt", True),
     ("gpt2", "legacy13", False), ("gpt2", "legacy17", False), ("gpt2", "dynamo20_noopt", False),
     ("lstm_tagger", "legacy13", False), ("lstm_tagger", "legacy17", False),
+    ("distilbert", "legacy17", False),  # exhaustive: its symbolic batch (CI: BERT's, GPT-2's, the LSTM tagger's)
 ]
+EXHAUSTIVE = {"distilbert-legacy17"}
+
+
+def _params():
+    for name, exporter, external in MATRIX:
+        tier = pytest.mark.exhaustive if f"{name}-{exporter}" in EXHAUSTIVE else pytest.mark.slow
+        yield pytest.param(name, exporter, external, id=f"{name}-{exporter}{'-external' if external else ''}", marks=tier)
 
 
 @functools.cache
@@ -25,10 +35,10 @@ def _built(name):
     return TEXT[name]()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, exporter, external", MATRIX,
-                         ids=[f"{m}-{e}{'-external' if x else ''}" for m, e, x in MATRIX])
+@pytest.mark.parametrize("name, exporter, external", list(_params()))
 def test_text_model_trains_like_torch(name, exporter, external, tmp_path):
     module, inputs, target, loss = _built(name)
-    path = export(module, inputs, exporter, tmp_path / f"{name}.onnx", external=external)
-    check_case(module_case(f"{name}/{exporter}", module, path, inputs, target, loss, lr=1e-2, rtol=1e-4))
+    symbolic = exporter == SYMBOLIC_BATCH
+    path = export(module, inputs, exporter, tmp_path / f"{name}.onnx", external=external, dynamic_batch=symbolic)
+    check_case(module_case(f"{name}/{exporter}", module, path, inputs, target, loss, lr=1e-2, rtol=1e-4,
+                           batches=symbolic_batches(module) if symbolic else ()))

@@ -2,7 +2,10 @@
 
 ``check_case`` converts a model with a loss and Adam, asserts the trained set, compares the
 first step (loss, every gradient, every updated weight and running statistic) with the
-oracle's, then runs 30 steps on the same batch and asserts that the loss falls.
+oracle's, then runs 30 steps on the same batch and asserts that the loss falls. A model
+exported with a symbolic batch (``Case.batches``) is converted once and its first step also
+compared with the oracle's at each of those batch sizes (one export and one conversion serve
+both the static and the dynamic checks).
 ``module_steps`` is the oracle for a torch module: real ``torch.optim.Adam`` on the module
 itself (train mode, dropout off), its tensors mapped to ONNX initializer names by value.
 """
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -61,6 +64,11 @@ class Case:
     # fraction of a tensor's elements that may miss the tolerance (documented per model)
     allowed_mismatch: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    # further batch sizes of a symbolic-batch export, the oracle at another batch (inputs, target)
+    # and the rtol at batch sizes where float32 drifts further (measured, documented per model)
+    batches: tuple[int, ...] = ()
+    rebatch: Callable[[dict[str, np.ndarray], np.ndarray], Callable] | None = None
+    batch_rtol: dict[int, float] = field(default_factory=dict)
 
 
 def check_case(case: Case) -> dict[str, float]:
@@ -81,8 +89,37 @@ def check_case(case: Case) -> dict[str, float]:
     assert_first_step(case, first, want, noise, tm.initial_state())
     losses = [float(first["loss"])] + [float(session.step(case.inputs, case.target)["loss"]) for _ in range(LOSS_STEPS - 1)]
     assert losses[-1] < 0.9 * losses[0], f"{case.name}: loss did not fall over {LOSS_STEPS} steps: {losses}"
+    if case.batches:
+        assert_symbolic_batch(tm, case)
+    for batch in case.batches:
+        check_batch(case, tm, batch)
     case.timings.update(convert=convert, total=time.perf_counter() - start)
     return case.timings
+
+
+def rows(array: np.ndarray, batch: int) -> np.ndarray:
+    """A batch of ``batch`` rows like ``array``: fresh normal samples for float data, rows taken
+    cyclically for integer data (keeps token ids, masks and labels valid)."""
+    if array.dtype.kind == "f":
+        return np.random.default_rng(batch).standard_normal((batch, *array.shape[1:])).astype(array.dtype)
+    return np.take(array, np.arange(batch) % array.shape[0], axis=0)
+
+
+def assert_symbolic_batch(tm: bridge.TrainingModel, case: Case) -> None:
+    """Every data input and the target of ``tm`` keep the export's symbolic batch dim."""
+    dims = {i.name: i.type.tensor_type.shape.dim[0].dim_param for i in tm.model.graph.input
+            if i.name in [*case.inputs, "target"]}
+    assert set(dims.values()) == {"batch"}, f"{case.name}: batch dims {dims}"
+
+
+def check_batch(case: Case, tm: bridge.TrainingModel, batch: int) -> None:
+    """The first step of ``tm`` (converted once) at ``batch`` rows matches the oracle's at that batch."""
+    inputs, target = {k: rows(v, batch) for k, v in case.inputs.items()}, rows(case.target, batch)
+    got = tm.session().step(inputs, target)
+    want, noise = case.rebatch(inputs, target)()
+    at_batch = replace(case, name=f"{case.name}@batch{batch}", inputs=inputs, target=target,
+                       rtol=case.batch_rtol.get(batch, case.rtol))
+    assert_first_step(at_batch, got, want, noise, tm.initial_state())
 
 
 def assert_onnx_mlir_clean(tm: bridge.TrainingModel, name: str) -> None:
@@ -102,8 +139,7 @@ def assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: d
     tolerances = {}
     for key, expected in want.items():
         assert key in got, f"{case.name}: output {key} missing"
-        scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-        tolerances[key] = case.rtol * scale + NOISE + NOISE_FACTOR * noise.get(key, 0.0)
+        tolerances[key] = tolerance(case, expected, noise.get(key, 0.0))
     for key, expected in want.items():
         actual = got[key]
         grad_key = "grad_" + key[len("updated_"):]
@@ -117,12 +153,23 @@ def assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: d
             error = np.abs(actual - expected)
             off = ~(error <= tolerances[key] + case.rtol * np.abs(expected))
             assert off.mean() <= case.allowed_mismatch, f"{case.name}: {key}: {off.mean():.2%} of elements mismatch"
-            scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+            scale = scale_of(expected)
             assert not off.any() or error[off].max() <= MISMATCH_BOUND * scale, (
                 f"{case.name}: {key}: a mismatching element is {error[off].max() / scale:.2%} of the tensor's scale away")
         else:
             np.testing.assert_allclose(actual, expected, rtol=case.rtol, atol=tolerances[key], equal_nan=False,
                                        err_msg=f"{case.name}: first step, {key}")
+
+
+def scale_of(expected: np.ndarray) -> float:
+    """A tensor's largest magnitude (0 when empty)."""
+    return float(np.max(np.abs(expected))) if expected.size else 0.0
+
+
+def tolerance(case: Case, expected: np.ndarray, noise: float) -> float:
+    """The absolute error allowed on ``expected``: ``rtol`` of its scale, the floor ``NOISE``, and
+    ``NOISE_FACTOR`` times the oracle's own float32 error ``noise`` on it."""
+    return case.rtol * scale_of(expected) + NOISE + NOISE_FACTOR * noise
 
 
 def twin_oracle(twin, weights: dict[str, np.ndarray], inputs, target, loss: str, lr: float):
@@ -239,11 +286,17 @@ def module_oracle(module: torch.nn.Module, mapping, inputs: dict[str, np.ndarray
 
 
 def module_case(name: str, module: torch.nn.Module, path: str, inputs: dict[str, np.ndarray], target: np.ndarray,
-                loss: str, lr: float = 1e-3, rtol: float = 1e-5, allowed_mismatch: float = 0.0) -> Case:
-    """A zoo case for a torch module exported to ``path``: its oracle is the module itself."""
+                loss: str, lr: float = 1e-3, rtol: float = 1e-5, allowed_mismatch: float = 0.0,
+                batches: tuple[int, ...] = (), batch_rtol: dict[int, float] | None = None) -> Case:
+    """A zoo case for a torch module exported to ``path``: its oracle is the module itself (at
+    any batch: ``batches`` are checked on the same conversion when the export's batch is symbolic)."""
     mapping, missing = name_map(module, path)
     assert not missing, f"{name}: torch parameters with no ONNX initializer (folded by the exporter): {missing}"
     params = {n for n, _ in module.named_parameters()}
     trainable = {o for o, (t, _) in mapping.items() if t in params}
-    return Case(name, path, inputs, target, loss, trainable, module_oracle(module, mapping, inputs, target, loss, lr),
-                lr=lr, rtol=rtol, allowed_mismatch=allowed_mismatch)
+
+    def rebatch(batch_inputs, batch_target):
+        return module_oracle(module, mapping, batch_inputs, batch_target, loss, lr)
+
+    return Case(name, path, inputs, target, loss, trainable, rebatch(inputs, target), lr=lr, rtol=rtol,
+                allowed_mismatch=allowed_mismatch, batches=batches, rebatch=rebatch, batch_rtol=batch_rtol or {})

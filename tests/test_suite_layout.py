@@ -1,0 +1,23 @@
+"""The test suite's own layout: shared test code lives in tests/helpers/ (or tests/zoo/), so no
+test module reaches into another test module for a private helper."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _private_imports_from_test_modules(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+            found += [f"{path.name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def test_no_test_module_imports_a_private_helper_of_another():
+    paths = sorted(TESTS.glob("test_*.py"))
+    assert len(paths) > 40, "the glob is anchored on this file's folder"
+    found = [hit for path in paths for hit in _private_imports_from_test_modules(path)]
+    assert found == [], f"move these into tests/helpers/: {found}"
