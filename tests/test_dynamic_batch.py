@@ -116,3 +116,24 @@ def test_fixed_batch_model_made_dynamic_where_the_graph_allows():
         loss.backward()
         np.testing.assert_allclose(out["loss"], loss.detach().numpy(), rtol=1e-5)
         np.testing.assert_allclose(out["grad_W"], weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_castlike_of_a_constant_traces_at_a_symbolic_batch():
+    """A constant CastLike'd to a symbolic-batch tensor (dynamo exports emit these) is cast at import;
+    it used to call ``.numpy()`` on a tracing tensor and refuse the symbolic batch."""
+    weight = np.arange(3, dtype=np.float32) / 4
+    nodes = [helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array(2, np.int64))),
+             helper.make_node("CastLike", ["two", "x"], ["two_f"]),
+             helper.make_node("Mul", ["x", "w"], ["xw"]),
+             helper.make_node("Add", ["xw", "two_f"], ["y"])]
+    graph = helper.make_graph(nodes, "castlike", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(weight, "w")])
+    tm = bridge.to_training_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                 loss="mse", optim="sgd", optim_options={"lr": 0.1})
+    assert isinstance(_batch_dims(tm)["x"][0], str)  # symbolic
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    target = np.zeros((5, 3), np.float32)
+    got = tm.session().step({"x": x}, target)
+    expected = 2 * np.mean((x * weight + 2.0) * x, axis=0) / 3  # d/dw of mean((x w + 2)^2) over N x 3
+    np.testing.assert_allclose(got["grad_w"], expected, rtol=1e-5)

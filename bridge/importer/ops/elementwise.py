@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import torch
 
-from ...dtypes import ONNX_TO_TORCH
+from ...dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from ..program import _to_tensor
 from ..registry import converter
 from ..shape_folding import is_symbolic
@@ -148,7 +148,7 @@ def cast_like(ctx, x, like):
     no int -> float Cast reaches the graph, e.g. AffineGrid's expansion casting a Range to theta's type)."""
     like = _to_tensor(like) if isinstance(like, np.ndarray) else like
     if isinstance(x, np.ndarray) and not is_symbolic(x):
-        return x.astype(torch.empty((), dtype=like.dtype).numpy().dtype)
+        return x.astype(TORCH_TO_NUMPY[like.dtype])
     return (_to_tensor(x) if isinstance(x, np.ndarray) else x).to(like.dtype)
 
 
