@@ -19,6 +19,7 @@ from collections import defaultdict
 import onnx
 
 from .export.builder import node_prefix
+from .load import skeleton
 from .losses import Loss
 from .optimizers import Optimizer
 from .runtime import RANDOM_INPUTS
@@ -243,7 +244,7 @@ def annotate_values(model: onnx.ModelProto) -> None:
     phase_of = {
         out: props(node.metadata_props)[PHASE] for node in graph.node for out in node.output if out
     }
-    inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
+    inferred = onnx.shape_inference.infer_shapes(skeleton(model)).graph.value_info  # no copy of the weights
     del graph.value_info[:]
     for value in inferred:
         if value.name in phase_of and value.name not in boundary:

@@ -1,23 +1,26 @@
 """The result of a conversion: the training ONNX model plus what is needed to start training."""
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import onnx
 
 from .atomic import AtomicWriter, atomic_writer, check_output_path
 from .errors import BridgeError
-from .load import read_model, save_external, tensor_bytes
+from .load import copy_field, read_model, tensor_bytes
 from .inference import with_trained_values
 from .runtime import TrainingSession
 from .trace import StepSignature
 
+PARTS = ("eval", "gradient", "update")  # the graphs saved beside the training step
 # bytes of tensor data past which a saved model keeps its tensors in an external-data file
 EXTERNAL_DATA_THRESHOLD = 1 << 30
+EXTERNAL_TENSOR_BYTES = 1024  # in a model saved with external data, initializers over this size are in the data file
 
 
 @dataclass
@@ -34,13 +37,33 @@ class TrainingModel:
     initial_values: dict[str, np.ndarray] = field(repr=False)
     target_shape: tuple[int, ...] = ()
     target_dtype: np.dtype = np.dtype(np.int64)
-    eval_model: onnx.ModelProto | None = field(default=None, repr=False)  # forward + loss, inference mode
     eval_signature: StepSignature | None = None
     source: onnx.ModelProto | None = field(default=None, repr=False)  # the inference model, as given
     source_path: Path | None = None  # or the file it is read from when needed
-    # the step in two halves (forward + loss + backward; clipping + optimizer update), for accumulation
-    gradient_model: onnx.ModelProto | None = field(default=None, repr=False)
-    update_model: onnx.ModelProto | None = field(default=None, repr=False)
+    # builds each of PARTS on request (``part``); built parts are kept
+    exporters: Mapping[str, Callable[[], onnx.ModelProto]] = field(default_factory=dict, repr=False)
+    _parts: dict[str, onnx.ModelProto | None] = field(default_factory=dict, init=False, repr=False)
+
+    def part(self, name: str) -> onnx.ModelProto | None:
+        """The graph ``name`` of ``PARTS`` (exported on first request, then kept), or None if it has none."""
+        if name not in self._parts:
+            self._parts[name] = self.exporters[name]() if name in self.exporters else None
+        return self._parts[name]
+
+    @property
+    def eval_model(self) -> onnx.ModelProto | None:
+        """Forward + loss in inference mode (returns every model output)."""
+        return self.part("eval")
+
+    @property
+    def gradient_model(self) -> onnx.ModelProto | None:
+        """The step's first half (forward + loss + backward), for accumulation."""
+        return self.part("gradient")
+
+    @property
+    def update_model(self) -> onnx.ModelProto | None:
+        """The step's second half (clipping + optimizer update), for accumulation."""
+        return self.part("update")
 
     @property
     def weights(self) -> list[str]:
@@ -60,14 +83,23 @@ class TrainingModel:
         tensors exceed ``EXTERNAL_DATA_THRESHOLD`` bytes keeps them in ``<file>.data`` beside it."""
         path = Path(path)
         with atomic_writer() as writer:
-            for part, graph in (("eval", self.eval_model), ("gradient", self.gradient_model),
-                                ("update", self.update_model)):
-                if graph is not None:
-                    write_model(writer, graph, part_path(path, part))
+            for part in PARTS:
+                self._write_part(writer, part, part_path(path, part))
             if state_path is not None:
                 self._write_state(writer, state_path)
             write_model(writer, self.model, path)
         return path
+
+    def _write_part(self, writer: AtomicWriter, part: str, path: Path) -> None:
+        """Write the graph ``part``; one not yet requested is exported for the write only, with its big
+        constants (frozen weights) as the traced graph's arrays (no protobuf copy of them is made)."""
+        if part in self._parts:
+            graph, arrays = self._parts[part], {}
+        else:
+            arrays: dict[str, np.ndarray] = {}
+            graph = self.exporters[part](arrays) if part in self.exporters else None
+        if graph is not None:
+            write_model(writer, graph, path, arrays)
 
     def inference_model(self, state: Mapping[str, np.ndarray]) -> onnx.ModelProto:
         """The source inference model with the weights and buffers of ``state`` (e.g. a session's
@@ -123,17 +155,96 @@ def save_atomically(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def write_model(writer: AtomicWriter, model: onnx.ModelProto, path: str | os.PathLike) -> None:
+def write_model(writer: AtomicWriter, model: onnx.ModelProto, path: str | os.PathLike,
+                arrays: Mapping[str, np.ndarray] | None = None) -> None:
     """Write ``model`` to a temporary of ``writer`` for ``path``; past ``EXTERNAL_DATA_THRESHOLD``
-    bytes of tensors, with its tensors in ``<name>.data`` beside it (protobuf's 2 GiB limit). The
-    in-memory ``model`` is left as it was."""
+    bytes of tensors, with its tensors in ``<name>.data`` beside it (protobuf's 2 GiB limit). ``arrays``:
+    the data of initializers that ``model`` holds as data-less stubs (an export for writing only).
+    The in-memory ``model`` is left as it was."""
     path = Path(path)
-    if tensor_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
-        onnx.save(model, writer.path(path))
+    arrays = arrays or {}
+    if tensor_bytes(model) + sum(array.nbytes for array in arrays.values()) <= EXTERNAL_DATA_THRESHOLD:
+        stream_model(model, writer.path(path), arrays)
         return
     folder = writer.folder(path)
     data = path.name + ".data"
-    save_external(model, folder / path.name)
-    if (folder / data).exists():  # no tensor may be over save_external's size threshold
+    if stream_model(model, folder / path.name, arrays, folder / data):
         writer.add(folder / data, check_output_path(path.parent / data))
     writer.add(folder / path.name, path)
+
+
+def stream_model(model: onnx.ModelProto, path: Path, arrays: Mapping[str, np.ndarray],
+                 data_path: Path | None = None) -> bool:
+    """Serialize ``model`` to ``path`` one initializer at a time (no serialized copy of all its tensors:
+    protobuf would make two); with ``data_path``, initializers of over ``EXTERNAL_TENSOR_BYTES`` keep their bytes there
+    (ONNX external data, ``location`` its file name, as ``onnx.save_model`` writes it). The graph's
+    fields are written in another order than ``SerializeToString`` (a message's fields may come in any
+    order); the model parses to the same message. Returns True when data was written to ``data_path``."""
+    outline = onnx.ModelProto()
+    for descriptor, value in model.ListFields():
+        if descriptor.name != "graph":
+            copy_field(outline, descriptor, value)
+    graph = onnx.GraphProto()
+    for descriptor, value in model.graph.ListFields():
+        if descriptor.name != "initializer":
+            copy_field(graph, descriptor, value)
+    entries = _file_tensors(model.graph.initializer, arrays, data_path)
+    graph_size = graph.ByteSize() + sum(_entry_size(entry.ByteSize()) for entry, _ in entries())
+    external = False
+    with open(path, "xb") as file, (open(data_path, "xb") if data_path is not None else contextlib.nullcontext()) as data:
+        file.write(outline.SerializeToString())
+        file.write(_MODEL_GRAPH + _varint(graph_size) + graph.SerializeToString())
+        for entry, raw in entries():
+            serialized = entry.SerializeToString()
+            file.write(_GRAPH_INITIALIZER + _varint(len(serialized)))
+            file.write(serialized)
+            if raw is not None:
+                data.write(raw)
+                external = True
+    if data_path is not None and not external:
+        data_path.unlink()
+    return external
+
+
+_MODEL_GRAPH = bytes([7 << 3 | 2])  # the key of ModelProto.graph (field 7, length-delimited)
+_GRAPH_INITIALIZER = bytes([5 << 3 | 2])  # the key of GraphProto.initializer (field 5)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _entry_size(size: int) -> int:
+    return len(_GRAPH_INITIALIZER) + len(_varint(size)) + size
+
+
+def _file_tensors(tensors, arrays: Mapping[str, np.ndarray], data_path: Path | None):
+    """A function iterating over (the tensor as written to the model file, its bytes for the data file
+    or None); each tensor is made when reached (one tensor's copy at a time)."""
+
+    def entries():
+        offset = 0
+        for tensor in tensors:
+            entry = onnx.TensorProto()
+            entry.CopyFrom(tensor)
+            if tensor.name in arrays:
+                entry.ClearField("data_location")
+                entry.ClearField("external_data")
+                entry.raw_data = np.ascontiguousarray(arrays[tensor.name], arrays[tensor.name].dtype.newbyteorder("<")).tobytes()
+            if data_path is None or not entry.HasField("raw_data") or len(entry.raw_data) <= EXTERNAL_TENSOR_BYTES:
+                yield entry, None
+                continue
+            raw = entry.raw_data
+            entry.ClearField("raw_data")
+            entry.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(len(raw)))):
+                entry.external_data.add(key=key, value=value)
+            offset += len(raw)
+            yield entry, raw
+
+    return entries

@@ -301,7 +301,7 @@ def test_interrupted_save_leaves_nothing(tmp_path, monkeypatch, interrupt):
         if len(calls) == 3:
             raise interrupt("stop")
 
-    monkeypatch.setattr(onnx, "save", failing_save)
+    monkeypatch.setattr(bridge.training_model, "stream_model", failing_save)
     with pytest.raises(interrupt):
         tm.save(tmp_path / "t.onnx")
     assert len(calls) == 3 and _files(tmp_path) == []
@@ -330,7 +330,7 @@ _CHILD = textwrap.dedent("""
         Path(path).write_bytes(b"partial")
         print("writing", flush=True)
         time.sleep(60)
-    onnx.save = slow_save
+    training_model.stream_model = slow_save
     training_model.save_atomically(model, sys.argv[1])
 """)
 
@@ -341,7 +341,7 @@ def test_sigterm_during_save_leaves_nothing(tmp_path, monkeypatch):
         Path(path).write_bytes(b"partial")
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(onnx, "save", terminated_save)
+    monkeypatch.setattr(bridge.training_model, "stream_model", terminated_save)
     with pytest.raises(SystemExit):
         _converted().save(tmp_path / "t.onnx")
     assert _files(tmp_path) == [] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -398,6 +398,39 @@ def test_source_with_external_data_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(bridge.load, "LARGE_MODEL_BYTES", 0)
     tm = bridge.to_training_onnx(tmp_path / "m.onnx")
     np.testing.assert_array_equal(tm.initial_values["W"], weight)
+
+
+def _loaded(path: Path) -> onnx.ModelProto:
+    """The model at ``path`` with its external data, as exported (loading external data marks each
+    tensor's ``data_location`` DEFAULT explicitly)."""
+    model = onnx.load(path)
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.DEFAULT:
+            tensor.ClearField("data_location")
+    return model
+
+
+@pytest.mark.parametrize("threshold", [None, 0], ids=["inline", "external data"])
+def test_parts_are_exported_on_request_and_saved_without_copies(tmp_path, monkeypatch, threshold):
+    """The eval, gradient and update graphs are exported when first asked for (then kept); ``save``
+    exports those not asked for with their big constants (frozen weights; over 100 bytes here: STUB_BYTES
+    lowered) as stubs backed by the traced arrays, streamed into the file one tensor at a time: every
+    file holds the graph that the in-memory export gives."""
+    import bridge.export.builder
+
+    monkeypatch.setattr(bridge.export.builder, "STUB_BYTES", 100)
+    if threshold is not None:
+        monkeypatch.setattr(bridge.training_model, "EXTERNAL_DATA_THRESHOLD", threshold)
+        monkeypatch.setattr(bridge.training_model, "EXTERNAL_TENSOR_BYTES", 100)
+    tm = bridge.to_training_onnx(MLP, frozen=["fc1.*"])
+    assert not tm._parts
+    tm.save(tmp_path / "t.onnx")
+    assert not tm._parts and ("t.eval.onnx.data" in _files(tmp_path)) == (threshold == 0)
+    assert _loaded(tmp_path / "t.onnx") == tm.model
+    for part in bridge.training_model.PARTS:
+        assert _loaded(bridge.training_model.part_path(tmp_path / "t.onnx", part)) == tm.part(part), part
+        assert tm.part(part) is getattr(tm, f"{part}_model")
+    assert {"fc1.weight", "fc1.bias"} <= {init.name for init in tm.eval_model.graph.initializer}
 
 
 def _folded_constant_model(count: int) -> onnx.ModelProto:
@@ -555,11 +588,16 @@ def test_cli_show_html_into_a_folder_is_refused(tmp_path, capsys):
     assert not [name for name in _files(tmp_path) if TAG in name]
 
 
-def test_a_folded_constant_past_the_tensor_limit_is_refused_clearly(monkeypatch):
-    """A constant computed at conversion that one ONNX tensor cannot hold (2 GiB; lowered here) is a
-    ``ShapeError`` naming its size and shape, before any protobuf copy (a raw EncodeError before)."""
-    import bridge.export.builder
+@pytest.mark.parametrize("array", [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(2.5), np.array([True, False]),
+                                   np.arange(4, dtype=np.float16)[::2], np.array([-3, 2**40], np.int64)],
+                         ids=["float32", "0-d float64", "bool", "strided float16", "int64"])
+def test_constants_are_written_in_place_as_from_array_writes_them(array):
+    """The exporter adds each constant to the graph in place (no extend/CopyFrom copies, which also
+    could not hold a tensor over 2 GiB); the tensor is the one ``numpy_helper.from_array`` makes."""
+    from bridge.export.builder import GraphBuilder
 
-    monkeypatch.setattr(bridge.export.builder, "MAX_TENSOR_BYTES", 2000)
-    with pytest.raises(bridge.ShapeError, match=r"constant of .* GiB \(shape \[1000, 1\]"):
-        bridge.to_training_onnx(_folded_constant_model(1000), "mse")
+    builder, graph = GraphBuilder(), onnx.GraphProto()
+    name = builder.const(array, name="c")
+    builder.write_initializers(graph)
+    assert graph.initializer[0] == numpy_helper.from_array(np.array(array), name)
+    assert not builder.initializers

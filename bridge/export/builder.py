@@ -19,9 +19,10 @@ import numpy as np
 import onnx
 import sympy
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from ..errors import ShapeError
+from ..load import STUB_BYTES, STUB_FILE
 
 TORCH_TO_ONNX = {
     torch.float32: TensorProto.FLOAT,
@@ -81,9 +82,6 @@ def emits(*targets):
     return register
 
 
-MAX_TENSOR_BYTES = 2**31  # protobuf cannot serialize one tensor of 2 GiB or more
-
-
 def node_prefix(tags: dict[str, str]) -> str:
     """``<phase>_<kind>/<layer>/``: the start of the name of a node with these tags."""
     phase, kind = tags.get("bridge.phase", ""), tags.get("bridge.kind", "")
@@ -97,7 +95,7 @@ class GraphBuilder:
 
     def __init__(self):
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        self.initializers: list[tuple[str, np.ndarray]] = []  # written by write_initializers
         self._const_cache: dict[tuple, Value] = {}
         self._names: set[str] = set()
         self.tags: dict[str, str] = {}
@@ -146,20 +144,30 @@ class GraphBuilder:
         key = (array.dtype.str, array.shape, array.tobytes()) if array.size <= 16 and name is None else None
         if key is not None and key in self._const_cache:
             return self._const_cache[key]
-        if array.nbytes >= MAX_TENSOR_BYTES:
-            layer = self.tags.get("bridge.layer", "") or "?"
-            raise ShapeError(
-                f"the training graph would hold a constant of {array.nbytes / 2**30:.1f} GiB (shape {list(array.shape)}, "
-                f"computed at conversion for the {self.tags.get('bridge.phase', '')} of node '{layer}' from values "
-                "known before the model runs); one ONNX tensor cannot exceed 2 GiB and bridge does not yet keep such "
-                "a folded constant as external data: compute it from a graph input, or split it into tensors "
-                "under 2 GiB in the source model")
         torch_dtype = next((t for t, n in TORCH_TO_NUMPY.items() if np.dtype(n) == array.dtype), None)
         result = Value(self.fresh(name or "const"), array.shape, torch_dtype)
-        self.initializers.append(numpy_helper.from_array(array, str(result)))
+        self.initializers.append((str(result), array))
         if key is not None:
             self._const_cache[key] = result
         return result
+
+    def write_initializers(self, graph: onnx.GraphProto, stubs: dict[str, np.ndarray] | None = None) -> None:
+        """Add the constants to ``graph`` in place, one at a time: each tensor's bytes are copied once
+        into the graph (``make_graph``'s ``extend`` and ``make_model``'s ``CopyFrom`` would copy every
+        tensor twice more, and protobuf cannot copy a tensor over 2 GiB that way at all; such a folded
+        constant is then saved with external data like any weight past the threshold). With ``stubs``,
+        a constant over ``STUB_BYTES`` is added as a data-less external-data stub and its array put in
+        ``stubs`` instead (a graph exported to be written, ``training_model.write_model``)."""
+        for name, array in self.initializers:
+            tensor = graph.initializer.add(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                                           dims=array.shape)
+            if stubs is not None and array.nbytes > STUB_BYTES:
+                tensor.data_location = TensorProto.EXTERNAL
+                tensor.external_data.add(key="location", value=STUB_FILE)
+                stubs[name] = array
+                continue
+            tensor.raw_data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()  # ONNX: little-endian
+        self.initializers = []
 
     def ints(self, values: Sequence[int]) -> Value:
         """A 1-D int64 constant (shapes, axes, pads)."""
