@@ -77,8 +77,17 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def tensor_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of tensor data in ``model`` (initializers and constant attributes, subgraphs included)."""
-    return sum(tensor.ByteSize() for tensor in external_data_helper._get_all_tensors(model))
+    """Bytes of tensor data in ``model`` (initializers and constant attributes, subgraphs included; a
+    tensor whose data is external counts with the size of that data)."""
+    return sum(data_bytes(tensor) for tensor in external_data_helper._get_all_tensors(model))
+
+
+def data_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of ``tensor``'s data, from its type and dims (protobuf's ``ByteSize`` serializes the
+    tensor: a transient copy of it); a string tensor's serialized size."""
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return tensor.ByteSize()
+    return onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * math.prod(tensor.dims)
 
 
 def is_large(model: onnx.ModelProto) -> bool:
@@ -95,7 +104,7 @@ def check_onnx(model: onnx.ModelProto, where: str, error: type[Exception], full_
             onnx.checker.check_model(model, full_check=full_check)
             return
         for tensor in model.graph.initializer:
-            if tensor.ByteSize() > STUB_BYTES:
+            if data_bytes(tensor) > STUB_BYTES:
                 _check_data_size(tensor)
         with tempfile.TemporaryDirectory(prefix="bridge-check-") as folder:  # the stubs' (empty) data file
             Path(folder, STUB_FILE).touch()
@@ -110,7 +119,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     name, type and dims: what the checker and shape inference need, without serializing the weights
     (copies of them dominated the memory of loading and exporting a big model; past 2 GiB, protobuf
     cannot serialize them at all)."""
-    big = [t for t in model.graph.initializer if t.ByteSize() > STUB_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
+    big = [t for t in model.graph.initializer if data_bytes(t) > STUB_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
     if not big:
         return model
     skeleton = onnx.ModelProto()

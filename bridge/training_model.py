@@ -12,7 +12,7 @@ import onnx
 
 from .atomic import AtomicWriter, atomic_writer, check_output_path
 from .errors import BridgeError
-from .load import copy_field, read_model, tensor_bytes
+from .load import copy_field, data_bytes, read_model, tensor_bytes
 from .inference import with_trained_values
 from .runtime import TrainingSession
 from .trace import StepSignature
@@ -163,7 +163,7 @@ def write_model(writer: AtomicWriter, model: onnx.ModelProto, path: str | os.Pat
     The in-memory ``model`` is left as it was."""
     path = Path(path)
     arrays = arrays or {}
-    if tensor_bytes(model) + sum(array.nbytes for array in arrays.values()) <= EXTERNAL_DATA_THRESHOLD:
+    if tensor_bytes(model) <= EXTERNAL_DATA_THRESHOLD:  # stubs count with their arrays' sizes
         stream_model(model, writer.path(path), arrays)
         return
     folder = writer.folder(path)
@@ -177,37 +177,50 @@ def stream_model(model: onnx.ModelProto, path: Path, arrays: Mapping[str, np.nda
                  data_path: Path | None = None) -> bool:
     """Serialize ``model`` to ``path`` one initializer at a time (no serialized copy of all its tensors:
     protobuf would make two); with ``data_path``, initializers of over ``EXTERNAL_TENSOR_BYTES`` keep their bytes there
-    (ONNX external data, ``location`` its file name, as ``onnx.save_model`` writes it). The graph's
-    fields are written in another order than ``SerializeToString`` (a message's fields may come in any
-    order); the model parses to the same message. Returns True when data was written to ``data_path``."""
-    outline = onnx.ModelProto()
-    for descriptor, value in model.ListFields():
-        if descriptor.name != "graph":
-            copy_field(outline, descriptor, value)
-    graph = onnx.GraphProto()
-    for descriptor, value in model.graph.ListFields():
-        if descriptor.name != "initializer":
-            copy_field(graph, descriptor, value)
-    entries = _file_tensors(model.graph.initializer, arrays, data_path)
-    graph_size = graph.ByteSize() + sum(_entry_size(entry.ByteSize()) for entry, _ in entries())
-    external = False
+    (ONNX external data, ``location`` its file name, as ``onnx.save_model`` writes it). Without
+    ``arrays`` and ``data_path``, the bytes are those of ``model.SerializeToString()``. Returns True when
+    data was written to ``data_path``."""
+    head, tail = _split_fields(model, _MODEL_GRAPH_FIELD)
+    graph_head, graph_tail = _split_fields(model.graph, _GRAPH_INITIALIZER_FIELD)
+    plan = _plan_tensors(model.graph.initializer, arrays, data_path)
+    graph_size = len(graph_head) + len(graph_tail) + sum(_entry_size(size) for *_, size in plan)
     with open(path, "xb") as file, (open(data_path, "xb") if data_path is not None else contextlib.nullcontext()) as data:
-        file.write(outline.SerializeToString())
-        file.write(_MODEL_GRAPH + _varint(graph_size) + graph.SerializeToString())
-        for entry, raw in entries():
-            serialized = entry.SerializeToString()
-            file.write(_GRAPH_INITIALIZER + _varint(len(serialized)))
-            file.write(serialized)
-            if raw is not None:
-                data.write(raw)
-                external = True
+        file.write(head + _key(_MODEL_GRAPH_FIELD) + _varint(graph_size) + graph_head)
+        for tensor, entry_head, entry_tail, size in plan:
+            file.write(_key(_GRAPH_INITIALIZER_FIELD) + _varint(size))
+            if entry_head is None:  # no raw data: the tensor as it is
+                file.write(tensor.SerializeToString())
+            elif entry_tail is None:  # a stub of external data
+                file.write(entry_head)
+                data.write(_raw_bytes(tensor, arrays))
+            else:  # the raw data between the fields numbered before it and those after it
+                raw = _raw_bytes(tensor, arrays)
+                file.write(entry_head + _key(_RAW_DATA_FIELD) + _varint(len(raw)))
+                file.write(raw)
+                file.write(entry_tail)
+        file.write(graph_tail + tail)
+    external = any(entry_head is not None and entry_tail is None for _, entry_head, entry_tail, _ in plan)
     if data_path is not None and not external:
         data_path.unlink()
     return external
 
 
-_MODEL_GRAPH = bytes([7 << 3 | 2])  # the key of ModelProto.graph (field 7, length-delimited)
-_GRAPH_INITIALIZER = bytes([5 << 3 | 2])  # the key of GraphProto.initializer (field 5)
+_MODEL_GRAPH_FIELD = 7  # ModelProto.graph
+_GRAPH_INITIALIZER_FIELD = 5  # GraphProto.initializer
+
+
+def _split_fields(message, number: int) -> tuple[bytes, bytes]:
+    """``message`` serialized without field ``number``: the fields before it and those after it (protobuf
+    writes fields in the order of their numbers, so head + field + tail is ``SerializeToString``)."""
+    head, tail = type(message)(), type(message)()
+    for descriptor, value in message.ListFields():
+        if descriptor.number != number:
+            copy_field(head if descriptor.number < number else tail, descriptor, value)
+    return head.SerializeToString(), tail.SerializeToString()
+
+
+def _key(number: int) -> bytes:
+    return _varint(number << 3 | 2)  # a length-delimited field
 
 
 def _varint(value: int) -> bytes:
@@ -220,31 +233,55 @@ def _varint(value: int) -> bytes:
 
 
 def _entry_size(size: int) -> int:
-    return len(_GRAPH_INITIALIZER) + len(_varint(size)) + size
+    return len(_key(_GRAPH_INITIALIZER_FIELD)) + len(_varint(size)) + size
 
 
-def _file_tensors(tensors, arrays: Mapping[str, np.ndarray], data_path: Path | None):
-    """A function iterating over (the tensor as written to the model file, its bytes for the data file
-    or None); each tensor is made when reached (one tensor's copy at a time)."""
+_RAW_DATA_FIELD = 9  # TensorProto.raw_data
 
-    def entries():
-        offset = 0
-        for tensor in tensors:
-            entry = onnx.TensorProto()
-            entry.CopyFrom(tensor)
-            if tensor.name in arrays:
-                entry.ClearField("data_location")
-                entry.ClearField("external_data")
-                entry.raw_data = np.ascontiguousarray(arrays[tensor.name], arrays[tensor.name].dtype.newbyteorder("<")).tobytes()
-            if data_path is None or not entry.HasField("raw_data") or len(entry.raw_data) <= EXTERNAL_TENSOR_BYTES:
-                yield entry, None
-                continue
-            raw = entry.raw_data
-            entry.ClearField("raw_data")
+
+def _plan_tensors(tensors, arrays: Mapping[str, np.ndarray], data_path: Path | None) -> list[tuple]:
+    """For each initializer, how it is written without a copy of its data: (the tensor, the serialized
+    fields before its raw data, those after it, the size of its serialized entry); the fields are
+    (stub, None) for a tensor whose data goes to ``data_path`` (external data) and (None, None) for a
+    tensor without raw data (written as it is)."""
+    plan, offset = [], 0
+    for tensor in tensors:
+        if tensor.name not in arrays and not tensor.HasField("raw_data"):
+            plan.append((tensor, None, None, tensor.ByteSize()))
+            continue
+        entry = _without_raw_data(tensor)
+        length = arrays[tensor.name].nbytes if tensor.name in arrays else data_bytes(tensor)
+        if data_path is not None and length > EXTERNAL_TENSOR_BYTES:
             entry.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(len(raw)))):
+            for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(length))):
                 entry.external_data.add(key=key, value=value)
-            offset += len(raw)
-            yield entry, raw
+            offset += length
+            stub = entry.SerializeToString()
+            plan.append((tensor, stub, None, len(stub)))
+            continue
+        before, after = _split_fields(entry, _RAW_DATA_FIELD)
+        plan.append((tensor, before, after, len(before) + len(_key(_RAW_DATA_FIELD)) + len(_varint(length)) + length
+                     + len(after)))
+    return plan
 
-    return entries
+
+def _without_raw_data(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """``tensor``'s fields but its raw data and data location (``CopyFrom`` would copy the data; protobuf
+    cannot copy a tensor over 2 GiB at all)."""
+    entry = onnx.TensorProto()
+    for field in tensor.DESCRIPTOR.fields:
+        if field.name in ("raw_data", "data_location", "external_data"):
+            continue
+        if field.is_repeated:
+            getattr(entry, field.name).extend(getattr(tensor, field.name))
+        elif tensor.HasField(field.name):
+            copy_field(entry, field, getattr(tensor, field.name))
+    return entry
+
+
+def _raw_bytes(tensor: onnx.TensorProto, arrays: Mapping[str, np.ndarray]) -> bytes | None:
+    """The raw data of ``tensor``: its array's bytes for a stub backed by ``arrays``."""
+    if tensor.name in arrays:
+        array = arrays[tensor.name]
+        return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    return tensor.raw_data if tensor.HasField("raw_data") else None

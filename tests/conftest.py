@@ -16,3 +16,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "iree" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The lines tests record with ``record_property("summary", line)`` (the fuzzers' example counts), in
+    the terminal summary: under pytest-xdist (``make test``) what a test prints is not shown."""
+    lines = [value for reports in terminalreporter.stats.values() for report in reports
+             if getattr(report, "when", None) == "call"
+             for name, value in getattr(report, "user_properties", ()) if name == "summary"]
+    if lines:
+        terminalreporter.section("summaries")
+        for line in lines:
+            terminalreporter.write_line(line)
