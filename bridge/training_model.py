@@ -29,7 +29,9 @@ class TrainingModel:
 
     ``initial_state()`` gives a value for every graph input that is not data or target:
     the original weights and buffers, optimizer state as torch.optim initialises it,
-    ``step`` (0) and ``lr``.
+    ``step`` (0) and ``lr``. The eval graph (``.eval_model``) and the step's two halves for accumulation
+    (``.gradient_model``, ``.update_model``) are exported when first asked for, then kept: each would
+    hold its own copy of the frozen weights.
     """
 
     model: onnx.ModelProto
@@ -40,8 +42,9 @@ class TrainingModel:
     eval_signature: StepSignature | None = None
     source: onnx.ModelProto | None = field(default=None, repr=False)  # the inference model, as given
     source_path: Path | None = None  # or the file it is read from when needed
-    # builds each of PARTS on request (``part``); built parts are kept
-    exporters: Mapping[str, Callable[[], onnx.ModelProto]] = field(default_factory=dict, repr=False)
+    # builds each of PARTS on request (``part``; built parts are kept); for ``save``, called with a dict that
+    # receives the arrays of its big constants, written as data-less stubs (``GraphBuilder.write_initializers``)
+    exporters: Mapping[str, Callable[..., onnx.ModelProto]] = field(default_factory=dict, repr=False)
     _parts: dict[str, onnx.ModelProto | None] = field(default_factory=dict, init=False, repr=False)
 
     def part(self, name: str) -> onnx.ModelProto | None:
