@@ -2,7 +2,8 @@
 
 Run: ``python benchmarks/conversion_memory.py [--frozen N]``. Prints the weights' size, the times of
 the conversion and of conversion + save, the peak RSS of the converting process and its ratio to the
-weights (benchmarks/RESULTS.md, "Conversion memory", subtracts the ~551 MiB of importing torch and bridge). The model file is written to a temporary folder first (in a child process, so that its
+weights (benchmarks/RESULTS.md, "Conversion memory", subtracts the ~551 MiB of importing torch and
+bridge). The model file is written to a temporary folder first (in a child process, so that its
 memory does not count).
 """
 from __future__ import annotations

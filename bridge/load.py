@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import onnx
 import onnx.inliner
 from onnx import external_data_helper
@@ -90,6 +91,11 @@ def data_bytes(tensor: onnx.TensorProto) -> int:
     return onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * math.prod(tensor.dims)
 
 
+def raw_bytes(array: np.ndarray) -> bytes:
+    """``array``'s bytes as an ONNX tensor's ``raw_data`` holds them (C order, little-endian)."""
+    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+
+
 def is_large(model: onnx.ModelProto) -> bool:
     """True when ``model`` is too big for one protobuf message (it must be saved with external data)."""
     return tensor_bytes(model) >= LARGE_MODEL_BYTES
@@ -119,7 +125,8 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     name, type and dims: what the checker and shape inference need, without serializing the weights
     (copies of them dominated the memory of loading and exporting a big model; past 2 GiB, protobuf
     cannot serialize them at all)."""
-    big = [t for t in model.graph.initializer if data_bytes(t) > STUB_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
+    big = [t for t in model.graph.initializer
+           if data_bytes(t) > STUB_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
     if not big:
         return model
     skeleton = onnx.ModelProto()

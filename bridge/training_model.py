@@ -12,7 +12,7 @@ import onnx
 
 from .atomic import AtomicWriter, atomic_writer, check_output_path
 from .errors import BridgeError
-from .load import copy_field, data_bytes, read_model, tensor_bytes
+from .load import copy_field, data_bytes, raw_bytes, read_model, tensor_bytes
 from .inference import with_trained_values
 from .runtime import TrainingSession
 from .trace import StepSignature
@@ -179,15 +179,16 @@ def write_model(writer: AtomicWriter, model: onnx.ModelProto, path: str | os.Pat
 def stream_model(model: onnx.ModelProto, path: Path, arrays: Mapping[str, np.ndarray],
                  data_path: Path | None = None) -> bool:
     """Serialize ``model`` to ``path`` one initializer at a time (no serialized copy of all its tensors:
-    protobuf would make two); with ``data_path``, initializers of over ``EXTERNAL_TENSOR_BYTES`` keep their bytes there
-    (ONNX external data, ``location`` its file name, as ``onnx.save_model`` writes it). Without
+    protobuf would make two); with ``data_path``, initializers of over ``EXTERNAL_TENSOR_BYTES`` keep their
+    bytes there (ONNX external data, ``location`` its file name, as ``onnx.save_model`` writes it). Without
     ``arrays`` and ``data_path``, the bytes are those of ``model.SerializeToString()``. Returns True when
     data was written to ``data_path``."""
     head, tail = _split_fields(model, _MODEL_GRAPH_FIELD)
     graph_head, graph_tail = _split_fields(model.graph, _GRAPH_INITIALIZER_FIELD)
     plan = _plan_tensors(model.graph.initializer, arrays, data_path)
     graph_size = len(graph_head) + len(graph_tail) + sum(_entry_size(size) for *_, size in plan)
-    with open(path, "xb") as file, (open(data_path, "xb") if data_path is not None else contextlib.nullcontext()) as data:
+    data_file = open(data_path, "xb") if data_path is not None else contextlib.nullcontext()
+    with open(path, "xb") as file, data_file as data:
         file.write(head + _key(_MODEL_GRAPH_FIELD) + _varint(graph_size) + graph_head)
         for tensor, entry_head, entry_tail, size in plan:
             file.write(_key(_GRAPH_INITIALIZER_FIELD) + _varint(size))
@@ -285,6 +286,5 @@ def _without_raw_data(tensor: onnx.TensorProto) -> onnx.TensorProto:
 def _raw_bytes(tensor: onnx.TensorProto, arrays: Mapping[str, np.ndarray]) -> bytes | None:
     """The raw data of ``tensor``: its array's bytes for a stub backed by ``arrays``."""
     if tensor.name in arrays:
-        array = arrays[tensor.name]
-        return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+        return raw_bytes(arrays[tensor.name])
     return tensor.raw_data if tensor.HasField("raw_data") else None

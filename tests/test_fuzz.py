@@ -13,7 +13,8 @@ float64, converted with a random loss and optimizer. Each example either
 
 never a wrong gradient and never another exception. Loader fuzz: mutated bytes of a valid model
 either load or raise ``ModelLoadError``. CI runs ``CI_EXAMPLES`` graphs and ``CI_LOADER_EXAMPLES``
-byte mutations (the counts are printed in the terminal summary, also under pytest-xdist); the exhaustive tier runs ``LONG_EXAMPLES`` of each.
+byte mutations (the counts are printed in the terminal summary, also under pytest-xdist); the
+exhaustive tier runs ``LONG_EXAMPLES`` of each.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import torch
 from onnx import TensorProto, helper
 
 from ..errors import ShapeError
-from ..load import STUB_BYTES, STUB_FILE
+from ..load import STUB_BYTES, STUB_FILE, raw_bytes
 
 TORCH_TO_ONNX = {
     torch.float32: TensorProto.FLOAT,
@@ -166,7 +166,7 @@ class GraphBuilder:
                 tensor.external_data.add(key="location", value=STUB_FILE)
                 stubs[name] = array
                 continue
-            tensor.raw_data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()  # ONNX: little-endian
+            tensor.raw_data = raw_bytes(array)
         self.initializers = []
 
     def ints(self, values: Sequence[int]) -> Value:
