@@ -53,6 +53,12 @@ class TrainingModel:
             self._parts[name] = self.exporters[name]() if name in self.exporters else None
         return self._parts[name]
 
+    def __getstate__(self) -> dict:
+        """For pickle and deepcopy: every part exported (the exporters are closures over traced graphs)."""
+        state = dict(self.__dict__, exporters={})
+        state["_parts"] = {name: self.part(name) for name in PARTS}
+        return state
+
     @property
     def eval_model(self) -> onnx.ModelProto | None:
         """Forward + loss in inference mode (returns every model output)."""

@@ -448,6 +448,16 @@ def test_parts_are_exported_on_request_and_saved_without_copies(tmp_path, monkey
     assert {"fc1.weight", "fc1.bias"} <= {init.name for init in tm.eval_model.graph.initializer}
 
 
+def test_a_pickled_training_model_holds_every_part():
+    import pickle
+
+    tm = bridge.to_training_onnx(MLP, frozen=["fc1.*"])
+    copy = pickle.loads(pickle.dumps(tm))
+    assert copy.model == tm.model and not copy.exporters
+    for part in bridge.training_model.PARTS:
+        assert copy.part(part) == tm.part(part) is not None, part
+
+
 def _folded_constant_model(count: int) -> onnx.ModelProto:
     """z = Expand(x @ W, [1, count]) @ ConstantOfShape([count, 1]) (batch 1): a constant folded at
     conversion (a small file whose training graph holds a ``count``-element initializer)."""
