@@ -1,8 +1,9 @@
 """Peak memory of converting a 100.7M-parameter MLP (6 x Linear(4096, 4096), 403 MB of float32 weights).
 
-Run: ``python benchmarks/conversion_memory.py [--stages] [--frozen N]``. Prints the weights' size, the
-peak RSS of the process after each stage (load, import, trace, export, save) and the ratio to the
-weights. The model file is written to a temporary folder first (in a child process, so that its
+Run: ``python benchmarks/conversion_memory.py [--frozen N]``. Prints the weights' size, the times of
+the conversion and of conversion + save, the peak RSS of the converting process and its ratio to the
+weights (benchmarks/RESULTS.md, "Conversion memory", subtracts the ~551 MiB of importing torch and
+bridge). The model file is written to a temporary folder first (in a child process, so that its
 memory does not count).
 """
 from __future__ import annotations

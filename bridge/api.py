@@ -104,6 +104,7 @@ def to_training_onnx(
         check_export(source, strict=strict)
     original = _original(model)
     program = OnnxProgram(source)
+    source = program.model  # without its weights' data (the program holds them as arrays): one copy in memory
     dims = _dim_spec(source, program, dynamic_batch, dynamic_dims, input_shapes or {})
     inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
     output_index = _output_index(program, output)
@@ -152,18 +153,23 @@ def to_training_onnx(
     if classes is not None:
         metadata[CLASSES] = json.dumps(classes)
     names = {(array.ctypes.data, array.shape): name for name, array in program.initializers.items() if array.size}
-    training, evaluation, gradient, update = (
-        _export(module, sig, source, source_hash, loss_fn, optimizer, metadata, names)
-        for module, sig in ((graph_module, signature), (eval_module, eval_signature),
-                            (gradient_module, gradient_signature), (update_module, update_signature))
-    )
+    outline = _outline(source)
+
+    def exporter(module: torch.fx.GraphModule, sig: StepSignature) -> Callable[..., onnx.ModelProto]:
+        return lambda stubs=None: _export(module, sig, outline, source_hash, loss_fn, optimizer, metadata, names, stubs)
+
+    training = exporter(graph_module, signature)()
+    # the eval, gradient and update graphs are exported on request (TrainingModel.part; for save(), with the
+    # frozen weights as the traced graphs' arrays, shared with the importer's, not as protobuf copies)
+    parts = {"eval": exporter(eval_module, eval_signature), "gradient": exporter(gradient_module, gradient_signature),
+             "update": exporter(update_module, update_signature)}
 
     # the weights and buffers share memory with the program's initializers (initial_state() copies)
     initial = {name: tensors[name].detach().numpy() for name in signature.state_names()}
     result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]),
-                           eval_model=evaluation, eval_signature=eval_signature, source=original,
+                           eval_signature=eval_signature, source=original,
                            source_path=None if isinstance(model, onnx.ModelProto) else Path(model).resolve(),
-                           gradient_model=gradient, update_model=update)
+                           exporters=parts)
     if output_path is not None:
         result.save(output_path)
     return result
@@ -171,10 +177,11 @@ def to_training_onnx(
 
 def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, source_hash: str,
             loss: Loss, optimizer: Optimizer, metadata: dict[str, str],
-            constant_names: Mapping[tuple[int, tuple[int, ...]], str]
+            constant_names: Mapping[tuple[int, tuple[int, ...]], str], stubs: dict | None = None
             ) -> onnx.ModelProto:
-    """Export, annotate and check one traced graph (the training step or the eval step)."""
-    model = export_step(graph_module, signature, constant_names)
+    """Export, annotate and check one traced graph (the training step or the eval step); ``stubs``: see
+    ``GraphBuilder.write_initializers``."""
+    model = export_step(graph_module, signature, constant_names, stubs)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
     for key, value in metadata.items():
@@ -183,6 +190,16 @@ def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, sou
     check_onnx(model, "an exported step graph (a bridge bug: please report it)", LoweringError,
                full_check=True)
     return model
+
+
+def _outline(source: onnx.ModelProto) -> onnx.ModelProto:
+    """What ``annotate_model`` reads of the source (its graph's name, nodes and outputs), without its
+    initializers: held by the on-request exporters instead of the whole source."""
+    outline = onnx.ModelProto()
+    outline.graph.name = source.graph.name
+    outline.graph.node.extend(source.graph.node)
+    outline.graph.output.extend(source.graph.output)
+    return outline
 
 
 def _class_targets(loss: Loss, output: torch.Tensor) -> dict | None:

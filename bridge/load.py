@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+import numpy as np
 import onnx
 import onnx.inliner
 from onnx import external_data_helper
@@ -92,8 +93,22 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
 
 
 def tensor_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of tensor data in ``model`` (initializers and constant attributes, subgraphs included)."""
-    return sum(tensor.ByteSize() for tensor in external_data_helper._get_all_tensors(model))
+    """Bytes of tensor data in ``model`` (initializers and constant attributes, subgraphs included; a
+    tensor whose data is external counts with the size of that data)."""
+    return sum(data_bytes(tensor) for tensor in external_data_helper._get_all_tensors(model))
+
+
+def data_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of ``tensor``'s data, from its type and dims (protobuf's ``ByteSize`` serializes the
+    tensor: a transient copy of it); a string tensor's serialized size."""
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return tensor.ByteSize()
+    return onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * math.prod(tensor.dims)
+
+
+def raw_bytes(array: np.ndarray) -> bytes:
+    """``array``'s bytes as an ONNX tensor's ``raw_data`` holds them (C order, little-endian)."""
+    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
 
 
 def is_large(model: onnx.ModelProto) -> bool:
@@ -105,38 +120,42 @@ def check_onnx(model: onnx.ModelProto, where: str, error: type[Exception], full_
     """``onnx.checker`` on ``model``, also past protobuf's 2 GiB (through a file with external data);
     a failure raises ``error`` naming ``where``."""
     try:
-        skeleton = _skeleton(model)
-        if skeleton is model:
+        stubbed = skeleton(model)
+        if stubbed is model:
             onnx.checker.check_model(model, full_check=full_check)
             return
+        for tensor in model.graph.initializer:
+            if data_bytes(tensor) > STUB_BYTES:
+                _check_data_size(tensor)
         with tempfile.TemporaryDirectory(prefix="bridge-check-") as folder:  # the stubs' (empty) data file
             Path(folder, STUB_FILE).touch()
-            onnx.save(skeleton, os.path.join(folder, "model.onnx"))
+            onnx.save(stubbed, os.path.join(folder, "model.onnx"))
             onnx.checker.check_model(os.path.join(folder, "model.onnx"), full_check=full_check)
     except Exception as exc:  # the checker raises ValidationError, protobuf errors, shape inference errors
         raise error(f"{where} fails the ONNX checker: {exc}") from exc
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each initializer over ``STUB_BYTES`` replaced by an external-data stub of the same
-    name, type and dims: what the checker needs, without serializing the weights (copies of them
-    dominated the memory of loading a big model)."""
-    big = [t for t in model.graph.initializer if t.ByteSize() > STUB_BYTES]
+    name, type and dims: what the checker and shape inference need, without serializing the weights
+    (copies of them dominated the memory of loading and exporting a big model; past 2 GiB, protobuf
+    cannot serialize them at all)."""
+    big = [t for t in model.graph.initializer
+           if data_bytes(t) > STUB_BYTES or t.data_location == onnx.TensorProto.EXTERNAL]
     if not big:
         return model
     skeleton = onnx.ModelProto()
     for descriptor, value in model.ListFields():
         if descriptor.name != "graph":
-            _copy_field(skeleton, descriptor, value)
+            copy_field(skeleton, descriptor, value)
     for descriptor, value in model.graph.ListFields():
         if descriptor.name != "initializer":
-            _copy_field(skeleton.graph, descriptor, value)
+            copy_field(skeleton.graph, descriptor, value)
     names = {t.name for t in big}
     for tensor in model.graph.initializer:
         if tensor.name not in names:
             skeleton.graph.initializer.append(tensor)
             continue
-        _check_data_size(tensor)
         stub = skeleton.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
         stub.data_location = onnx.TensorProto.EXTERNAL
         stub.external_data.add(key="location", value=STUB_FILE)
@@ -144,7 +163,8 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _check_data_size(tensor: onnx.TensorProto) -> None:
-    """What the checker verifies of a tensor that it sees as a stub: its raw data fits its type and dims."""
+    """What the checker verifies of a tensor that it sees as a stub (``skeleton``): its raw data fits its
+    type and dims."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
         return
     itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
@@ -153,7 +173,8 @@ def _check_data_size(tensor: onnx.TensorProto) -> None:
         raise ValueError(f"initializer '{tensor.name}' holds {got} bytes; its type and dims {list(tensor.dims)} need {need}")
 
 
-def _copy_field(target, descriptor, value) -> None:
+def copy_field(target, descriptor, value) -> None:
+    """Set field ``descriptor`` of message ``target`` to ``value`` (a ``ListFields`` entry of another)."""
     if hasattr(value, "extend"):  # a repeated field
         getattr(target, descriptor.name).extend(value)
     elif hasattr(value, "CopyFrom"):  # a message

@@ -66,3 +66,15 @@ def _seeded_module_generators(request, monkeypatch):
     for name, value in list(vars(module).items()) if module is not None else ():
         if isinstance(value, np.random.Generator):
             monkeypatch.setattr(module, name, np.random.default_rng(seed_of(request.node)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The lines tests record with ``record_property("summary", line)`` (the fuzzers' example counts), in
+    the terminal summary: under pytest-xdist (``make test``) what a test prints is not shown."""
+    lines = [value for reports in terminalreporter.stats.values() for report in reports
+             if getattr(report, "when", None) == "call"
+             for name, value in getattr(report, "user_properties", ()) if name == "summary"]
+    if lines:
+        terminalreporter.section("summaries")
+        for line in lines:
+            terminalreporter.write_line(line)

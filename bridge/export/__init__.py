@@ -46,10 +46,12 @@ def _tags(node: torch.fx.Node) -> dict[str, str]:
 
 
 def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature,
-                constant_names: Mapping[tuple[int, tuple[int, ...]], str] | None = None) -> onnx.ModelProto:
+                constant_names: Mapping[tuple[int, tuple[int, ...]], str] | None = None,
+                stubs: dict | None = None) -> onnx.ModelProto:
     """Translate the traced step into an ONNX ModelProto (named per the contract). ``constant_names``:
     initializer names by the data pointer and shape of their tensors, so that a constant the trace captured
-    (a frozen weight) keeps its source name instead of ``_tensor_constant<N>``."""
+    (a frozen weight) keeps its source name instead of ``_tensor_constant<N>``. ``stubs``: see
+    ``GraphBuilder.write_initializers``."""
     import_all_emitters()
     b = GraphBuilder()
     env: dict[torch.fx.Node, object] = {}
@@ -81,7 +83,8 @@ def export_step(graph_module: torch.fx.GraphModule, signature: StepSignature,
         elif node.op == "output":
             outputs = node.args[0]
     graph_name = "bridge_eval_step" if not signature.training else f"bridge_{_GRAPH_NAMES[signature.part]}"
-    model = _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name, dim_names)
+    model = _assemble(b, graph_inputs, [env[n] for n in outputs], signature.output_names(), graph_name, dim_names,
+                      stubs)
     if graph_module.meta.get(DIM_BOUNDS):  # read by the runtime, which refuses larger sizes (docs/dynamic_batch.md)
         entry = model.metadata_props.add()
         entry.key, entry.value = DIM_BOUNDS, json.dumps(graph_module.meta[DIM_BOUNDS])
@@ -149,7 +152,7 @@ def _alias_phase(output: str) -> str:
 
 
 def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: list[str],
-              graph_name: str, dim_names: dict[sympy.Symbol, str]) -> onnx.ModelProto:
+              graph_name: str, dim_names: dict[sympy.Symbol, str], stubs: dict | None = None) -> onnx.ModelProto:
     rename: dict[str, str] = {}
     produced = {out for node in b.nodes for out in node.output}
     for value, name in zip(results, names):
@@ -169,7 +172,8 @@ def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: 
         helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], _dims(value.shape, dim_names))
         for value, name in zip(results, names)
     ]
-    graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, b.initializers)
+    graph = helper.make_graph(b.nodes, graph_name, inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bridge")
+    b.write_initializers(model.graph, stubs)
     model.ir_version = IR_VERSION
     return model

@@ -22,11 +22,12 @@ import numpy as np
 import onnx
 import sympy
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from ..contract import LAYER, PHASE, node_prefix
+from ..contract import node_prefix
 from ..dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, TORCH_TO_ONNX  # noqa: F401 (TORCH_TO_ONNX: re-exported)
 from ..errors import ShapeError
+from ..load import STUB_BYTES, STUB_FILE, raw_bytes
 from ..registry import import_submodules, register
 
 class Value(str):
@@ -74,9 +75,6 @@ def import_all_emitters() -> None:
     import_submodules(f"{__package__}.ops")
 
 
-MAX_TENSOR_BYTES = 2**31  # protobuf cannot serialize one tensor of 2 GiB or more
-
-
 @dataclass(frozen=True)
 class EmitContext:
     """What ``GraphBuilder`` stamps on the nodes it creates for one FX node: its ``tags``
@@ -92,7 +90,7 @@ class GraphBuilder:
 
     def __init__(self):
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        self.initializers: list[tuple[str, np.ndarray]] = []  # written by write_initializers
         self._const_cache: dict[tuple, Value] = {}
         self._names: set[str] = set()
         self.context = EmitContext()
@@ -150,20 +148,30 @@ class GraphBuilder:
         key = (array.dtype.str, array.shape, array.tobytes()) if array.size <= 16 and name is None else None
         if key is not None and key in self._const_cache:
             return self._const_cache[key]
-        if array.nbytes >= MAX_TENSOR_BYTES:
-            layer = self.context.tags.get(LAYER, "") or "?"
-            raise ShapeError(
-                f"the training graph would hold a constant of {array.nbytes / 2**30:.1f} GiB (shape {list(array.shape)}, "
-                f"computed at conversion for the {self.context.tags.get(PHASE, '')} of node '{layer}' from values "
-                "known before the model runs); one ONNX tensor cannot exceed 2 GiB and bridge does not yet keep such "
-                "a folded constant as external data: compute it from a graph input, or split it into tensors "
-                "under 2 GiB in the source model")
         torch_dtype = NUMPY_TO_TORCH.get(array.dtype)
         result = Value(self.fresh(name or "const"), array.shape, torch_dtype)
-        self.initializers.append(numpy_helper.from_array(array, str(result)))
+        self.initializers.append((str(result), array))
         if key is not None:
             self._const_cache[key] = result
         return result
+
+    def write_initializers(self, graph: onnx.GraphProto, stubs: dict[str, np.ndarray] | None = None) -> None:
+        """Add the constants to ``graph`` in place, one at a time: each tensor's bytes are copied once
+        into the graph (``make_graph``'s ``extend`` and ``make_model``'s ``CopyFrom`` would copy every
+        tensor twice more, and protobuf cannot copy a tensor over 2 GiB that way at all; such a folded
+        constant is then saved with external data like any weight past the threshold). With ``stubs``,
+        a constant over ``STUB_BYTES`` is added as a data-less external-data stub and its array put in
+        ``stubs`` instead (a graph exported to be written, ``training_model.write_model``)."""
+        for name, array in self.initializers:
+            tensor = graph.initializer.add(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                                           dims=array.shape)
+            if stubs is not None and array.nbytes > STUB_BYTES:
+                tensor.data_location = TensorProto.EXTERNAL
+                tensor.external_data.add(key="location", value=STUB_FILE)
+                stubs[name] = array
+                continue
+            tensor.raw_data = raw_bytes(array)
+        self.initializers = []
 
     def ints(self, values: Sequence[int]) -> Value:
         """A 1-D int64 constant (shapes, axes, pads)."""

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from ..errors import ShapeError, UnsupportedOpError
-from ..load import default_opset
+from ..load import default_opset, skeleton
 from .registry import CONVERTERS, NodeContext, import_all_converters
 from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
 
@@ -81,6 +81,9 @@ class OnnxProgram:
         self.initializers: dict[str, np.ndarray] = {
             init.name: np.array(numpy_helper.to_array(init)) for init in self.graph.initializer
         }
+        # the model without the data of its big initializers (in self.initializers now): one copy of the weights
+        self.model = skeleton(model)
+        self.graph = self.model.graph
         self.input_names = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in self.graph.output]
         self.buffer_names = self._buffer_initializers()
