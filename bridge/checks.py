@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from .contract import DATA_ROLES, LOSS_OUTPUT, ROLE, TARGET_CLASSES as CLASSES, Role, props
+from .contract import DATA_ROLES, ROLE, TARGET_CLASSES as CLASSES, Role, props
 from .errors import BridgeError, InvalidOptionError
 
 NONFINITE_POLICIES = ("raise", "skip", "ignore")

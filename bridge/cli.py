@@ -212,8 +212,6 @@ def _train_rank(args: argparse.Namespace) -> int:
 
 
 def _export_inference(args: argparse.Namespace) -> int:
-    import onnx
-
     from .inference import from_checkpoint
     from .load import read_model
     from .training_model import save_atomically

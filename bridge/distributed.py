@@ -27,7 +27,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from .errors import BridgeError, InvalidOptionError
 from .runtime import StepSession, TrainingSession
-from .trainer import BACKENDS, Trainer, _Totals, _split_graphs
+from .trainer import BACKENDS, Trainer, _Totals
 from .training_model import TrainingModel
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket size

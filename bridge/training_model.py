@@ -279,13 +279,13 @@ def _without_raw_data(tensor: onnx.TensorProto) -> onnx.TensorProto:
     """``tensor``'s fields but its raw data and data location (``CopyFrom`` would copy the data; protobuf
     cannot copy a tensor over 2 GiB at all)."""
     entry = onnx.TensorProto()
-    for field in tensor.DESCRIPTOR.fields:
-        if field.name in ("raw_data", "data_location", "external_data"):
+    for descriptor in tensor.DESCRIPTOR.fields:
+        if descriptor.name in ("raw_data", "data_location", "external_data"):
             continue
-        if field.is_repeated:
-            getattr(entry, field.name).extend(getattr(tensor, field.name))
-        elif tensor.HasField(field.name):
-            copy_field(entry, field, getattr(tensor, field.name))
+        if descriptor.is_repeated:
+            getattr(entry, descriptor.name).extend(getattr(tensor, descriptor.name))
+        elif tensor.HasField(descriptor.name):
+            copy_field(entry, descriptor, getattr(tensor, descriptor.name))
     return entry
 
 
