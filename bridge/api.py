@@ -12,7 +12,7 @@ import torch
 
 from . import __version__
 from .annotate import annotate_model
-from .checks import CLASSES, LOSS_OUTPUT
+from .contract import LOSS_OUTPUT, TARGET_CLASSES as CLASSES
 from .atomic import check_output_path
 from .contract import LOSS, LR, STEP, TARGET, StepSignature, slot_name
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError

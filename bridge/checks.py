@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from .contract import DATA_ROLES, ROLE, TARGET_CLASSES as CLASSES, Role, props
+from .contract import DATA_ROLES, ROLE, TARGET_CLASSES, Role, props
 from .errors import BridgeError, InvalidOptionError
 
 NONFINITE_POLICIES = ("raise", "skip", "ignore")
@@ -56,7 +56,7 @@ class StepChecks:
                 if role == Role.RANDOM:
                     optional.add(value.name)
         meta = {p.key: p.value for p in model.metadata_props}
-        target = json.loads(meta.get(CLASSES, "null")) or {}
+        target = json.loads(meta.get(TARGET_CLASSES, "null")) or {}
         return cls(specs, frozenset(optional), target.get("classes"), target.get("ignore_index"))
 
     def check(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import torch
 
-from .checks import CLASSES, LOSS_OUTPUT
+from .contract import LOSS_OUTPUT, TARGET_CLASSES as CLASSES
 from .contract import OPTIMIZER_OPTIONS, OUTPUT_PREFIX, output_name
 from .errors import InvalidOptionError, ModelLoadError
 from .runtime import StepSession, TrainingSession

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
+from bridge import training_model
 from bridge.cli import main
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "mlp.onnx")
@@ -132,19 +132,19 @@ SAVED = ["train.onnx", "train.eval.onnx", "train.gradient.onnx", "train.update.o
 
 
 def _full_disk_at(monkeypatch, failing_call: int) -> list[Path]:
-    """``onnx.save`` writes its files for real, except its ``failing_call``-th: half the bytes, then
-    ENOSPC (a full disk). Returns the paths it was given."""
-    real_save, calls = onnx.save, []
+    """``stream_model`` (bridge's one model writer) writes its files for real, except its
+    ``failing_call``-th: half the bytes, then ENOSPC (a full disk). Returns the paths it was given."""
+    real_stream, calls = training_model.stream_model, []
 
-    def save(model, path, *args, **kwargs):
+    def stream(model, path, *args, **kwargs):
         calls.append(Path(path))
         if len(calls) < failing_call:
-            return real_save(model, path, *args, **kwargs)
+            return real_stream(model, path, *args, **kwargs)
         data = model.SerializeToString()
         Path(path).write_bytes(data[:len(data) // 2])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(onnx, "save", save)
+    monkeypatch.setattr(training_model, "stream_model", stream)
     return calls
 
 
