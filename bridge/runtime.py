@@ -25,7 +25,7 @@ from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, no
 from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs,
                        props, strip_prefix, updated_name)
 from .errors import BridgeError
-from .load import external_copy, is_large, model_digest
+from .load import external_copy, is_large, model_digest, read_model
 
 
 class StepSession(ABC):
@@ -266,8 +266,7 @@ class TrainingSession(StepSession):
                  seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise",
                  threads: int | None = None):
         """``threads``: onnxruntime's intra-op thread count (default: its own, one per physical core)."""
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model))
+        model = read_model(model)
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
                          graph_hash=graph_hash(model), eval_model=eval_model)
         self._graph = OrtGraph(model, providers, threads)

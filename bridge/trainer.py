@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 import torch
 
-from .contract import LOSS_OUTPUT, TARGET_CLASSES as CLASSES
-from .contract import OPTIMIZER_OPTIONS, OUTPUT_PREFIX, output_name
+from .contract import LOSS_OUTPUT, OPTIMIZER_OPTIONS, OUTPUT_PREFIX, TARGET_CLASSES as CLASSES, output_name
 from .errors import InvalidOptionError, ModelLoadError
+from .load import read_model
 from .runtime import StepSession, TrainingSession
 from .training_model import TrainingModel, eval_path, part_path
 
@@ -373,8 +373,8 @@ def _load(model: TrainingModel | str | os.PathLike, state: Mapping[str, np.ndarr
     path = Path(model)
     if not path.is_file():
         raise ModelLoadError(f"no training model at {path}")
-    graph = onnx.load(str(path))
-    evaluation = onnx.load(str(eval_path(path))) if eval_path(path).is_file() else None
+    graph = read_model(path)
+    evaluation = read_model(eval_path(path)) if eval_path(path).is_file() else None
     if state is None:
         state_path = Path(str(path).removesuffix(".onnx") + ".state.npz")
         if not state_path.is_file():
@@ -394,7 +394,7 @@ def _split_graphs(model: TrainingModel | str | os.PathLike) -> tuple[onnx.ModelP
     paths = [part_path(model, part) for part in ("gradient", "update")]
     if not all(path.is_file() for path in paths):
         return None
-    return onnx.load(str(paths[0])), onnx.load(str(paths[1]))
+    return read_model(paths[0]), read_model(paths[1])
 
 
 def _check_accumulation(steps: int) -> int:
