@@ -34,8 +34,8 @@ def main(argv: list[str]) -> int:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = int(threads)
     state = CheckpointState.load_checkpoint(str(out / "checkpoint"))
-    module = Module(str(out / "training_model.onnx"), state, str(out / "eval_model.onnx"), "cpu",
-                    session_options=options)
+    # no eval model: onnxruntime 1.19.2 cannot load the one it generates for a training-mode BatchNorm
+    module = Module(str(out / "training_model.onnx"), state, None, "cpu", session_options=options)
     optimizer = Optimizer(str(out / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(float(lr))
     module.train()

@@ -122,7 +122,7 @@ def ort_training_stepper(bench: BenchModel, python: str, workdir: Path, threads:
     children.append(child)
     if child.stdout.readline().strip() != "ready":
         child.kill()
-        raise RuntimeError(child.stderr.read().strip().splitlines()[-1])
+        raise RuntimeError(child.stderr.read().strip().splitlines()[-1][-200:])  # the end names the op
 
     def step() -> float:
         child.stdin.write("step\n")
