@@ -13,6 +13,7 @@ import torch
 from . import __version__
 from .annotate import annotate_model
 from .checks import CLASSES, LOSS_OUTPUT
+from .cleanup import clean_up
 from .atomic import check_output_path
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
 from .export import export_step
@@ -189,6 +190,7 @@ def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, sou
     """Export, annotate and check one traced graph (the training step or the eval step)."""
     with phase(f"exporting {len(graph_module.graph.nodes)} traced nodes to ONNX"):
         model = export_step(graph_module, signature, constant_names)
+        clean_up(model)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
     for key, value in metadata.items():
