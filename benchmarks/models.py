@@ -24,15 +24,17 @@ class BenchModel:
     target: np.ndarray
     loss: str = "ce"
 
-    def export(self, path: Path) -> Path:
+    def export(self, path: Path, training: bool = False) -> Path:
         """The legacy exporter at opset 17, no constant folding, eval mode: every weight and
-        BatchNorm stays an initializer under its torch name (see docs/models.md)."""
+        BatchNorm stays an initializer under its torch name (see docs/models.md). ``training``:
+        exported in training mode (BatchNorm with batch statistics), for onnxruntime-training."""
         args = tuple(torch.from_numpy(v) for v in self.inputs.values())
+        mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
         self.module.eval()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(self.module, args, str(path), dynamo=False, opset_version=17, do_constant_folding=False,
-                              input_names=list(self.inputs), output_names=["y"])
+                              input_names=list(self.inputs), output_names=["y"], training=mode)
         self.module.train()
         return path
 
@@ -67,6 +69,15 @@ def small_cnn() -> BenchModel:
                       rng.integers(0, 10, 16))
 
 
+def _untie(norm: torch.nn.BatchNorm2d) -> None:
+    """Distinct BatchNorm scales and shifts (freshly initialised ones are all 1 and 0): the legacy
+    exporter de-duplicates equal tensors, and bridge would then train one tied weight where torch
+    trains 40 (resnet18), a smaller step than torch's."""
+    with torch.no_grad():
+        norm.weight.uniform_(0.9, 1.1)
+        norm.bias.uniform_(-0.1, 0.1)
+
+
 def _torchvision(name: str, seed: int) -> BenchModel:
     import torchvision
 
@@ -75,6 +86,8 @@ def _torchvision(name: str, seed: int) -> BenchModel:
     for m in module.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+        if isinstance(m, torch.nn.BatchNorm2d):
+            _untie(m)
     return BenchModel(name, module, {"x": rng.standard_normal((8, 3, 64, 64), np.float32)}, rng.integers(0, 10, 8))
 
 

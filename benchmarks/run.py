@@ -14,7 +14,13 @@ refused when the 1-minute load average is above ``--max-load`` before it starts.
 Backends: ``bridge-ort`` (bridge's training graph in onnxruntime), ``bridge-iree`` (the same graph
 compiled by IREE), ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam`` step),
 ``torch-compile`` (``torch.compile`` of the module, same optimizer; skipped with a note where it
-fails). Every backend trains with Adam (lr 1e-3) on the same fixed batch.
+fails), ``ort-training`` (onnxruntime-training 1.19.2's artifacts, fused com.microsoft gradient
+kernels and its AdamW, run by benchmarks/ort_training_child.py in the venv given by
+``--ort-training-python``; skipped with a note without one). Every backend trains with Adam (lr
+1e-3; onnxruntime-training: AdamW, its only Adam) on the same fixed batch.
+
+Graph sizes are reported next to the first landing's (``BEFORE_NODES``: the same models, measured
+before issue 18's changes).
 """
 from __future__ import annotations
 
@@ -40,10 +46,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from models import MODELS, BenchModel, torch_loss  # noqa: E402
 
-BACKENDS = ("bridge-ort", "bridge-iree", "torch", "torch-compile")
+BACKENDS = ("bridge-ort", "bridge-iree", "torch", "torch-compile", "ort-training")
 RESULTS = HERE / "RESULTS.md"
 BEGIN, END = "<!-- step-time:begin (benchmarks/run.py writes this section) -->", "<!-- step-time:end -->"
 LR = 1e-3
+# Nodes per phase (forward / loss / backward / optimizer) at the first landing (2026-11-30 11:31 UTC):
+# the "before" column of the graph-size table. resnet18 and mobilenet_v3_small were then exported
+# with tied BatchNorm weights (all 1 and 0, de-duplicated by the exporter: 30 trained tensors of
+# resnet18's 62), see models._untie.
+BEFORE_NODES = {"mlp": "11 / 22 / 41 / 89", "small_cnn": "12 / 22 / 102 / 89", "resnet18": "543 / 22 / 907 / 401",
+                "mobilenet_v3_small": "1069 / 22 / 1918 / 1090"}
+Step = Callable[[], object]  # one training step; a float it returns is its own timing (a child process)
 
 
 def convert_in_child(source: Path, out: Path) -> dict:
@@ -94,14 +107,40 @@ def torch_stepper(module: torch.nn.Module, bench: BenchModel) -> Callable[[], No
     return step
 
 
-def steppers(bench: BenchModel, training: Path, backends: list[str], threads: int, notes: list[str],
-             extra: dict) -> dict[str, Callable[[], None]]:
+def ort_training_stepper(bench: BenchModel, python: str, workdir: Path, threads: int,
+                         children: list[subprocess.Popen]) -> Step:
+    """A child process of onnxruntime-training (benchmarks/ort_training_child.py) stepping on
+    request; its step returns the time the child measured. The child is appended to ``children``."""
+    source = bench.export(workdir / f"{bench.name}.training_mode.onnx", training=True)
+    inputs = workdir / f"{bench.name}.inputs.npz"
+    np.savez(inputs, **bench.inputs, target=bench.target)
+    initializers = {t.name for t in onnx.load(str(source), load_external_data=False).graph.initializer}
+    params = [name for name, _ in bench.module.named_parameters() if name in initializers]
+    child = subprocess.Popen([python, str(HERE / "ort_training_child.py"), str(source), str(inputs),
+                              str(workdir / f"{bench.name}.artifacts"), str(threads), str(LR), *params],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children.append(child)
+    if child.stdout.readline().strip() != "ready":
+        child.kill()
+        raise RuntimeError(child.stderr.read().strip().splitlines()[-1][-200:])  # the end names the op
+
+    def step() -> float:
+        child.stdin.write("step\n")
+        child.stdin.flush()
+        return float(child.stdout.readline())
+
+    return step
+
+
+def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes: list[str], extra: dict,
+             children: list[subprocess.Popen]) -> dict[str, Step]:
     """One ``step()`` per backend that could be set up; a note for each that could not."""
     import bridge
     from bridge.runtime import TrainingSession
 
+    backends, threads = args.backends, args.threads
     state = dict(np.load(str(training) + ".state.npz"))
-    result: dict[str, Callable[[], None]] = {}
+    result: dict[str, Step] = {}
     if "bridge-ort" in backends:
         session = TrainingSession(training, state, threads=threads)
         result["bridge-ort"] = lambda: session.step(bench.inputs, bench.target)
@@ -124,11 +163,25 @@ def steppers(bench: BenchModel, training: Path, backends: list[str], threads: in
             result["torch-compile"] = compiled
         except Exception as exc:  # noqa: BLE001
             notes.append(f"{bench.name}: torch-compile skipped: {str(exc).splitlines()[0][:200]}")
+    if "ort-training" in backends:
+        if args.ort_training_python is None:
+            notes.append(f"{bench.name}: ort-training skipped: no --ort-training-python (a venv with "
+                         "onnxruntime-training 1.19.2, onnx 1.16 and torch)")
+        elif bench.target.ndim > 1:
+            notes.append(f"{bench.name}: ort-training skipped: its CrossEntropyLoss takes the classes on dim 1, "
+                         "these [N, T, V] logits have them last")
+        else:
+            try:
+                result["ort-training"] = ort_training_stepper(bench, args.ort_training_python, training.parent,
+                                                              threads, children)
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"{bench.name}: ort-training skipped: {str(exc).splitlines()[0][:200]}")
     return result
 
 
-def measure(step_fns: dict[str, Callable[[], None]], rounds: int, warmup: int) -> dict[str, list[float]]:
-    """Alternate the backends, rotating which goes first, for ``rounds`` rounds."""
+def measure(step_fns: dict[str, Step], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Alternate the backends, rotating which goes first, for ``rounds`` rounds. A step that
+    returns a float (a child process's own measure) is timed by it."""
     names = list(step_fns)
     for name in names:
         for _ in range(warmup):
@@ -138,8 +191,8 @@ def measure(step_fns: dict[str, Callable[[], None]], rounds: int, warmup: int) -
         order = names[round_index % len(names):] + names[:round_index % len(names)]
         for name in order:
             start = time.perf_counter()
-            step_fns[name]()
-            times[name].append(time.perf_counter() - start)
+            own = step_fns[name]()
+            times[name].append(own if isinstance(own, float) else time.perf_counter() - start)
     return times
 
 
@@ -161,8 +214,14 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[
     conversion = convert_in_child(source, training)
     model = onnx.load(str(training), load_external_data=False)
     extra: dict = {}
-    step_fns = steppers(bench, training, args.backends, args.threads, notes, extra)
-    summary = summarise(measure(step_fns, args.rounds, args.warmup))
+    children: list[subprocess.Popen] = []
+    try:
+        step_fns = steppers(bench, training, args, notes, extra, children)
+        summary = summarise(measure(step_fns, args.rounds, args.warmup))
+    finally:
+        for child in children:
+            child.stdin.close()
+            child.wait(timeout=60)
     weights_mb = sum(p.numel() * p.element_size() for p in bench.module.parameters()) / 2**20
     print(f"{name}: " + ", ".join(f"{b} {s['median_ms']:.1f} ms" for b, s in summary.items()), flush=True)
     return {"model": name, "weights_mb": weights_mb, "nodes": nodes_per_phase(model), **conversion, **extra,
@@ -198,13 +257,14 @@ def markdown(results: list[dict], info: dict, notes: list[str]) -> str:
                   else "-" for b in backends if b != "torch"]
         lines.append(f"| {r['model']} | " + " | ".join(cells + ratios) + " |")
     lines += ["", "Conversion (a fresh process per model) and graph size:", "",
-              "| model | weights MB | convert s | peak RSS MB (after import) | nodes: forward / loss / backward / optimizer |",
-              "|---|---|---|---|---|"]
+              "| model | weights MB | convert s | peak RSS MB (after import) | nodes: forward / loss / backward / "
+              "optimizer | before (first landing) |",
+              "|---|---|---|---|---|---|"]
     for r in results:
         n = r["nodes"]
         lines.append(f"| {r['model']} | {r['weights_mb']:.1f} | {r['convert_s']:.2f} | {r['peak_rss_mb']:.0f} "
                      f"({r['import_rss_mb']:.0f}) | {n.get('forward', 0)} / {n.get('loss', 0)} / "
-                     f"{n.get('backward', 0)} / {n.get('optimizer', 0)} |")
+                     f"{n.get('backward', 0)} / {n.get('optimizer', 0)} | {BEFORE_NODES.get(r['model'], '-')} |")
     if notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines + [END]) + "\n"
@@ -251,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-load", type=float, default=1.0, help="refuse to start above this 1-minute load average")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and the plot alone")
+    parser.add_argument("--ort-training-python", help="the python of a venv with onnxruntime-training 1.19.2 "
+                        "(backend ort-training; skipped with a note without it)")
     args = parser.parse_args(argv)
     if args.rounds < 15:
         parser.error("--rounds must be at least 15 (medians of fewer are noise)")

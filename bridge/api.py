@@ -12,12 +12,12 @@ import torch
 
 from . import __version__
 from .annotate import annotate_model
-from .contract import LOSS_OUTPUT, TARGET_CLASSES as CLASSES
 from .atomic import check_output_path
-from .contract import LOSS, LR, STEP, TARGET, StepSignature, slot_name
+from .cleanup import clean_up
+from .contract import LOSS, LOSS_OUTPUT, LR, STEP, TARGET, TARGET_CLASSES as CLASSES, StepSignature, slot_name
+from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
 from .export import export_step
-from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .from_torch import is_torch_source, load_torch_source
 from .importer.program import OnnxProgram
 from .importer.registry import buffer_inputs
@@ -25,6 +25,7 @@ from .importer.weights import differentiable_initializers, select_trainable
 from .load import check_onnx, load_model, model_digest
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
+from .progress import phase
 from .source_checks import check_export
 from .trace import split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
@@ -98,10 +99,11 @@ def to_training_onnx(
         input_shapes = {**torch_source.input_shapes, **(input_shapes or {})}
     elif example_inputs is not None:
         raise InvalidOptionError("example_inputs= is for torch modules; an ONNX model declares its inputs")
-    source = load_model(model, buffer_inputs())
-    source_hash = model_digest(source)
-    if parameters is None:
-        check_export(source, strict=strict)
+    with phase("loading the model"):
+        source = load_model(model, buffer_inputs())
+        source_hash = model_digest(source)
+        if parameters is None:
+            check_export(source, strict=strict)
     original = _original(model)
     program = OnnxProgram(source)
     source = program.model  # without its weights' data (the program holds them as arrays): one copy in memory
@@ -140,12 +142,15 @@ def to_training_onnx(
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
 
-    graph_module = trace_training_step(
-        program, loss_fn, optimizer, signature, tensors, {**inputs, **random}, target, output_index,
-        dims=dims, max_grad_norm=max_grad_norm,
-    )
+    with phase("tracing the training step"):
+        graph_module = trace_training_step(
+            program, loss_fn, optimizer, signature, tensors, {**inputs, **random}, target, output_index,
+            dims=dims, max_grad_norm=max_grad_norm,
+        )
     eval_signature = signature.for_eval(list(program.output_names))
-    eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index, dims=dims)
+    with phase("tracing the eval step"):
+        eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index,
+                                      dims=dims)
     gradient_signature, update_signature = signature.split()
     gradient_module, update_module = split_step(graph_module, signature)
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
@@ -181,14 +186,17 @@ def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, sou
             ) -> onnx.ModelProto:
     """Export, annotate and check one traced graph (the training step or the eval step); ``stubs``: see
     ``GraphBuilder.write_initializers``."""
-    model = export_step(graph_module, signature, constant_names, stubs)
+    with phase(f"exporting {len(graph_module.graph.nodes)} traced nodes to ONNX"):
+        model = export_step(graph_module, signature, constant_names, stubs)
+        clean_up(model)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
     for key, value in metadata.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
-    check_onnx(model, "an exported step graph (a bridge bug: please report it)", LoweringError,
-               full_check=True)
+    with phase("checking the exported ONNX graph"):
+        check_onnx(model, "an exported step graph (a bridge bug: please report it)", LoweringError,
+                   full_check=True)
     return model
 
 

@@ -66,6 +66,7 @@ def _dynamic_dims(args: argparse.Namespace) -> bool | dict | None:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from . import progress
     from .api import to_training_onnx
     from .source_checks import BridgeWarning
 
@@ -77,7 +78,7 @@ def _convert(args: argparse.Namespace) -> int:
         if os.path.abspath(path) == os.path.abspath(args.model):
             raise InvalidOptionError(f"{flag} {path} is the input model: writing there would replace the source; "
                                      "give another file name")
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, progress.report(sys.stderr):
         warnings.simplefilter("default")
         tm = to_training_onnx(
             args.model,

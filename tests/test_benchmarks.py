@@ -41,3 +41,22 @@ def test_rewrites_only_its_own_section(tmp_path, monkeypatch):
     bench.write_results(f"{bench.BEGIN}\nsecond\n{bench.END}\n")
     text = results.read_text()
     assert "kept" in text and "second" in text and "first" not in text and text.count(bench.BEGIN) == 1
+
+
+def test_a_step_that_times_itself_is_timed_by_its_own_figure():
+    """A child-process backend (ort-training) returns the step time it measured: that figure is
+    recorded, not the parent's round trip; the other steps are timed by wall clock."""
+    times = bench.measure({"child": lambda: 0.5, "local": lambda: {"loss": 1.0}}, rounds=15, warmup=1)
+    assert times["child"] == [0.5] * 15
+    assert all(0 <= t < 0.5 for t in times["local"])
+
+
+def test_graph_sizes_show_the_first_landing_next_to_now():
+    result = {"model": "resnet18", "weights_mb": 42.7, "convert_s": 4.0, "peak_rss_mb": 1500, "import_rss_mb": 550,
+              "nodes": {"forward": 1, "loss": 2, "backward": 3, "optimizer": 4},
+              "steps": {"torch": {"median_ms": 1.0, "q1_ms": 1.0, "q3_ms": 1.0, "ratio_to_torch": 1.0}}}
+    info = {"date": "d", "cores": 2, "cpu": "x", "threads": 2, "load_before": 0.5, "python": "3", "torch": "t",
+            "onnxruntime": "o", "command": "c"}
+    text = bench.markdown([result], info, ["resnet18: ort-training skipped: no --ort-training-python"])
+    assert f"| 1 / 2 / 3 / 4 | {bench.BEFORE_NODES['resnet18']} |" in text
+    assert "- resnet18: ort-training skipped" in text
