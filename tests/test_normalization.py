@@ -196,3 +196,31 @@ def test_batch_norm_with_a_symbolic_batch_matches_torch_at_two_batch_sizes():
                      momentum=1 - float(np.float32(0.9)), eps=EPS)
         np.testing.assert_allclose(out["updated_rm"], running["rm"].numpy(), rtol=RTOL)
         np.testing.assert_allclose(out["updated_rv"], running["rv"].numpy(), rtol=RTOL)
+
+
+def test_batch_norm_saved_statistics_stay_differentiable_before_opset_14():
+    """Opsets < 14 output the batch's mean and variance (saved_mean, saved_var); a graph that uses
+    them downstream gets their gradient (they are not the fused kernel's non-differentiable ones)."""
+    shape, channels = (4, 3), 3
+    scale, bias, mean = _params(channels, channels, channels)
+    var = rng.random(channels) + 0.5
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("BatchNormalization", ["x", "s", "b", "rm", "rv"], ["bn", "rm_out", "rv_out", "saved_mean",
+                                                                                   "saved_var"], epsilon=EPS),
+         onnx.helper.make_node("Add", ["bn", "saved_mean"], ["with_mean"]),
+         onnx.helper.make_node("Mul", ["with_mean", "saved_var"], ["y"])],
+        "bn_saved_statistics", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, shape)],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, shape)],
+        [onnx.numpy_helper.from_array(v, k) for k, v in {"s": scale, "b": bias, "rm": mean, "rv": var}.items()])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 9)])
+
+    def twin(p, inputs):
+        x = inputs["x"] * p["s"]  # scale also scales the input: the saved statistics depend on a weight
+        y = F.batch_norm(x, None, None, p["s"], p["b"], training=True, eps=EPS)
+        return (y + x.mean(0)) * x.var(0, unbiased=False)
+
+    scaled = onnx.helper.make_node("Mul", ["x_in", "s"], ["x"])
+    model.graph.node.insert(0, scaled)
+    model.graph.input[0].name = "x_in"
+    batches = [({"x_in": b["x"]}, t) for b, t in batches_for({"x": shape}, shape, 2)]
+    train_and_compare(model, {"s": scale, "b": bias}, lambda p, i: twin(p, {"x": i["x_in"]}), batches, steps_rtol=RTOL)

@@ -46,8 +46,9 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
     if not (ctx.training or node_training and not ctx.evaluation):
         y = (x - _channel(running_mean, rank)) * torch.rsqrt(_channel(running_var, rank) + epsilon)
         y = y * _channel(scale, rank) + _channel(bias, rank)
-        # evaluating a training_mode=1 node: its statistics outputs are the running ones, unchanged
-        return (y, running_mean, running_var)[:len(ctx.node.output)] if node_training else y
+        # evaluating a training node: its statistics outputs (and before opset 14 its saved ones, which the
+        # spec leaves to training) are the running ones, unchanged
+        return (y, running_mean, running_var, running_mean, running_var)[:len(ctx.node.output)] if node_training else y
     count = x.numel() // x.shape[1]
     if count <= 1:
         raise ShapeError(
@@ -60,7 +61,10 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
         ctx.update_buffer(3, new_mean)
         ctx.update_buffer(4, momentum * running_var + (1 - momentum) * batch_var * count / (count - 1))
     spec_var = momentum * running_var + (1 - momentum) * batch_var
-    extra = [new_mean, spec_var] if ctx.opset >= 14 else [new_mean, spec_var, batch_mean, batch_var]
+    extra = [new_mean, spec_var]
+    if ctx.opset < 14 and len(ctx.node.output) > 3:  # the saved statistics, differentiable as the graph may use them
+        _, mean, var = _normalize(x.to(_wide(x.dtype)), [0] + list(range(2, rank)), epsilon)
+        extra += [mean.to(x.dtype).reshape(-1), var.to(x.dtype).reshape(-1)]
     return (y, *extra[:len(ctx.node.output) - 1])
 
 
