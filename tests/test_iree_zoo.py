@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
+from bridge.compile import FAST_CONV_FLAGS
 from reference import assert_steps_match, bridge_steps, torch_steps
 from single_op import one_node_model
 
@@ -50,8 +51,8 @@ def _float64_steps(tm, twin, weights, batches, loss="mse"):
     return torch_steps(twin, wide, loss_fn, torch.optim.SGD, {"lr": float(tm.initial_state()["lr"])}, wide_batches)
 
 
-def _iree_steps(tm, batches) -> list[dict]:
-    session = bridge.compile(tm).session(seed=0)
+def _iree_steps(tm, batches, extra_args: tuple[str, ...] = ()) -> list[dict]:
+    session = bridge.compile(tm, extra_args=extra_args).session(seed=0)
     return [session.step(inputs, target) for inputs, target in batches]
 
 
@@ -116,7 +117,8 @@ def _small_cnn() -> torch.nn.Module:
 
 
 @pytest.mark.slow
-def test_small_cnn_matches_onnxruntime_in_iree(tmp_path):
+@pytest.mark.parametrize("flags", [(), FAST_CONV_FLAGS], ids=["default-flags", "fast-conv-flags"])
+def test_small_cnn_matches_onnxruntime_in_iree(flags, tmp_path):
     torch.manual_seed(0)
     path = str(tmp_path / "cnn.onnx")
     torch.onnx.export(_small_cnn().eval(), (torch.randn(2, 3, 8, 8),), path, dynamo=False, input_names=["x"],
@@ -124,7 +126,7 @@ def test_small_cnn_matches_onnxruntime_in_iree(tmp_path):
     tm = bridge.to_training_onnx(path, loss="ce", optim="adam", optim_options={"lr": 0.01})
     rng = np.random.default_rng(0)
     batches = [({"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)}, rng.integers(0, 3, 2)) for _ in range(3)]
-    assert_steps_match(_iree_steps(tm, batches), bridge_steps(tm, batches))
+    assert_steps_match(_iree_steps(tm, batches, flags), bridge_steps(tm, batches))
 
 
 # --- the zoo (exhaustive tier) ----------------------------------------------------------------
