@@ -159,9 +159,17 @@ def _torchvision_model(name: str, size: int):
 TORCHVISION = {f"{name}@{size}": functools.partial(_torchvision_model, name, size)
                for name in ("resnet18", "mobilenet_v3_small") for size in (32, 64)}
 # Models whose IREE compile or first step still fails, and why (strict: a fixed cause turns the
-# xfail into a failure, so this list stays true). Empty: mobilenet_v3_small@32-static was one until
-# the float32 noise allowance counted onnxruntime's measured noise too (``_float32_noise``).
-XFAIL: dict[str, str] = {}
+# xfail into a failure, so this list stays true). mobilenet_v3_small@32-static was one until the
+# float32 noise allowance counted onnxruntime's measured noise too (``_float32_noise``).
+XFAIL: dict[str, str] = {
+    # Measured, cause not found (docs/onnx-mlir.md section 5, open): every gradient from layer2.0
+    # upstream is 0.6-8.6% of its scale off onnxruntime and torch float64 (which agree to 1e-5);
+    # deterministic, the same with local-task and local-sync and with FAST_CONV_FLAGS. The first
+    # wrong tensor is layer2.0's output-ReLU backward ``Where(relu_out <= 0, 0, g)``, 19% off while
+    # both its inputs match onnxruntime to 1.3e-5 (tests/repros/iree_resnet18_relu_where.py).
+    # layer2 alone at the same shapes is exact.
+    "resnet18-static": "IREE silently miscomputes layer2.0's ReLU backward (Where) at batch 2: gradients 0.6-8.6% off",
+}
 
 
 def _float32_noise(float64: dict, torch_noise: dict, onnxruntime: dict) -> dict[str, float]:
