@@ -14,7 +14,8 @@ and ``g`` (1.3e-5) match onnxruntime; everything computed from it is off (every 
 layer2.0 upstream, 0.6-8.6%; onnxruntime and torch float64 agree to 1e-5). Deterministic: the
 same numbers with the local-task and local-sync drivers and with ``FAST_CONV_FLAGS``. No
 pre-ReLU value is near a tie (smallest |value| 3.9e-5 of scale 10.2, float32 error ~1.7e-6), so
-it is not a float32 ReLU decision flipping. Not reproduced in isolation: torchvision's layer2
+it is not a float32 ReLU decision flipping. Nor the boolean Where: with every ReLU backward rewritten
+as ``Mul(g, Sign(relu_out))`` the gradients are wrong by exactly the same amounts. Not reproduced in isolation: torchvision's layer2
 alone (with a 1x1 Conv in front, batch 2, the same shapes), one Conv's input gradient and the
 resnet stem are exact. resnet18 at batch 8 (32x32, 64x64) passes.
 """
