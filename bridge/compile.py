@@ -32,6 +32,10 @@ _MAX_ERRORS = 5
 # IREE demotes float64 to float32 by default; bridge's optimizer rules compute bias corrections
 # in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
 _IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+# Opt-in (``extra_args=FAST_CONV_FLAGS``): IREE 3.13 compiles a Conv as a direct convolution, which
+# took 2-6x onnxruntime's CPU time per Conv at resnet18's sizes; im2col + a data-tiled matmul is on
+# par with onnxruntime (docs/onnx-mlir.md section 8). Not the default until the whole zoo is checked.
+FAST_CONV_FLAGS = ("--iree-global-opt-use-im2col-for-convs", "--iree-opt-data-tiling")
 
 
 class CompileError(BridgeError):
@@ -121,7 +125,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         backend: only ``"iree"`` (llvm-cpu target).
         output: where to write the ``.vmfb`` (optional).
         target_cpu: ``--iree-llvmcpu-target-cpu`` (``host``; ``generic`` for a portable module).
-        extra_args: further ``iree-compile`` flags.
+        extra_args: further ``iree-compile`` flags (e.g. ``FAST_CONV_FLAGS``).
         progress: called with a line as each phase starts and ends (``import``: ONNX -> MLIR,
             ``compile``: iree-compile), with the elapsed time; ``bridge compile`` prints them.
     """
