@@ -48,6 +48,38 @@ def test_convolution_backward_lowering_matches_aten(rank, stride, padding, dilat
         _close(g, r)
 
 
+def _form_cases():
+    """Every form on groups 1 (the only groups the im2col forms serve), floor/pad/dilation mixes."""
+    for rank, stride, padding, dilation, size in itertools.product((1, 2, 3), (1, 2, 3), (0, 2), (1, 2), (7, 8)):
+        if rank == 3 and (size == 8 or dilation == 2):
+            continue
+        yield pytest.param(rank, stride, padding, dilation, size, id=f"{rank}d-s{stride}-p{padding}-d{dilation}-L{size}")
+
+
+@pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
+def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size):
+    """Each input- and weight-gradient form, whatever the rule would pick for this shape; an
+    asymmetric kernel, and a stride past the kernel (some input positions read by no window)."""
+    x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
+    w = torch.randn(5, 3, *([3, 2, 1][:rank]), dtype=torch.float64)
+    args = ([stride] * rank, [padding] * rank, [dilation] * rank)
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0] * rank, 1))
+    want_x, want_w, _ = aten.convolution_backward(gy, x, w, None, *args, False, [0] * rank, 1, [True, True, False])
+    for form in ("conv", "gemm"):
+        _close(lowering.input_grad(gy, w, x.shape[2:], *args, 1, form=form), want_x)
+    for form in ("conv", "gemm", "gemm_offset_major"):
+        _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
+
+
+def test_input_grad_of_windows_reading_only_padding_is_zero():
+    """A 1-wide input, 1x1 kernel, stride 2, padding 1: the one window that reads it is none."""
+    x, w = torch.randn(2, 3, 1, 1, dtype=torch.float64), torch.randn(4, 3, 1, 1, dtype=torch.float64)
+    args = ([2, 2], [1, 1], [1, 1])
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0, 0], 1))
+    want = aten.convolution_backward(gy, x, w, None, *args, False, [0, 0], 1, [True, False, False])[0]
+    _close(lowering.input_grad(gy, w, [1, 1], *args, 1, form="gemm"), want)
+
+
 @pytest.mark.parametrize("mask", [[True, False, False], [False, True, False], [False, False, True]])
 def test_convolution_backward_honours_output_mask(mask):
     x, w = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)

@@ -4,18 +4,31 @@ onnx-mlir compiles ``ConvTranspose`` only with a constant weight, so no gradient
 trainable transposed layer may use it. Everything here is ``aten.convolution`` (non
 transposed), ``constant_pad_nd`` (negative pads crop), reshape/permute and ``flip``:
 
-* ``input_grad`` (the transposed convolution): zero-insert ``grad_output`` by the stride
-  (unsqueeze, pad, reshape), pad it so that a stride-1 Conv with the spatially flipped,
-  in/out-swapped weight (per group) and the forward dilation lands exactly on the input
-  positions, padding with zeros where the forward output floored.
-* ``weight_grad``: a Conv whose batch and channel roles are swapped: the input, as
-  ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
-  (groups ``g``, stride = forward dilation, dilation = forward stride), then sliced to the
-  kernel size.
+* ``input_grad`` (the transposed convolution), two forms (``input_grad_form`` picks one by
+  measurement):
+  - ``conv``: zero-insert ``grad_output`` by the stride (unsqueeze, pad, reshape), pad it so
+    that a stride-1 Conv with the spatially flipped, in/out-swapped weight (per group) and the
+    forward dilation lands exactly on the input positions, padding with zeros where the
+    forward output floored.
+  - ``gemm`` (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``, one
+    ``[N, Cin, O]`` part per kernel offset, added back onto the input positions by
+    ``scatter_windows`` (col2im): no weight-sized flip or transpose, which dominate deep layers.
+* ``weight_grad``, forms picked by ``weight_grad_form``:
+  - ``conv``: a Conv whose batch and channel roles are swapped: the input, as
+    ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
+    (groups ``g``, stride = forward dilation, dilation = forward stride), then sliced to the
+    kernel size (a GEMM whose inner dimension is the batch).
+  - ``gemm`` / ``gemm_offset_major`` (groups 1, im2col): the input channels-last, one strided
+    slice per kernel offset (``window_slices``) stacked into columns ``[N*O, Cin*K]``, one
+    MatMul ``grad_output [Cout, N*O] @ columns`` (inner dimension N*O); stacked channel-major
+    the product is the weight's layout, stacked offset-major (a cheaper Concat) it needs a
+    transpose of the weight.
 * ``grad_bias``: a sum over batch and spatial dims.
 """
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Sequence
 
 import torch
@@ -53,6 +66,60 @@ def fit_spatial(x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     return aten.constant_pad_nd.default(x, _torch_pad([0] * len(have), [s - h for s, h in zip(sizes, have)]), 0.0)
 
 
+def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                  dilation: Sequence[int], outputs: Sequence[int], fill: float = 0.0, first: int = 2
+                  ) -> list[torch.Tensor]:
+    """One tensor per kernel offset (row-major): the element each window holds there, i.e. strided
+    slices of ``x`` padded with ``fill`` (begin ``padding``, end to exactly what the windows
+    read). The spatial dims of ``x`` are ``first .. first + len(kernel) - 1``."""
+    rank = len(kernel)
+    pad = [0, 0] * (x.dim() - first - rank)
+    for size, o, k, s, p, d in reversed(list(zip(x.shape[first:first + rank], outputs, kernel, stride, padding,
+                                                  dilation))):
+        pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
+    padded = aten.constant_pad_nd.default(x, pad, fill)
+    windows = []
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        window = padded
+        for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation)):
+            window = aten.slice.Tensor(window, first + axis, j * d, j * d + (o - 1) * s + 1, s)
+        windows.append(window)
+    return windows
+
+
+def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel: Sequence[int],
+                    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
+    """The adjoint of ``window_slices`` (col2im): ``parts[j]`` ``[N, C, O...]`` (kernel offset ``j``)
+    added onto ``[N, C, sizes...]``, output ``o`` of offset ``j`` at ``o*s + j*d - p``.
+
+    Offsets that land on the same stride phase ``(j*d - p) mod s`` are shifted and added on the
+    small output grid; each phase is then zero-inserted once and placed: ``s**rank`` spreads of
+    the input size instead of one per offset (or a Conv over a zero-inserted stack).
+    """
+    outputs = list(parts[0].shape[2:])
+    phases: dict[tuple[int, ...], torch.Tensor] = {}
+    for offset, part in zip(itertools.product(*[range(k) for k in kernel]), parts):
+        shifts = [j * d - p for j, d, p in zip(offset, dilation, padding)]
+        phase = tuple(shift % s for shift, s in zip(shifts, stride))
+        grid = [-(-(size - r) // s) for size, r, s in zip(sizes, phase, stride)]  # positions m*s + r < size
+        if min(grid) <= 0:
+            continue
+        begins = [shift // s for shift, s in zip(shifts, stride)]
+        placed = aten.constant_pad_nd.default(
+            part, _torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
+        phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
+    total = None
+    for phase, summed in phases.items():
+        grid = list(summed.shape[2:])
+        spread = aten.constant_pad_nd.default(
+            zero_insert(summed, stride),
+            _torch_pad(phase, [size - r - m * s for size, r, m, s in zip(sizes, phase, grid, stride)]), 0.0)
+        total = spread if total is None else aten.add.Tensor(total, spread)
+    if total is None:  # every window reads padding only
+        return aten.new_zeros.default(parts[0], list(parts[0].shape[:2]) + list(sizes))
+    return total
+
+
 def zero_insert(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
     """Insert ``stride - 1`` zeros after each spatial element: ``[N, C, O]`` -> ``[N, C, O * s]``."""
     if all(s == 1 for s in stride):
@@ -87,8 +154,19 @@ def input_grad(
     padding: Sequence[int],
     dilation: Sequence[int],
     groups: int,
+    form: str | None = None,
 ) -> torch.Tensor:
     """d(conv(x, weight))/dx applied to ``grad_output``; ``input_size`` is x's spatial size.
+    ``form`` (default: ``input_grad_form``'s choice) is ``conv`` or ``gemm`` (module docstring)."""
+    form = form or input_grad_form(weight.shape[1] * groups, weight.shape[0], groups, list(weight.shape[2:]),
+                                   _spatial(grad_output))
+    if form == "gemm":
+        return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
+    return _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups)
+
+
+def _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups) -> torch.Tensor:
+    """A stride-1 Conv of the zero-inserted ``grad_output`` with the flipped, swapped weight.
 
     The gradient of input position ``j`` sits at position ``j + p`` of the "full" transposed
     result, whose first element needs a ``d*(k-1)`` zero border before the zero-inserted
@@ -114,6 +192,54 @@ def input_grad(
     return aten.convolution.default(spread, w, None, ones, conv_padding, list(dilation), False, [0] * len(kernel), groups)
 
 
+def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    """col2im (groups 1): columns ``[N*O, Cin*K] = grad_output^T @ weight``, scattered back per offset."""
+    rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
+    kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
+    count = math.prod(kernel)
+    rows = aten.permute.default(grad_output, [0] + list(range(2, 2 + rank)) + [1])  # [N, O..., Cout]
+    rows = aten.reshape.default(rows, [-1, out_channels])
+    cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))
+    cols = aten.reshape.default(cols, [-1] + outputs + [in_channels, count])
+    cols = aten.permute.default(cols, [rank + 2, 0, rank + 1] + list(range(1, rank + 1)))  # [K, N, Cin, O...]
+    parts = [aten.select.int(cols, 0, j) for j in range(count)]
+    return scatter_windows(parts, input_size, kernel, stride, padding, dilation)
+
+
+def input_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
+                    outputs: Sequence[int]) -> str:
+    """How ``input_grad`` computes a Conv's input gradient, chosen by measurement (see below)."""
+    if groups != 1:
+        return "conv"
+    return "gemm" if out_channels >= 4 * math.prod(outputs) else "conv"
+
+
+def weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
+                     outputs: Sequence[int]) -> str:
+    """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement.
+
+    Single-op graphs in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling thread, A/B
+    alternating, median of 31; the 2-core machine was shared, load 11-17), time relative to
+    ``conv`` (batch 8 unless noted; notes/forms.py of issue 18):
+
+    | shape class (Cin-Cout @ input size)  | conv ms | gemm | gemm_offset_major |
+    | ------------------------------------ | ------- | ---- | ----------------- |
+    | 7x7 s2, 3-64 @64 (resnet18 stem)     |  4.5    | 2.98 | 2.73              |
+    | 3x3 s1, 64-64 @16                    |  6.9    | 0.95 | 0.73              |
+    | 3x3 s2, 64-128 @16                   |  2.6    | 0.67 | 0.65              |
+    | 3x3 s1, 128-128 @8                   |  3.9    | 0.88 | 0.73              |
+    | 3x3 s2, 128-256 @8                   |  4.3    | 0.45 | 0.44              |
+    | 3x3 s1, 256-256 @4                   |  6.5    | 0.55 | 0.54              |
+
+    The ``conv`` form's inner dimension is the batch; the im2col forms' is ``N * outputs``, at
+    the price of ``K`` strided slices of the input: with few input channels (the stem) the
+    slices cost more than the GEMM saves. Grouped (depthwise) Convs keep ``conv``.
+    """
+    if groups != 1 or in_channels < 8:
+        return "conv"
+    return "gemm_offset_major"
+
+
 def weight_grad(
     grad_output: torch.Tensor,
     x: torch.Tensor,
@@ -122,8 +248,19 @@ def weight_grad(
     padding: Sequence[int],
     dilation: Sequence[int],
     groups: int,
+    form: str | None = None,
 ) -> torch.Tensor:
-    """d(conv(x, w))/dw applied to ``grad_output``: a Conv over the batch, per group."""
+    """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: ``weight_grad_form``'s choice)
+    is ``conv``, ``gemm`` or ``gemm_offset_major`` (see the module docstring)."""
+    kernel = list(weight_size[2:])
+    form = form or weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output))
+    if form == "conv":
+        return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
+    return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, form == "gemm_offset_major")
+
+
+def _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups) -> torch.Tensor:
+    """A Conv over the batch, per group (batch and channel roles swapped)."""
     n, in_channels, sizes = x.shape[0], x.shape[1], _spatial(x)
     out_channels, outputs = grad_output.shape[1], _spatial(grad_output)
     in_per_group, out_per_group = in_channels // groups, out_channels // groups
@@ -137,6 +274,24 @@ def weight_grad(
     gs = aten.reshape.default(gs, [groups * out_per_group, n] + outputs)
     full = aten.convolution.default(xs, gs, None, list(dilation), list(padding), list(stride), False, [0] * rank, groups)
     return aten.permute.default(fit_spatial(full, weight_size[2:]), [1, 0] + list(range(2, 2 + rank)))
+
+
+def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, offset_major: bool) -> torch.Tensor:
+    """im2col (groups 1): columns ``[N*O, Cin*K]`` from channels-last windows, one MatMul."""
+    rank, in_channels, out_channels = x.dim() - 2, x.shape[1], grad_output.shape[1]
+    kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
+    count = math.prod(kernel)
+    last = aten.permute.default(x, [0] + list(range(2, 2 + rank)) + [1])  # [N, L..., Cin]
+    windows = window_slices(last, kernel, stride, padding, dilation, outputs, first=1)
+    axis = rank + 1 if offset_major else rank + 2  # stack before Cin (offset-major) or after it
+    cols = windows[0] if count == 1 else aten.cat.default([aten.unsqueeze.default(w, axis) for w in windows], axis)
+    cols = aten.reshape.default(cols, [-1, in_channels * count])
+    gs = aten.permute.default(grad_output, [1, 0] + list(range(2, 2 + rank)))
+    gs = aten.reshape.default(gs, [out_channels, -1])
+    product = aten.mm.default(gs, cols)  # [Cout, K*Cin] offset-major, [Cout, Cin*K] channel-major
+    if offset_major and count > 1:
+        product = aten.permute.default(aten.reshape.default(product, [out_channels, count, in_channels]), [0, 2, 1])
+    return aten.reshape.default(product, list(weight_size))
 
 
 def transposed_output_size(
