@@ -271,3 +271,46 @@ def test_torch_exported_cnn_matches_torch(tmp_path, optim):
     optimizer = {"sgd": torch.optim.SGD, "rmsprop": torch.optim.RMSprop}[optim]
     want = torch_steps(forward, weights, F.cross_entropy, optimizer, {"lr": 0.01}, batches)
     assert_steps_match(bridge_steps(tm, batches), want)
+
+
+class WideCNN(torch.nn.Module):
+    """Channels and sizes for which the form rules pick every backward form (checked below)."""
+
+    SHAPES = [  # (Cin, Cout, kernel, stride, input size) of each Conv
+        (3, 32, 3, 2, 6), (32, 32, 3, 1, 3), (32, 64, 3, 2, 3), (64, 64, 1, 1, 2),
+    ]
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(ci, co, k, stride=s, padding=k // 2)
+                                         for ci, co, k, s, _ in self.SHAPES)
+        self.fc = torch.nn.Linear(64 * 2 * 2, 5)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return self.fc(torch.flatten(x, 1))
+
+
+def test_every_backward_form_trains_like_torch(tmp_path):
+    """The im2col/col2im forms through export, onnxruntime and onnx-mlir's table, vs torch."""
+    picked = set()
+    for ci, co, k, s, size in WideCNN.SHAPES:
+        out = [(size + 2 * (k // 2) - k) // s + 1] * 2
+        picked |= {lowering.weight_grad_form(ci, co, 1, [k, k], out), lowering.input_grad_form(ci, co, 1, [k, k], out,
+                                                                                               [s, s])}
+    assert picked == {"conv", "gemm", "gemm_offset_major"}
+    torch.manual_seed(0)
+    module = WideCNN()
+    path = tmp_path / "wide.onnx"
+    torch.onnx.export(module, (torch.randn(2, 3, 6, 6),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01})
+    assert_onnx_mlir_clean(tm.model)
+    batches = random_batches(tm, 2, classes=5)
+    weights = {n: p.detach().numpy() for n, p in module.named_parameters()}
+
+    def forward(params, inputs):
+        return torch.func.functional_call(module, params, (inputs["x"],))
+
+    want = torch_steps(forward, weights, F.cross_entropy, torch.optim.SGD, {"lr": 0.01}, batches)
+    assert_steps_match(bridge_steps(tm, batches), want)

@@ -93,8 +93,8 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
     added onto ``[N, C, sizes...]``, output ``o`` of offset ``j`` at ``o*s + j*d - p``.
 
     Offsets that land on the same stride phase ``(j*d - p) mod s`` are shifted and added on the
-    small output grid; each phase is then zero-inserted once and placed: ``s**rank`` spreads of
-    the input size instead of one per offset (or a Conv over a zero-inserted stack).
+    small output grid; each phase is then spread once, at its phase: ``s**rank`` spreads of the
+    input size instead of one per offset (or a Conv over a zero-inserted stack).
     """
     outputs = list(parts[0].shape[2:])
     phases: dict[tuple[int, ...], torch.Tensor] = {}
@@ -110,18 +110,17 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
         phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
     total = None
     for phase, summed in phases.items():
-        grid = list(summed.shape[2:])
-        spread = aten.constant_pad_nd.default(
-            zero_insert(summed, stride),
-            _torch_pad(phase, [size - r - m * s for size, r, m, s in zip(sizes, phase, grid, stride)]), 0.0)
+        spread = fit_spatial(zero_insert(summed, stride, phase), sizes)
         total = spread if total is None else aten.add.Tensor(total, spread)
     if total is None:  # every window reads padding only
         return aten.new_zeros.default(parts[0], list(parts[0].shape[:2]) + list(sizes))
     return total
 
 
-def zero_insert(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
-    """Insert ``stride - 1`` zeros after each spatial element: ``[N, C, O]`` -> ``[N, C, O * s]``."""
+def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | None = None) -> torch.Tensor:
+    """Spread each spatial element over ``stride`` positions, zeros around it: ``[N, C, O]`` ->
+    ``[N, C, O * s]``, element ``o`` at ``o * s + phase`` (default phase 0: zeros after it)."""
+    phase = phase or [0] * len(stride)
     if all(s == 1 for s in stride):
         return x
     n, c, sizes = x.shape[0], x.shape[1], _spatial(x)
@@ -130,8 +129,8 @@ def zero_insert(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
         interleaved += [size, 1]
     y = aten.reshape.default(x, interleaved)
     pad = []
-    for s in reversed(stride):
-        pad += [0, s - 1, 0, 0]
+    for s, r in reversed(list(zip(stride, phase))):
+        pad += [r, s - 1 - r, 0, 0]
     y = aten.constant_pad_nd.default(y, pad[:-2], 0.0)
     return aten.reshape.default(y, [n, c] + [size * s for size, s in zip(sizes, stride)])
 
@@ -159,7 +158,7 @@ def input_grad(
     """d(conv(x, weight))/dx applied to ``grad_output``; ``input_size`` is x's spatial size.
     ``form`` (default: ``input_grad_form``'s choice) is ``conv`` or ``gemm`` (module docstring)."""
     form = form or input_grad_form(weight.shape[1] * groups, weight.shape[0], groups, list(weight.shape[2:]),
-                                   _spatial(grad_output))
+                                   _spatial(grad_output), stride)
     if form == "gemm":
         return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     return _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups)
@@ -207,11 +206,37 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
 
 
 def input_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
-                    outputs: Sequence[int]) -> str:
-    """How ``input_grad`` computes a Conv's input gradient, chosen by measurement (see below)."""
+                    outputs: Sequence[int], stride: Sequence[int]) -> str:
+    """How ``input_grad`` computes a Conv's input gradient, chosen by measurement.
+
+    Each form as exported alone, in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling
+    thread, A/B alternating, median of 31; the 2-core machine was shared), ``gemm`` relative to
+    ``conv`` (batch 8 unless noted; notes/igrad.py of issue 18; O: output positions per sample):
+
+    | shape class (Cin-Cout @ input size) | O   | conv ms | gemm / conv |
+    | ----------------------------------- | --- | ------- | ----------- |
+    | 3x3 s1, 64-64 @16                   | 256 |  2.5    | 5.69        |
+    | 3x3 s1, 16-32 @16 (batch 16)        | 256 |  1.4    | 4.08        |
+    | 3x3 s2, 64-128 @16                  |  64 |  7.7    | 1.31        |
+    | 3x3 s1, 128-128 @8                  |  64 |  5.7    | 2.28        |
+    | 3x3 s2, 128-256 @8                  |  16 |  6.3    | 0.83        |
+    | 3x3 s1, 256-256 @4                  |  16 |  6.2    | 0.95        |
+    | 3x3 s2, 256-512 @4                  |   4 | 13.1    | 0.41        |
+    | 3x3 s1, 512-512 @2                  |   4 | 28.6    | 0.27        |
+    | 1x1 s2, 64-128 @16                  |  64 |  3.2    | 0.61        |
+    | 1x1 s2, 256-512 @4                  |   4 |  3.6    | 0.27        |
+    | 1x1 s1, 16-72 @16                   | 256 |  0.1    | 3.09        |
+    | 1x1 s1, 96-576 @2 / 576-96 @2       |   4 |  0.7    | 0.21 / 0.24 |
+
+    ``conv`` flips and transposes the whole weight and, when strided, convolves a zero-inserted
+    gradient (most products are with zeros); ``gemm`` pays a per-offset scatter of input size.
+    The weight dominates once ``Cout >= 16 * O``; a strided 1x1 Conv gains from skipping the zeros.
+    """
     if groups != 1:
         return "conv"
-    return "gemm" if out_channels >= 4 * math.prod(outputs) else "conv"
+    if out_channels >= 16 * math.prod(outputs) or (math.prod(kernel) == 1 and max(stride) > 1):
+        return "gemm"
+    return "conv"
 
 
 def weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
@@ -219,25 +244,38 @@ def weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: S
     """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement.
 
     Single-op graphs in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling thread, A/B
-    alternating, median of 31; the 2-core machine was shared, load 11-17), time relative to
-    ``conv`` (batch 8 unless noted; notes/forms.py of issue 18):
+    alternating, median of 31; the 2-core machine was shared), time relative to ``conv`` (batch 8
+    unless noted; notes/forms.py of issue 18: ``gemm`` channel-major, ``offset`` offset-major):
 
-    | shape class (Cin-Cout @ input size)  | conv ms | gemm | gemm_offset_major |
-    | ------------------------------------ | ------- | ---- | ----------------- |
-    | 7x7 s2, 3-64 @64 (resnet18 stem)     |  4.5    | 2.98 | 2.73              |
-    | 3x3 s1, 64-64 @16                    |  6.9    | 0.95 | 0.73              |
-    | 3x3 s2, 64-128 @16                   |  2.6    | 0.67 | 0.65              |
-    | 3x3 s1, 128-128 @8                   |  3.9    | 0.88 | 0.73              |
-    | 3x3 s2, 128-256 @8                   |  4.3    | 0.45 | 0.44              |
-    | 3x3 s1, 256-256 @4                   |  6.5    | 0.55 | 0.54              |
+    | shape class (Cin-Cout @ input size) | conv ms | gemm | offset |
+    | ----------------------------------- | ------- | ---- | ------ |
+    | 7x7 s2, 3-64 @64 (resnet18 stem)    |  4.5    | 2.98 | 2.73   |
+    | 3x3 s2, 3-16 @64 (mobilenet stem)   |  1.3    | 1.40 | 1.51   |
+    | 3x3 s1, 3-16 @32 (batch 16)         |  1.6    | 1.18 | 1.17   |
+    | 3x3 s1, 16-32 @16 (batch 16)        |  2.5    | 1.12 | 1.05   |
+    | 3x3 s1, 64-64 @16                   |  6.9    | 0.95 | 0.73   |
+    | 3x3 s2, 64-128 @16                  |  2.6    | 0.67 | 0.65   |
+    | 3x3 s1, 128-128 @8                  |  3.9    | 0.88 | 0.73   |
+    | 3x3 s2, 128-256 @8                  |  4.3    | 0.45 | 0.44   |
+    | 3x3 s1, 256-256 @4                  |  6.5    | 0.55 | 0.54   |
+    | 3x3 s2, 256-512 @4                  |  8.6    | 0.24 | 0.25   |
+    | 3x3 s1, 512-512 @2                  |  9.9    | 0.37 | 0.42   |
+    | 1x1 s2, 64-128 @16 / 256-512 @4     | 1.8/2.7 | 0.18/0.11 (one form at K=1) |
+    | 1x1 s1, 16-72 @16 / 96-576 @2       | 0.7/0.4 | 0.38/0.62 |
 
-    The ``conv`` form's inner dimension is the batch; the im2col forms' is ``N * outputs``, at
-    the price of ``K`` strided slices of the input: with few input channels (the stem) the
-    slices cost more than the GEMM saves. Grouped (depthwise) Convs keep ``conv``.
+    The ``conv`` form's inner dimension is the batch; the im2col forms' is ``N * O``, at the
+    price of ``K`` strided slices of the input: with few channels the slices and the Concat
+    cost more than the GEMM saves. Offset-major stacking is the cheaper Concat; channel-major
+    needs no transpose of the weight afterwards, which wins where the weight dominates (O <= 4).
+    Grouped (depthwise) Convs keep ``conv``.
     """
-    if groups != 1 or in_channels < 8:
+    if groups != 1:
         return "conv"
-    return "gemm_offset_major"
+    if math.prod(kernel) == 1:
+        return "gemm"
+    if in_channels < 32:
+        return "conv"
+    return "gemm" if math.prod(outputs) <= 4 else "gemm_offset_major"
 
 
 def weight_grad(
