@@ -51,7 +51,7 @@ def test_convolution_backward_lowering_matches_aten(rank, stride, padding, dilat
 def _form_cases():
     """Every form on groups 1 (the only groups the im2col forms serve), floor/pad/dilation mixes."""
     for rank, stride, padding, dilation, size in itertools.product((1, 2, 3), (1, 2, 3), (0, 2), (1, 2), (7, 8)):
-        if rank == 3 and (size == 8 or dilation == 2):
+        if rank > 1 and size == 8 or rank == 3 and dilation == 2:  # floors: covered in 1-D (CI budget)
             continue
         yield pytest.param(rank, stride, padding, dilation, size, id=f"{rank}d-s{stride}-p{padding}-d{dilation}-L{size}")
 
@@ -297,8 +297,7 @@ def test_every_backward_form_trains_like_torch(tmp_path):
     picked = set()
     for ci, co, k, s, size in WideCNN.SHAPES:
         out = [(size + 2 * (k // 2) - k) // s + 1] * 2
-        picked |= {lowering.weight_grad_form(ci, co, 1, [k, k], out), lowering.input_grad_form(ci, co, 1, [k, k], out,
-                                                                                               [s, s])}
+        picked |= {lowering.weight_grad_form(ci, 1, [k, k], out), lowering.input_grad_form(co, 1, [k, k], out, [s, s])}
     assert picked == {"conv", "gemm", "gemm_offset_major"}
     torch.manual_seed(0)
     module = WideCNN()

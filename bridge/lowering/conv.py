@@ -2,7 +2,8 @@
 
 onnx-mlir compiles ``ConvTranspose`` only with a constant weight, so no gradient and no
 trainable transposed layer may use it. Everything here is ``aten.convolution`` (non
-transposed), ``constant_pad_nd`` (negative pads crop), reshape/permute and ``flip``:
+transposed), ``mm``, ``constant_pad_nd`` (negative pads crop), strided slices, ``cat``,
+reshape/permute, ``add`` and ``flip``:
 
 * ``input_grad`` (the transposed convolution), two forms (``input_grad_form`` picks one by
   measurement):
@@ -157,8 +158,7 @@ def input_grad(
 ) -> torch.Tensor:
     """d(conv(x, weight))/dx applied to ``grad_output``; ``input_size`` is x's spatial size.
     ``form`` (default: ``input_grad_form``'s choice) is ``conv`` or ``gemm`` (module docstring)."""
-    form = form or input_grad_form(weight.shape[1] * groups, weight.shape[0], groups, list(weight.shape[2:]),
-                                   _spatial(grad_output), stride)
+    form = form or input_grad_form(weight.shape[0], groups, list(weight.shape[2:]), _spatial(grad_output), stride)
     if form == "gemm":
         return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     return _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups)
@@ -205,8 +205,8 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     return scatter_windows(parts, input_size, kernel, stride, padding, dilation)
 
 
-def input_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
-                    outputs: Sequence[int], stride: Sequence[int]) -> str:
+def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
+                    stride: Sequence[int]) -> str:
     """How ``input_grad`` computes a Conv's input gradient, chosen by measurement.
 
     Each form as exported alone, in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling
@@ -239,8 +239,7 @@ def input_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Se
     return "conv"
 
 
-def weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
-                     outputs: Sequence[int]) -> str:
+def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
     """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement.
 
     Single-op graphs in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling thread, A/B
@@ -291,7 +290,7 @@ def weight_grad(
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: ``weight_grad_form``'s choice)
     is ``conv``, ``gemm`` or ``gemm_offset_major`` (see the module docstring)."""
     kernel = list(weight_size[2:])
-    form = form or weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output))
+    form = form or weight_grad_form(x.shape[1], groups, kernel, _spatial(grad_output))
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
     return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, form == "gemm_offset_major")
