@@ -313,3 +313,21 @@ def test_every_backward_form_trains_like_torch(tmp_path):
 
     want = torch_steps(forward, weights, F.cross_entropy, torch.optim.SGD, {"lr": 0.01}, batches)
     assert_steps_match(bridge_steps(tm, batches), want)
+
+
+def test_offsets_reading_only_padding_make_no_empty_slices():
+    """A 3x3 Conv, padding 1, on a 1x1 input (resnet18's layer4 at 32x32): the corner offsets read
+    padding only; they are dropped, not sliced to nothing (IREE rejects an empty Slice)."""
+    x, w = torch.randn(2, 3, 1, 1, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    args = ([1, 1], [1, 1], [1, 1])
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0, 0], 1))
+    want = aten.convolution_backward(gy, x, w, None, *args, False, [0, 0], 1, [True, False, False])[0]
+    graph = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda g, w: lowering.input_grad(g, w, [1, 1], *args, 1, form="gemm"))(gy, w)
+    _close(graph(gy, w), want)
+    pads = [n for n in graph.graph.nodes if n.target is aten.constant_pad_nd.default]
+    assert pads
+    for node in pads:  # the crop part of each pad (a Slice in ONNX) keeps every dim non-empty
+        shape, pad = node.args[0].meta["val"].shape, node.args[1]
+        for k in range(len(pad) // 2):
+            assert shape[-1 - k] + min(pad[2 * k], 0) + min(pad[2 * k + 1], 0) > 0, node

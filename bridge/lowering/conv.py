@@ -103,9 +103,9 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
         shifts = [j * d - p for j, d, p in zip(offset, dilation, padding)]
         phase = tuple(shift % s for shift, s in zip(shifts, stride))
         grid = [-(-(size - r) // s) for size, r, s in zip(sizes, phase, stride)]  # positions m*s + r < size
-        if min(grid) <= 0:
-            continue
         begins = [shift // s for shift, s in zip(shifts, stride)]
+        if any(b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid)):
+            continue  # this offset reads padding only (and an empty Slice is what IREE rejects)
         placed = aten.constant_pad_nd.default(
             part, _torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
         phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
