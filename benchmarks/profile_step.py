@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this checkout's bridge, not an installed one
 from models import MODELS  # noqa: E402
 
 

@@ -94,8 +94,9 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
     added onto ``[N, C, sizes...]``, output ``o`` of offset ``j`` at ``o*s + j*d - p``.
 
     Offsets that land on the same stride phase ``(j*d - p) mod s`` are shifted and added on the
-    small output grid; each phase is then spread once, at its phase: ``s**rank`` spreads of the
-    input size instead of one per offset (or a Conv over a zero-inserted stack).
+    small output grid; the phases are then interleaved when all are there on one grid, else each
+    is spread once at its phase: at most ``s**rank`` spreads of the input size instead of one per
+    offset (or a Conv over a zero-inserted stack).
     """
     outputs = list(parts[0].shape[2:])
     phases: dict[tuple[int, ...], torch.Tensor] = {}
@@ -109,6 +110,8 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
         placed = aten.constant_pad_nd.default(
             part, _torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
         phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
+    if len(phases) == math.prod(stride) > 1 and len({tuple(p.shape[2:]) for p in phases.values()}) == 1:
+        return fit_spatial(_interleave(phases, stride), sizes)
     total = None
     for phase, summed in phases.items():
         spread = fit_spatial(zero_insert(summed, stride, phase), sizes)
@@ -116,6 +119,19 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
     if total is None:  # every window reads padding only
         return aten.new_zeros.default(parts[0], list(parts[0].shape[:2]) + list(sizes))
     return total
+
+
+def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[int]) -> torch.Tensor:
+    """Every stride phase, each ``[N, C, M...]``, as one ``[N, C, M*s...]`` (element ``m`` of phase
+    ``r`` at ``m*s + r``): one Concat and one Transpose instead of a spread and an Add per phase."""
+    rank = len(stride)
+    order = list(itertools.product(*[range(s) for s in stride]))
+    first = phases[order[0]]
+    channels, grid = first.shape[1], list(first.shape[2:])
+    stacked = aten.cat.default([aten.unsqueeze.default(phases[r], 0) for r in order], 0)
+    stacked = aten.reshape.default(stacked, list(stride) + [-1, channels] + grid)
+    perm = [rank, rank + 1] + [axis for i in range(rank) for axis in (rank + 2 + i, i)]
+    return aten.reshape.default(aten.permute.default(stacked, perm), [-1, channels] + [m * s for m, s in zip(grid, stride)])
 
 
 def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | None = None) -> torch.Tensor:

