@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.lowering.conv import convolution_backward, lower_convolution
+from bridge.lowering import conv as lowering
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
 from helpers.training import assert_trains_like, module_weights
 from reference import random_batches
@@ -44,9 +44,41 @@ def test_convolution_backward_lowering_matches_aten(rank, stride, padding, dilat
     args = ([stride] * rank, [padding] * rank, [dilation] * rank, False, [0] * rank, groups)
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
     want = aten.convolution_backward(gy, x, w, [8], *args, ALL)
-    got = convolution_backward(gy, x, w, [8], *args, ALL)
+    got = lowering.convolution_backward(gy, x, w, [8], *args, ALL)
     for g, r in zip(got, want):
         _close(g, r)
+
+
+def _form_cases():
+    """Every form on groups 1 (the only groups the im2col forms serve), floor/pad/dilation mixes."""
+    for rank, stride, padding, dilation, size in itertools.product((1, 2, 3), (1, 2, 3), (0, 2), (1, 2), (7, 8)):
+        if rank > 1 and size == 8 or rank == 3 and dilation == 2:  # floors: covered in 1-D (CI budget)
+            continue
+        yield pytest.param(rank, stride, padding, dilation, size, id=f"{rank}d-s{stride}-p{padding}-d{dilation}-L{size}")
+
+
+@pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
+def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size):
+    """Each input- and weight-gradient form, whatever the rule would pick for this shape; an
+    asymmetric kernel, and a stride past the kernel (some input positions read by no window)."""
+    x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
+    w = torch.randn(5, 3, *([3, 2, 1][:rank]), dtype=torch.float64)
+    args = ([stride] * rank, [padding] * rank, [dilation] * rank)
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0] * rank, 1))
+    want_x, want_w, _ = aten.convolution_backward(gy, x, w, None, *args, False, [0] * rank, 1, [True, True, False])
+    for form in ("conv", "gemm"):
+        _close(lowering.input_grad(gy, w, x.shape[2:], *args, 1, form=form), want_x)
+    for form in ("conv", "gemm", "gemm_offset_major"):
+        _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
+
+
+def test_input_grad_of_windows_reading_only_padding_is_zero():
+    """A 1-wide input, 1x1 kernel, stride 2, padding 1: the one window that reads it is none."""
+    x, w = torch.randn(2, 3, 1, 1, dtype=torch.float64), torch.randn(4, 3, 1, 1, dtype=torch.float64)
+    args = ([2, 2], [1, 1], [1, 1])
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0, 0], 1))
+    want = aten.convolution_backward(gy, x, w, None, *args, False, [0, 0], 1, [True, False, False])[0]
+    _close(lowering.input_grad(gy, w, [1, 1], *args, 1, form="gemm"), want)
 
 
 @pytest.mark.parametrize("mask", [[True, False, False], [False, True, False], [False, False, True]])
@@ -54,7 +86,7 @@ def test_convolution_backward_honours_output_mask(mask):
     x, w = torch.randn(2, 3, 6, 6, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
     args = ([2, 1], [1, 0], [1, 2], False, [0, 0], 1)
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
-    got = convolution_backward(gy, x, w, [4], *args, mask)
+    got = lowering.convolution_backward(gy, x, w, [4], *args, mask)
     want = aten.convolution_backward(gy, x, w, [4], *args, ALL)
     for keep, g, r in zip(mask, got, want):
         if keep:
@@ -75,16 +107,16 @@ def test_transposed_convolution_lowering_matches_aten(rank, stride, padding, dil
     bias = torch.randn(6, dtype=torch.float64)
     args = ([stride] * rank, [padding] * rank, [dilation] * rank, True, [output_padding] * rank, groups)
     y = aten.convolution(x, w, bias, *args)
-    _close(lower_convolution(x, w, bias, *args), y)
+    _close(lowering.lower_convolution(x, w, bias, *args), y)
     gy = torch.randn_like(y)
     want = aten.convolution_backward(gy, x, w, [6], *args, ALL)
-    for g, r in zip(convolution_backward(gy, x, w, [6], *args, ALL), want):
+    for g, r in zip(lowering.convolution_backward(gy, x, w, [6], *args, ALL), want):
         _close(g, r)
 
 
 def test_non_transposed_convolution_is_left_to_the_emitter():
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
-    assert lower_convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented
+    assert lowering.lower_convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented
 
 
 # -- importer: ONNX semantics (pads, auto_pad, output_shape) vs onnxruntime -------------------
@@ -234,3 +266,57 @@ def test_torch_exported_cnn_matches_torch(tmp_path, optim):
     assert set(tm.weights) == set(module_weights(module))
     optimizer = {"sgd": torch.optim.SGD, "rmsprop": torch.optim.RMSprop}[optim]
     assert_trains_like(tm, module, batches, F.cross_entropy, optimizer, {"lr": 0.01})
+
+
+class WideCNN(torch.nn.Module):
+    """Channels and sizes for which the form rules pick every backward form (checked below)."""
+
+    SHAPES = [  # (Cin, Cout, kernel, stride, input size) of each Conv
+        (3, 32, 3, 2, 6), (32, 32, 3, 1, 3), (32, 64, 3, 2, 3), (64, 64, 1, 1, 2),
+    ]
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(ci, co, k, stride=s, padding=k // 2)
+                                         for ci, co, k, s, _ in self.SHAPES)
+        self.fc = torch.nn.Linear(64 * 2 * 2, 5)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return self.fc(torch.flatten(x, 1))
+
+
+def test_every_backward_form_trains_like_torch(tmp_path):
+    """The im2col/col2im forms through export, onnxruntime and onnx-mlir's table, vs torch."""
+    picked = set()
+    for ci, co, k, s, size in WideCNN.SHAPES:
+        out = [(size + 2 * (k // 2) - k) // s + 1] * 2
+        picked |= {lowering.weight_grad_form(ci, 1, [k, k], out), lowering.input_grad_form(co, 1, [k, k], out, [s, s])}
+    assert picked == {"conv", "gemm", "gemm_offset_major"}
+    torch.manual_seed(0)
+    module = WideCNN()
+    path = tmp_path / "wide.onnx"
+    torch.onnx.export(module, (torch.randn(2, 3, 6, 6),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01})
+    assert_onnx_mlir_clean(tm.model)
+    batches = random_batches(tm, 2, classes=5)
+    assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.SGD, {"lr": 0.01})
+
+
+def test_offsets_reading_only_padding_make_no_empty_slices():
+    """A 3x3 Conv, padding 1, on a 1x1 input (resnet18's layer4 at 32x32): the corner offsets read
+    padding only; they are dropped, not sliced to nothing (IREE rejects an empty Slice)."""
+    x, w = torch.randn(2, 3, 1, 1, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    args = ([1, 1], [1, 1], [1, 1])
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0, 0], 1))
+    want = aten.convolution_backward(gy, x, w, None, *args, False, [0, 0], 1, [True, False, False])[0]
+    graph = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda g, w: lowering.input_grad(g, w, [1, 1], *args, 1, form="gemm"))(gy, w)
+    _close(graph(gy, w), want)
+    pads = [n for n in graph.graph.nodes if n.target is aten.constant_pad_nd.default]
+    assert pads
+    for node in pads:  # the crop part of each pad (a Slice in ONNX) keeps every dim non-empty
+        shape, pad = node.args[0].meta["val"].shape, node.args[1]
+        for k in range(len(pad) // 2):
+            assert shape[-1 - k] + min(pad[2 * k], 0) + min(pad[2 * k + 1], 0) > 0, node

@@ -2,20 +2,34 @@
 
 onnx-mlir compiles ``ConvTranspose`` only with a constant weight, so no gradient and no
 trainable transposed layer may use it. Everything here is ``aten.convolution`` (non
-transposed), ``constant_pad_nd`` (negative pads crop), reshape/permute and ``flip``:
+transposed), ``mm``, ``constant_pad_nd`` (negative pads crop), strided slices, ``cat``,
+reshape/permute, ``add`` and ``flip``:
 
-* ``input_grad`` (the transposed convolution): zero-insert ``grad_output`` by the stride
-  (unsqueeze, pad, reshape), pad it so that a stride-1 Conv with the spatially flipped,
-  in/out-swapped weight (per group) and the forward dilation lands exactly on the input
-  positions, padding with zeros where the forward output floored.
-* ``weight_grad``: a Conv whose batch and channel roles are swapped: the input, as
-  ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
-  (groups ``g``, stride = forward dilation, dilation = forward stride), then sliced to the
-  kernel size.
+* ``input_grad`` (the transposed convolution), two forms (``input_grad_form`` picks one by
+  measurement):
+  - ``conv``: zero-insert ``grad_output`` by the stride (unsqueeze, pad, reshape), pad it so
+    that a stride-1 Conv with the spatially flipped, in/out-swapped weight (per group) and the
+    forward dilation lands exactly on the input positions, padding with zeros where the
+    forward output floored.
+  - ``gemm`` (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``, one
+    ``[N, Cin, O]`` part per kernel offset, added back onto the input positions by
+    ``scatter_windows`` (col2im): no weight-sized flip or transpose, which dominate deep layers.
+* ``weight_grad``, forms picked by ``weight_grad_form``:
+  - ``conv``: a Conv whose batch and channel roles are swapped: the input, as
+    ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
+    (groups ``g``, stride = forward dilation, dilation = forward stride), then sliced to the
+    kernel size (a GEMM whose inner dimension is the batch).
+  - ``gemm`` / ``gemm_offset_major`` (groups 1, im2col): the input channels-last, one strided
+    slice per kernel offset (``window_slices``) stacked into columns ``[N*O, Cin*K]``, one
+    MatMul ``grad_output [Cout, N*O] @ columns`` (inner dimension N*O); stacked channel-major
+    the product is the weight's layout, stacked offset-major (a cheaper Concat) it needs a
+    transpose of the weight.
 * ``grad_bias``: a sum over batch and spatial dims.
 """
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Sequence
 
 import torch
@@ -38,8 +52,77 @@ def fit_spatial(x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     return aten.constant_pad_nd.default(x, torch_pad([0] * len(have), [s - h for s, h in zip(sizes, have)]), 0.0)
 
 
-def zero_insert(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
-    """Insert ``stride - 1`` zeros after each spatial element: ``[N, C, O]`` -> ``[N, C, O * s]``."""
+def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                  dilation: Sequence[int], outputs: Sequence[int], fill: float = 0.0, first: int = 2
+                  ) -> list[torch.Tensor]:
+    """One tensor per kernel offset (row-major): the element each window holds there, i.e. strided
+    slices of ``x`` padded with ``fill`` (begin ``padding``, end to exactly what the windows
+    read). The spatial dims of ``x`` are ``first .. first + len(kernel) - 1``."""
+    rank = len(kernel)
+    pad = [0, 0] * (x.dim() - first - rank)
+    for size, o, k, s, p, d in reversed(list(zip(x.shape[first:first + rank], outputs, kernel, stride, padding,
+                                                  dilation))):
+        pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
+    padded = aten.constant_pad_nd.default(x, pad, fill)
+    windows = []
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        window = padded
+        for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation)):
+            window = aten.slice.Tensor(window, first + axis, j * d, j * d + (o - 1) * s + 1, s)
+        windows.append(window)
+    return windows
+
+
+def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel: Sequence[int],
+                    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
+    """The adjoint of ``window_slices`` (col2im): ``parts[j]`` ``[N, C, O...]`` (kernel offset ``j``)
+    added onto ``[N, C, sizes...]``, output ``o`` of offset ``j`` at ``o*s + j*d - p``.
+
+    Offsets that land on the same stride phase ``(j*d - p) mod s`` are shifted and added on the
+    small output grid; the phases are then interleaved when all are there on one grid, else each
+    is spread once at its phase: at most ``s**rank`` spreads of the input size instead of one per
+    offset (or a Conv over a zero-inserted stack).
+    """
+    outputs = list(parts[0].shape[2:])
+    phases: dict[tuple[int, ...], torch.Tensor] = {}
+    for offset, part in zip(itertools.product(*[range(k) for k in kernel]), parts):
+        shifts = [j * d - p for j, d, p in zip(offset, dilation, padding)]
+        phase = tuple(shift % s for shift, s in zip(shifts, stride))
+        grid = [-(-(size - r) // s) for size, r, s in zip(sizes, phase, stride)]  # positions m*s + r < size
+        begins = [shift // s for shift, s in zip(shifts, stride)]
+        if any(b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid)):
+            continue  # this offset reads padding only (and an empty Slice is what IREE rejects)
+        placed = aten.constant_pad_nd.default(
+            part, _torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
+        phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
+    if len(phases) == math.prod(stride) > 1 and len({tuple(p.shape[2:]) for p in phases.values()}) == 1:
+        return fit_spatial(_interleave(phases, stride), sizes)
+    total = None
+    for phase, summed in phases.items():
+        spread = fit_spatial(zero_insert(summed, stride, phase), sizes)
+        total = spread if total is None else aten.add.Tensor(total, spread)
+    if total is None:  # every window reads padding only
+        return aten.new_zeros.default(parts[0], list(parts[0].shape[:2]) + list(sizes))
+    return total
+
+
+def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[int]) -> torch.Tensor:
+    """Every stride phase, each ``[N, C, M...]``, as one ``[N, C, M*s...]`` (element ``m`` of phase
+    ``r`` at ``m*s + r``): one Concat and one Transpose instead of a spread and an Add per phase."""
+    rank = len(stride)
+    order = list(itertools.product(*[range(s) for s in stride]))
+    first = phases[order[0]]
+    channels, grid = first.shape[1], list(first.shape[2:])
+    stacked = aten.cat.default([aten.unsqueeze.default(phases[r], 0) for r in order], 0)
+    stacked = aten.reshape.default(stacked, list(stride) + [-1, channels] + grid)
+    perm = [rank, rank + 1] + [axis for i in range(rank) for axis in (rank + 2 + i, i)]
+    return aten.reshape.default(aten.permute.default(stacked, perm), [-1, channels] + [m * s for m, s in zip(grid, stride)])
+
+
+def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | None = None) -> torch.Tensor:
+    """Spread each spatial element over ``stride`` positions, zeros around it: ``[N, C, O]`` ->
+    ``[N, C, O * s]``, element ``o`` at ``o * s + phase`` (default phase 0: zeros after it)."""
+    phase = phase or [0] * len(stride)
     if all(s == 1 for s in stride):
         return x
     n, c, sizes = x.shape[0], x.shape[1], _spatial(x)
@@ -48,8 +131,8 @@ def zero_insert(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
         interleaved += [size, 1]
     y = aten.reshape.default(x, interleaved)
     pad = []
-    for s in reversed(stride):
-        pad += [0, s - 1, 0, 0]
+    for s, r in reversed(list(zip(stride, phase))):
+        pad += [r, s - 1 - r, 0, 0]
     y = aten.constant_pad_nd.default(y, pad[:-2], 0.0)
     return aten.reshape.default(y, [n, c] + [size * s for size, s in zip(sizes, stride)])
 
@@ -72,8 +155,18 @@ def input_grad(
     padding: Sequence[int],
     dilation: Sequence[int],
     groups: int,
+    form: str | None = None,
 ) -> torch.Tensor:
     """d(conv(x, weight))/dx applied to ``grad_output``; ``input_size`` is x's spatial size.
+    ``form`` (default: ``input_grad_form``'s choice) is ``conv`` or ``gemm`` (module docstring)."""
+    form = form or input_grad_form(weight.shape[0], groups, list(weight.shape[2:]), _spatial(grad_output), stride)
+    if form == "gemm":
+        return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
+    return _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups)
+
+
+def _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups) -> torch.Tensor:
+    """A stride-1 Conv of the zero-inserted ``grad_output`` with the flipped, swapped weight.
 
     The gradient of input position ``j`` sits at position ``j + p`` of the "full" transposed
     result, whose first element needs a ``d*(k-1)`` zero border before the zero-inserted
@@ -99,6 +192,92 @@ def input_grad(
     return aten.convolution.default(spread, w, None, ones, conv_padding, list(dilation), False, [0] * len(kernel), groups)
 
 
+def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    """col2im (groups 1): columns ``[N*O, Cin*K] = grad_output^T @ weight``, scattered back per offset."""
+    rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
+    kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
+    count = math.prod(kernel)
+    rows = aten.permute.default(grad_output, [0] + list(range(2, 2 + rank)) + [1])  # [N, O..., Cout]
+    rows = aten.reshape.default(rows, [-1, out_channels])
+    cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))
+    cols = aten.reshape.default(cols, [-1] + outputs + [in_channels, count])
+    cols = aten.permute.default(cols, [rank + 2, 0, rank + 1] + list(range(1, rank + 1)))  # [K, N, Cin, O...]
+    parts = [aten.select.int(cols, 0, j) for j in range(count)]
+    return scatter_windows(parts, input_size, kernel, stride, padding, dilation)
+
+
+def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
+                    stride: Sequence[int]) -> str:
+    """How ``input_grad`` computes a Conv's input gradient, chosen by measurement.
+
+    Each form as exported alone, in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling
+    thread, A/B alternating, median of 31; the 2-core machine was shared), ``gemm`` relative to
+    ``conv`` (batch 8 unless noted; notes/igrad.py of issue 18; O: output positions per sample):
+
+    | shape class (Cin-Cout @ input size) | O   | conv ms | gemm / conv |
+    | ----------------------------------- | --- | ------- | ----------- |
+    | 3x3 s1, 64-64 @16                   | 256 |  2.5    | 5.69        |
+    | 3x3 s1, 16-32 @16 (batch 16)        | 256 |  1.4    | 4.08        |
+    | 3x3 s2, 64-128 @16                  |  64 |  7.7    | 1.31        |
+    | 3x3 s1, 128-128 @8                  |  64 |  5.7    | 2.28        |
+    | 3x3 s2, 128-256 @8                  |  16 |  6.3    | 0.83        |
+    | 3x3 s1, 256-256 @4                  |  16 |  6.2    | 0.95        |
+    | 3x3 s2, 256-512 @4                  |   4 | 13.1    | 0.41        |
+    | 3x3 s1, 512-512 @2                  |   4 | 28.6    | 0.27        |
+    | 1x1 s2, 64-128 @16                  |  64 |  3.2    | 0.61        |
+    | 1x1 s2, 256-512 @4                  |   4 |  3.6    | 0.27        |
+    | 1x1 s1, 16-72 @16                   | 256 |  0.1    | 3.09        |
+    | 1x1 s1, 96-576 @2 / 576-96 @2       |   4 |  0.7    | 0.21 / 0.24 |
+
+    ``conv`` flips and transposes the whole weight and, when strided, convolves a zero-inserted
+    gradient (most products are with zeros); ``gemm`` pays a per-offset scatter of input size.
+    The weight dominates once ``Cout >= 16 * O``; a strided 1x1 Conv gains from skipping the zeros.
+    """
+    if groups != 1:
+        return "conv"
+    if out_channels >= 16 * math.prod(outputs) or (math.prod(kernel) == 1 and max(stride) > 1):
+        return "gemm"
+    return "conv"
+
+
+def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
+    """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement.
+
+    Single-op graphs in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling thread, A/B
+    alternating, median of 31; the 2-core machine was shared), time relative to ``conv`` (batch 8
+    unless noted; notes/forms.py of issue 18: ``gemm`` channel-major, ``offset`` offset-major):
+
+    | shape class (Cin-Cout @ input size) | conv ms | gemm | offset |
+    | ----------------------------------- | ------- | ---- | ------ |
+    | 7x7 s2, 3-64 @64 (resnet18 stem)    |  4.5    | 2.98 | 2.73   |
+    | 3x3 s2, 3-16 @64 (mobilenet stem)   |  1.3    | 1.40 | 1.51   |
+    | 3x3 s1, 3-16 @32 (batch 16)         |  1.6    | 1.18 | 1.17   |
+    | 3x3 s1, 16-32 @16 (batch 16)        |  2.5    | 1.12 | 1.05   |
+    | 3x3 s1, 64-64 @16                   |  6.9    | 0.95 | 0.73   |
+    | 3x3 s2, 64-128 @16                  |  2.6    | 0.67 | 0.65   |
+    | 3x3 s1, 128-128 @8                  |  3.9    | 0.88 | 0.73   |
+    | 3x3 s2, 128-256 @8                  |  4.3    | 0.45 | 0.44   |
+    | 3x3 s1, 256-256 @4                  |  6.5    | 0.55 | 0.54   |
+    | 3x3 s2, 256-512 @4                  |  8.6    | 0.24 | 0.25   |
+    | 3x3 s1, 512-512 @2                  |  9.9    | 0.37 | 0.42   |
+    | 1x1 s2, 64-128 @16 / 256-512 @4     | 1.8/2.7 | 0.18/0.11 (one form at K=1) |
+    | 1x1 s1, 16-72 @16 / 96-576 @2       | 0.7/0.4 | 0.38/0.62 |
+
+    The ``conv`` form's inner dimension is the batch; the im2col forms' is ``N * O``, at the
+    price of ``K`` strided slices of the input: with few channels the slices and the Concat
+    cost more than the GEMM saves. Offset-major stacking is the cheaper Concat; channel-major
+    needs no transpose of the weight afterwards, which wins where the weight dominates (O <= 4).
+    Grouped (depthwise) Convs keep ``conv``.
+    """
+    if groups != 1:
+        return "conv"
+    if math.prod(kernel) == 1:
+        return "gemm"
+    if in_channels < 32:
+        return "conv"
+    return "gemm" if math.prod(outputs) <= 4 else "gemm_offset_major"
+
+
 def weight_grad(
     grad_output: torch.Tensor,
     x: torch.Tensor,
@@ -107,8 +286,19 @@ def weight_grad(
     padding: Sequence[int],
     dilation: Sequence[int],
     groups: int,
+    form: str | None = None,
 ) -> torch.Tensor:
-    """d(conv(x, w))/dw applied to ``grad_output``: a Conv over the batch, per group."""
+    """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: ``weight_grad_form``'s choice)
+    is ``conv``, ``gemm`` or ``gemm_offset_major`` (see the module docstring)."""
+    kernel = list(weight_size[2:])
+    form = form or weight_grad_form(x.shape[1], groups, kernel, _spatial(grad_output))
+    if form == "conv":
+        return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
+    return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, form == "gemm_offset_major")
+
+
+def _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups) -> torch.Tensor:
+    """A Conv over the batch, per group (batch and channel roles swapped)."""
     n, in_channels, sizes = x.shape[0], x.shape[1], _spatial(x)
     out_channels, outputs = grad_output.shape[1], _spatial(grad_output)
     in_per_group, out_per_group = in_channels // groups, out_channels // groups
@@ -122,6 +312,24 @@ def weight_grad(
     gs = aten.reshape.default(gs, [groups * out_per_group, n] + outputs)
     full = aten.convolution.default(xs, gs, None, list(dilation), list(padding), list(stride), False, [0] * rank, groups)
     return aten.permute.default(fit_spatial(full, weight_size[2:]), [1, 0] + list(range(2, 2 + rank)))
+
+
+def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, offset_major: bool) -> torch.Tensor:
+    """im2col (groups 1): columns ``[N*O, Cin*K]`` from channels-last windows, one MatMul."""
+    rank, in_channels, out_channels = x.dim() - 2, x.shape[1], grad_output.shape[1]
+    kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
+    count = math.prod(kernel)
+    last = aten.permute.default(x, [0] + list(range(2, 2 + rank)) + [1])  # [N, L..., Cin]
+    windows = window_slices(last, kernel, stride, padding, dilation, outputs, first=1)
+    axis = rank + 1 if offset_major else rank + 2  # stack before Cin (offset-major) or after it
+    cols = windows[0] if count == 1 else aten.cat.default([aten.unsqueeze.default(w, axis) for w in windows], axis)
+    cols = aten.reshape.default(cols, [-1, in_channels * count])
+    gs = aten.permute.default(grad_output, [1, 0] + list(range(2, 2 + rank)))
+    gs = aten.reshape.default(gs, [out_channels, -1])
+    product = aten.mm.default(gs, cols)  # [Cout, K*Cin] offset-major, [Cout, Cin*K] channel-major
+    if offset_major and count > 1:
+        product = aten.permute.default(aten.reshape.default(product, [out_channels, count, in_channels]), [0, 2, 1])
+    return aten.reshape.default(product, list(weight_size))
 
 
 def transposed_output_size(

@@ -1,15 +1,16 @@
 """Pooling backward (and the pooling forms that ONNX pooling ops cannot express).
 
-Every scatter back to the input is the input gradient of a Conv with a CONSTANT weight
-(``conv.input_grad``: zero insertion, pad, stride-1 Conv), so neither ScatterElements nor
-ConvTranspose nor MaxPool's Indices output is needed:
+No ScatterElements, ConvTranspose or MaxPool Indices output is needed: max pooling's scatter
+back to the input is ``conv.scatter_windows`` (col2im: per kernel offset, a shift on the output
+grid, then the stride phases interleaved), average pooling's the input gradient of a Conv with
+a constant ones weight (``conv.input_grad``; measured 2.6x faster than the scatter for a 2x2
+average pool's backward, [16, 32, 16, 16], in onnxruntime):
 
 * max pooling: the window elements are strided slices of the ``-inf``-padded forward
-  input, one per kernel offset; their elementwise Max is the pooled value; offset by offset,
-  ``where(window == max, remaining, 0)`` routes the gradient not yet taken, so only the
-  FIRST maximum of a window gets it, as torch does (no ArgMax, no ``-inf * 0``); the
-  scatter is the input gradient of a per-channel Conv whose constant weight is the one-hot
-  of each offset.
+  input, one per kernel offset (``conv.window_slices``); their elementwise Max is the pooled
+  value; offset by offset, ``where(window == max, remaining, 0)`` routes the gradient not yet
+  taken, so only the FIRST maximum of a window gets it, as torch does (no ArgMax, no
+  ``-inf * 0``); each offset's share is scattered back.
 * average pooling: ``grad / divisor`` (a constant computed with torch's divisor rule:
   count_include_pad, ceil_mode, divisor_override), scattered by a Conv with a ones weight.
   Forward windows that ceil_mode adds (or a divisor_override) become a sum Conv divided
@@ -21,8 +22,6 @@ ConvTranspose nor MaxPool's Indices output is needed:
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 from typing import Sequence
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 
 from ..geometry import avg_pool_divisor, per_dim, pooled_size
 from . import lowers
-from .conv import input_grad
+from .conv import input_grad, scatter_windows, window_slices
 
 aten = torch.ops.aten
 
@@ -60,43 +59,17 @@ def _constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).to(like.dtype)
 
 
-def _one_hot_weight(channels: int, kernel: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    """``[C*K, 1, k...]``: output channel ``c*K + j`` picks kernel offset ``j`` of channel ``c``."""
-    count = math.prod(kernel)
-    eye = np.eye(count).reshape([count, 1] + list(kernel))
-    return _constant(np.tile(eye, [channels] + [1] * (len(kernel) + 1)), like)
-
-
 @_per_rank({2: aten.max_pool2d_with_indices_backward.default, 3: aten.max_pool3d_with_indices_backward.default})
 def max_pool_backward(rank, grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
     """Gradient of max pooling from the forward input (the Indices output is never used)."""
     kernel, stride, padding, dilation = _pool_args(rank, kernel_size, stride, padding, dilation)
     unbatched = x.dim() == rank + 1
     x, grad_output = _channels_first(x, rank), _channels_first(grad_output, rank)
-    n, channels, sizes, outputs = x.shape[0], x.shape[1], list(x.shape[2:]), list(grad_output.shape[2:])
-    routed = _route_to_first_max(_windows(x, kernel, stride, padding, dilation, outputs), grad_output)
-    count = len(routed)
-    stacked = aten.cat.default([aten.unsqueeze.default(r, 2) for r in routed], 2)
-    stacked = aten.reshape.default(stacked, [n, channels * count] + outputs)
-    weight = _one_hot_weight(channels, kernel, grad_output)
-    grad_input = input_grad(stacked, weight, sizes, stride, padding, dilation, channels)
+    sizes, outputs = list(x.shape[2:]), list(grad_output.shape[2:])
+    windows = window_slices(x, kernel, stride, padding, dilation, outputs, float("-inf"))  # torch's window order
+    routed = _route_to_first_max(windows, grad_output)
+    grad_input = scatter_windows(routed, sizes, kernel, stride, padding, dilation)
     return aten.squeeze.dims(grad_input, [0]) if unbatched else grad_input
-
-
-def _windows(x, kernel, stride, padding, dilation, outputs) -> list[torch.Tensor]:
-    """One ``[N, C, O...]`` tensor per kernel offset: the element each window holds there
-    (strided slices of the ``-inf``-padded input, in torch's row-major window order)."""
-    pad = []
-    for size, o, k, s, p, d in reversed(list(zip(x.shape[2:], outputs, kernel, stride, padding, dilation))):
-        pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
-    padded = aten.constant_pad_nd.default(x, pad, float("-inf"))
-    windows = []
-    for offset in itertools.product(*[range(k) for k in kernel]):
-        window = padded
-        for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation)):
-            window = aten.slice.Tensor(window, axis + 2, j * d, j * d + (o - 1) * s + 1, s)
-        windows.append(window)
-    return windows
 
 
 def _route_to_first_max(windows: list[torch.Tensor], grad_output: torch.Tensor) -> list[torch.Tensor]:
