@@ -93,7 +93,7 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
         if any(b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid)):
             continue  # this offset reads padding only (and an empty Slice is what IREE rejects)
         placed = aten.constant_pad_nd.default(
-            part, _torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
+            part, torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
         phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
     if len(phases) == math.prod(stride) > 1 and len({tuple(p.shape[2:]) for p in phases.values()}) == 1:
         return fit_spatial(_interleave(phases, stride), sizes)
