@@ -108,11 +108,7 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    text = DOC.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    DOC.write_text(text[:start] + render() + text[end:])
-
-
 if __name__ == "__main__":
-    main()
+    from blocks import write_block
+
+    write_block(DOC, BEGIN, END, render())

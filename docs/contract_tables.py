@@ -24,12 +24,7 @@ def render() -> str:
     return "\n".join(lines + ["", END])
 
 
-def main() -> None:
-    doc = ROOT / "docs" / "ir.md"
-    text = doc.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    doc.write_text(text[:start] + render() + text[end:])
-
-
 if __name__ == "__main__":
-    main()
+    from blocks import write_block
+
+    write_block(ROOT / "docs" / "ir.md", BEGIN, END, render())

@@ -3,7 +3,7 @@
 Every status comes from the rows (their ``grad``, ``dynamic_batch``, ``iree`` and ``xfail``
 fields), not from a test run, so the table is deterministic; tests/test_op_db.py proves each
 "yes" (and a strict xfail fails the run when a known failure starts passing). Run:
-``.venv/bin/python docs/op_database.py`` and paste between the markers (tests/test_op_db.py
+``.venv/bin/python docs/op_database.py`` rewrites the block between the markers (tests/test_op_db.py
 checks that the doc is current).
 """
 from __future__ import annotations
@@ -61,4 +61,6 @@ def table() -> str:
 
 
 if __name__ == "__main__":
-    print(table())
+    from blocks import write_block
+
+    write_block(Path(__file__).with_name("models.md"), BEGIN, END, table())

@@ -1,13 +1,12 @@
-"""Print the loss and optimizer tables of docs/losses_and_optimizers.md.
+"""Render the loss and optimizer tables of docs/losses_and_optimizers.md.
 
 The ONNX ops in each row are read from a converted tiny model (Linear -> Tanh -> Linear,
 logits [4, 3]), never written by hand: the loss's forward and backward nodes (phase "loss",
 and phase "backward" of layer "loss"), the optimizer-phase nodes of the update, and the gradient clipping nodes.
-Run: ``.venv/bin/python docs/op_tables.py`` and paste between the markers (tests check it).
+Run: ``.venv/bin/python docs/op_tables.py`` rewrites the block between the markers (tests check it).
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -104,4 +103,6 @@ def tables() -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(tables() + "\n")
+    from blocks import write_block
+
+    write_block(Path(__file__).with_name("losses_and_optimizers.md"), BEGIN, END, tables())

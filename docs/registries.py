@@ -1,13 +1,12 @@
-"""Print the tables of bridge's lowerings and emitters (docs/registries.md) from their registries.
+"""Render the tables of bridge's lowerings and emitters (docs/registries.md) from their registries.
 
 One row per registered ATen op: the function that lowers it (``@lowers``, ``bridge/lowering/``)
 or emits it as ONNX (``@emits``, ``bridge/export/ops/``). The converter table (``@converter``)
-is in docs/models.md (docs/supported_ops.py). Run ``.venv/bin/python docs/registries.py --write``
+is in docs/models.md (docs/supported_ops.py). Run ``.venv/bin/python docs/registries.py``
 to rewrite the block of docs/registries.md (tests/test_registries.py checks that it is current).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from bridge.export.builder import EMITTERS, import_all_emitters
@@ -44,12 +43,7 @@ def table() -> str:
     ])
 
 
-def write() -> None:
-    """Replace the generated block of docs/registries.md."""
-    text = DOC.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    DOC.write_text(text[:start] + table() + text[end:])
-
-
 if __name__ == "__main__":
-    write() if "--write" in sys.argv else print(table())
+    from blocks import write_block
+
+    write_block(DOC, BEGIN, END, table())

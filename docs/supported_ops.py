@@ -1,11 +1,13 @@
-"""Print the supported-ONNX-ops table of docs/models.md from the converter registry.
+"""Render the supported-ONNX-ops table of docs/models.md from the converter registry.
 
 One row per registered op type: the versions of the op that exist in opsets 11..22 (each
 converter handles all of them), the inputs that must be known before the model runs, and
-the module that converts it. Run: ``.venv/bin/python docs/supported_ops.py`` and paste
-between the markers (tests/test_zoo_docs.py checks that the doc is current).
+the module that converts it. Run: ``.venv/bin/python docs/supported_ops.py`` rewrites
+the block between the markers (tests/test_zoo_docs.py checks that the doc is current).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import onnx.defs
 
@@ -40,4 +42,6 @@ def table() -> str:
 
 
 if __name__ == "__main__":
-    print(table())
+    from blocks import write_block
+
+    write_block(Path(__file__).with_name("models.md"), BEGIN, END, table())
