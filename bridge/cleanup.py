@@ -84,10 +84,11 @@ def _forward(graph: onnx.GraphProto, node: onnx.NodeProto, value: str, protected
 
 
 def _keep(items, keep) -> None:
-    """Remove the entries of a repeated protobuf field that ``keep`` rejects."""
-    kept = [item for item in items if keep(item)]
-    del items[:]
-    items.extend(kept)
+    """Remove the entries of a repeated protobuf field that ``keep`` rejects, in place: re-adding the
+    kept ones would copy each (an initializer's data too; protobuf cannot copy one over 2 GiB)."""
+    for index in reversed(range(len(items))):
+        if not keep(items[index]):
+            del items[index]
 
 
 def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
