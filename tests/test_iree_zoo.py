@@ -162,14 +162,9 @@ TORCHVISION = {f"{name}@{size}": functools.partial(_torchvision_model, name, siz
 # xfail into a failure, so this list stays true). mobilenet_v3_small@32-static was one until the
 # float32 noise allowance counted onnxruntime's measured noise too (``_float32_noise``).
 XFAIL: dict[str, str] = {
-    # Measured, cause not found (docs/onnx-mlir.md section 5, open): every gradient from layer2.0
-    # upstream is 0.6-8.6% of its scale off onnxruntime and torch float64 (which agree to 1e-5);
-    # deterministic, the same with local-task and local-sync and with FAST_CONV_FLAGS. The first
-    # wrong tensor is layer2.0's output-ReLU backward ``Where(relu_out <= 0, 0, g)``, 19% off while
-    # both its inputs match onnxruntime to 1.3e-5 (tests/repros/iree_resnet18_relu_where.py); as
-    # ``Mul(g, Sign(relu_out))`` it is wrong by the same amounts. layer2 alone at the same shapes is exact.
-    "resnet18-static": "IREE silently miscomputes the gradient from layer2.0's ReLU backward upstream at batch 2 "
-                       "(0.6-8.6% off)",
+    # Empty. resnet18-static (zoo, batch 2) was one until the Conv backward forms changed: IREE silently
+    # miscomputed the graph bridge emitted before (docs/onnx-mlir.md section 5, cause not found); the
+    # GEMM/scatter forms compute right, so a regression to a wrong step fails this test.
 }
 
 

@@ -1,4 +1,9 @@
-"""IREE 3.13 defect, open (not minimal): the zoo's resnet18 at batch 2 gets wrong gradients.
+"""IREE 3.13 defect, avoided, cause not found (not minimal): the zoo's resnet18 at batch 2 got wrong gradients.
+
+It reproduces with bridge at commit 6df5bb6 (Conv backward as transposed/zero-inserted Convs, max-pool
+backward scattered by a one-hot grouped Conv). With the GEMM and scatter forms that replaced them
+(bridge/lowering/conv.py), IREE computes this model's step right (tests/test_iree_zoo.py
+``resnet18-static`` passes, measured 2026-11-30), so run this script from a checkout of 6df5bb6.
 
     python tests/repros/iree_resnet18_relu_where.py      # ~10 minutes of one core
 
