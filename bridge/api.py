@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import onnx
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
 from .annotate import annotate_model
@@ -111,14 +112,15 @@ def to_training_onnx(
     inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
     output_index = _output_index(program, output)
 
-    candidates = _run_example(lambda: differentiable_initializers(program, inputs, output_index), inputs)
+    candidates = _probe(lambda: _run_example(lambda: differentiable_initializers(program, inputs, output_index),
+                                             inputs))
     if parameters is not None:
         candidates = [name for name in candidates if name in parameters]
     scalars = [name for name in candidates if program.initializers[name].ndim == 0]
     weights = select_trainable(candidates, trainable, frozen, scalars, program.floating_initializers())
     if not weights:
         _nothing_to_train(candidates, trainable, frozen)
-    buffers, random = _training_forward(program, inputs, weights)
+    buffers, random = _probe(lambda: _training_forward(program, inputs, weights))
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
     signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
                               outputs=_extra_outputs(program, extra_outputs))
@@ -133,7 +135,7 @@ def to_training_onnx(
     tensors[LR] = torch.tensor(optimizer.lr, dtype=torch.float32)
 
     with torch.no_grad():
-        example_output = program.run(inputs, tensors, training=True, random=dict(random))[0][output_index]
+        example_output = _probe(lambda: program.run(inputs, tensors, training=True, random=dict(random))[0][output_index])
     if example_output.numel() == 0:
         raise ShapeError(f"model output '{program.output_names[output_index]}' is empty (shape "
                          f"{list(example_output.shape)}): there is nothing to compute a loss of; choose another output=")
@@ -263,6 +265,30 @@ def _run_example(run: Callable, inputs: Mapping[str, torch.Tensor]):
             raise
         raise ShapeError(f"the model fails on inputs of shapes {{{shapes}}}: {exc}; check batch_size= and "
                          "input_shapes= against the model (a static model may hard-code its batch size)") from exc
+
+
+def _probe(run: Callable[[], Any]) -> Any:
+    """``run()``, an example run of the model that only shapes, dtypes and the autograd graph are read of, on
+    fake tensors (no arithmetic: its cost does not grow with the data's size). Tensors it returns come back as
+    real zeros of their shape and dtype. A model that needs values to run (a converter that reads data, such as
+    NonMaxSuppression's) fails on fakes: it runs again on real tensors, which raises the error to report."""
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            result = run()
+    except Exception:  # noqa: BLE001 - run again for real: the real run raises the error (or succeeds)
+        return run()
+    return _real_zeros(result)
+
+
+def _real_zeros(value: Any) -> Any:
+    """``value`` (lists, tuples and dict values walked) with every fake tensor as real zeros of its shape and dtype."""
+    if isinstance(value, FakeTensor):
+        return torch.zeros(value.shape, dtype=value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_real_zeros(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _real_zeros(v) for k, v in value.items()}
+    return value
 
 
 def _nothing_to_train(candidates: list[str], trainable, frozen) -> None:
