@@ -28,7 +28,7 @@ from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
 from .progress import phase
 from .source_checks import check_export
-from .trace import split_step, trace_eval_step, trace_training_step
+from .trace import StepExample, split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
 def to_training_onnx(
@@ -144,15 +144,12 @@ def to_training_onnx(
     target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, target)
 
+    example = StepExample(program, loss_fn, tensors, {**inputs, **random}, target, output_index, dims)
     with phase("tracing the training step"):
-        graph_module = trace_training_step(
-            program, loss_fn, optimizer, signature, tensors, {**inputs, **random}, target, output_index,
-            dims=dims, max_grad_norm=max_grad_norm,
-        )
+        graph_module = trace_training_step(example, optimizer, signature, max_grad_norm=max_grad_norm)
     eval_signature = signature.for_eval(list(program.output_names))
     with phase("tracing the eval step"):
-        eval_module = trace_eval_step(program, loss_fn, eval_signature, tensors, inputs, target, output_index,
-                                      dims=dims)
+        eval_module = trace_eval_step(example, eval_signature)
     gradient_signature, update_signature = signature.split()
     gradient_module, update_module = split_step(graph_module, signature)
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import onnx
@@ -123,47 +124,50 @@ _KEEP_STATIC = ("keep that dim static (dynamic_dims= without it; for the batch, 
 DimSpec = Mapping[str, Mapping[int, str]]  # data input name -> {axis: dim name} of its symbolic dims
 
 
-def trace_training_step(
-    program: OnnxProgram,
-    loss: Loss,
-    optimizer: Optimizer,
-    signature: StepSignature,
-    tensors: dict[str, torch.Tensor],
-    example_inputs: dict[str, torch.Tensor],
-    example_target: torch.Tensor,
-    output_index: int,
-    dims: DimSpec | None = None,
-    max_grad_norm: float | None = None,
-) -> torch.fx.GraphModule:
+@dataclass(frozen=True)
+class StepExample:
+    """What a trace runs: the program and loss, the example state tensors by name, the example data inputs by
+    name (noise inputs included), the example target, the model output the loss applies to and the symbolic
+    dims of the data inputs (``DimSpec``)."""
+
+    program: OnnxProgram
+    loss: Loss
+    tensors: dict[str, torch.Tensor]
+    inputs: dict[str, torch.Tensor]
+    target: torch.Tensor
+    output_index: int
+    dims: DimSpec | None = None
+
+
+def trace_training_step(example: StepExample, optimizer: Optimizer, signature: StepSignature,
+                        max_grad_norm: float | None = None) -> torch.fx.GraphModule:
     """Trace forward + loss + backward + optimizer update into one FX graph.
 
     The traced function takes and returns ``signature``'s flat arguments and results
     (``StepSignature.unflatten`` / ``flatten``); its body is three passes: ``_forward_loss``,
     ``_backward``, ``_optimizer_update``.
-    With ``dims`` the data inputs get those symbolic dims (one symbol per dim name), the noise
+    With ``example.dims`` the data inputs get those symbolic dims (one symbol per dim name), the noise
     inputs and the target the symbolic sizes that follow from them, and every size derived from
     them stays symbolic in the graph.
     With ``max_grad_norm`` the gradients are clipped by global norm before the update
     (the ``grad_*`` outputs stay the unclipped gradients of the loss).
     """
-    data, dim_names, bounds = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs},
-                                         {n: example_inputs[n] for n in signature.random}, example_target, output_index,
-                                         tensors, training=True)
+    data, dim_names, bounds = _data_args(example, signature)
     tags = _LayerTags(dim_names)
 
     def train_step(*flat):
         args = signature.unflatten(flat)
         tags.watch([args[name] for name in signature.data_names()])
         weights = {name: args[name] for name in signature.weights}
-        loss_value, outputs, updated_buffers = _forward_loss(program, loss, signature, args, tags, output_index)
+        loss_value, outputs, updated_buffers = _forward_loss(example, signature, args, tags)
         grads = _backward(loss_value, list(weights.values()), tags)
         results = {LOSS: loss_value, **dict(zip(signature.gradient_names(), grads))}
         results.update(_optimizer_update(optimizer, signature, args, grads, tags, max_grad_norm))
         results.update({updated_name(name): updated_buffers.get(name, args[name]) for name in signature.buffers})
-        results.update(_extra_outputs(program, signature, outputs))
+        results.update(_extra_outputs(example.program, signature, outputs))
         return tuple(signature.flatten(results, outputs=True))
 
-    return _trace(train_step, _state_args(signature, tensors), data, dim_names, bounds)
+    return _trace(train_step, _state_args(signature, example.tensors), data, dim_names, bounds)
 
 
 def _state_args(signature: StepSignature, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -173,20 +177,20 @@ def _state_args(signature: StepSignature, tensors: dict[str, torch.Tensor]) -> l
     return [tensors[name].detach().requires_grad_(name in weights) for name in signature.state_names()]
 
 
-def _forward_loss(program: OnnxProgram, loss: Loss, signature: StepSignature, args: dict[str, torch.Tensor],
-                  tags: _LayerTags, output_index: int) -> tuple[torch.Tensor, list, dict]:
+def _forward_loss(example: StepExample, signature: StepSignature, args: dict[str, torch.Tensor],
+                  tags: _LayerTags) -> tuple[torch.Tensor, list, dict]:
     """Pass 1: the ONNX program on the step's arguments (forward phase, each op tagged with its
-    ONNX node; in inference mode for the eval signature), then the loss of output ``output_index``
+    ONNX node; in inference mode for the eval signature), then the loss of output ``example.output_index``
     (loss phase). Returns the loss, the model outputs and the buffers the forward updated (BatchNorm
     statistics in training mode)."""
-    outputs, updated_buffers = program.run(
+    outputs, updated_buffers = example.program.run(
         {name: args[name] for name in signature.inputs},
         {name: args[name] for name in signature.weights + signature.buffers},
         training=signature.training, node_scope=tags.forward,
         random={name: args[name] for name in signature.random}, evaluation=not signature.training,
     )
-    with tags.scope(Phase.LOSS, LOSS_LAYER, loss.name):
-        loss_value = loss(outputs[output_index], args[TARGET])
+    with tags.scope(Phase.LOSS, LOSS_LAYER, example.loss.name):
+        loss_value = example.loss(outputs[example.output_index], args[TARGET])
     return loss_value, outputs, updated_buffers
 
 
@@ -348,30 +352,20 @@ def _subgraph(graph_module: torch.fx.GraphModule, boundary: list[torch.fx.Node],
     return result
 
 
-def trace_eval_step(
-    program: OnnxProgram,
-    loss: Loss,
-    signature: StepSignature,
-    tensors: dict[str, torch.Tensor],
-    example_inputs: dict[str, torch.Tensor],
-    example_target: torch.Tensor,
-    output_index: int,
-    dims: DimSpec | None = None,
-) -> torch.fx.GraphModule:
+def trace_eval_step(example: StepExample, signature: StepSignature) -> torch.fx.GraphModule:
     """Trace the eval step (``signature.training`` is False): the forward in inference mode
     (BatchNorm with its running statistics, Dropout off) and the loss; returns the loss and
     the model outputs named in ``signature.outputs``."""
-    data, dim_names, bounds = _data_args(program, loss, dims, {n: example_inputs[n] for n in signature.inputs}, {},
-                                         example_target, output_index, tensors, training=False)
+    data, dim_names, bounds = _data_args(example, signature)
     tags = _LayerTags(dim_names)
 
     def eval_step(*flat):
         args = signature.unflatten(flat)
         tags.watch([args[name] for name in signature.data_names()])
-        loss_value, outputs, _ = _forward_loss(program, loss, signature, args, tags, output_index)
-        return tuple(signature.flatten({LOSS: loss_value, **_extra_outputs(program, signature, outputs)}, outputs=True))
+        loss_value, outputs, _ = _forward_loss(example, signature, args, tags)
+        return tuple(signature.flatten({LOSS: loss_value, **_extra_outputs(example.program, signature, outputs)}, outputs=True))
 
-    return _trace(eval_step, _state_args(signature, tensors), data, dim_names, bounds)
+    return _trace(eval_step, _state_args(signature, example.tensors), data, dim_names, bounds)
 
 
 def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_names: dict[sympy.Symbol, str],
@@ -412,18 +406,19 @@ def _upper_bounds(shape_env: ShapeEnv, dim_names: Mapping[sympy.Symbol, str]) ->
     return bounds
 
 
-def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: dict[str, torch.Tensor],
-               random: dict[str, torch.Tensor], target: torch.Tensor, output_index: int,
-               tensors: dict[str, torch.Tensor], training: bool) -> tuple[list[torch.Tensor], dict, dict]:
-    """The data arguments of a trace (inputs, noise, target) and the names of their symbols.
+def _data_args(example: StepExample, signature: StepSignature) -> tuple[list[torch.Tensor], dict, dict]:
+    """The data arguments of a trace of ``signature`` (inputs, noise, target) and the names of their symbols.
 
     Without ``dims``: the example tensors themselves. With ``dims``: fake tensors whose dims
     named there are symbolic, one fresh symbol per dim (no duck sizing: two dims of equal example
     size stay two symbols until the model itself equates them). The noise inputs and the target
     get their symbolic shapes from a forward pass on those fakes (a noise input of a Dropout on
     ``[batch, heads, seq, seq]`` activations, a target ``[batch, seq]``)."""
+    program, loss, dims, training = example.program, example.loss, example.dims, signature.training
+    inputs = {name: example.inputs[name] for name in signature.inputs}
+    random = {name: example.inputs[name] for name in signature.random}
     if not dims:
-        return [*inputs.values(), *random.values(), target], {}, {}
+        return [*inputs.values(), *random.values(), example.target], {}, {}
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
     fakes, dim_names = {}, {}
     for name, tensor in inputs.items():
@@ -442,9 +437,9 @@ def _data_args(program: OnnxProgram, loss: Loss, dims: DimSpec | None, inputs: d
     def forward(*data):
         tags.watch(data)
         drawn: dict[str, torch.Tensor] = {}
-        outputs, _ = program.run(dict(zip(fakes, data)), tensors, training=training, node_scope=tags.forward,
+        outputs, _ = program.run(dict(zip(fakes, data)), example.tensors, training=training, node_scope=tags.forward,
                                  random=drawn, evaluation=not training)
-        return (outputs[output_index], *(drawn[name] for name in random))
+        return (outputs[example.output_index], *(drawn[name] for name in random))
 
     # traced as the step will be (with the lowering table), so that it specialises exactly what the step would
     with torch.no_grad():
