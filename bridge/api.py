@@ -1,6 +1,7 @@
 """``to_training_onnx``: the whole pipeline, stage by stage (see docs/ARCHITECTURE.md)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -22,7 +23,7 @@ from .export import export_step
 from .from_torch import is_torch_source, load_torch_source
 from .importer.program import OnnxProgram
 from .importer.registry import buffer_inputs
-from .importer.weights import differentiable_initializers, select_trainable
+from .importer.weights import example_run, select_trainable
 from .load import check_onnx, load_model, model_digest
 from .losses import INDICES, Loss, make_loss
 from .optimizers import Optimizer, check_max_norm, make_optimizer
@@ -112,15 +113,14 @@ def to_training_onnx(
     inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
     output_index = _output_index(program, output)
 
-    candidates = _probe(lambda: _run_example(lambda: differentiable_initializers(program, inputs, output_index),
-                                             inputs))
+    run = _probe(lambda: _run_example(lambda: example_run(program, inputs, output_index), inputs))
+    candidates, buffers, random, example_output = run.differentiable, run.buffers, run.random, run.output
     if parameters is not None:
         candidates = [name for name in candidates if name in parameters]
     scalars = [name for name in candidates if program.initializers[name].ndim == 0]
     weights = select_trainable(candidates, trainable, frozen, scalars, program.floating_initializers())
     if not weights:
         _nothing_to_train(candidates, trainable, frozen)
-    buffers, random = _probe(lambda: _training_forward(program, inputs, weights))
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
     signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
                               outputs=_extra_outputs(program, extra_outputs))
@@ -134,8 +134,6 @@ def to_training_onnx(
     tensors[STEP] = torch.tensor(0.0)
     tensors[LR] = torch.tensor(optimizer.lr, dtype=torch.float32)
 
-    with torch.no_grad():
-        example_output = _probe(lambda: program.run(inputs, tensors, training=True, random=dict(random))[0][output_index])
     if example_output.numel() == 0:
         raise ShapeError(f"model output '{program.output_names[output_index]}' is empty (shape "
                          f"{list(example_output.shape)}): there is nothing to compute a loss of; choose another output=")
@@ -269,22 +267,25 @@ def _probe(run: Callable[[], Any]) -> Any:
     fake tensors (no arithmetic: its cost does not grow with the data's size). Tensors it returns come back as
     real zeros of their shape and dtype. A model that needs values to run (a converter that reads data, such as
     NonMaxSuppression's) fails on fakes: it runs again on real tensors, which raises the error to report."""
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            result = run()
-    except Exception:  # noqa: BLE001 - run again for real: the real run raises the error (or succeeds)
-        return run()
-    return _real_zeros(result)
+    with phase("running the model on example inputs"):
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                result = run()
+        except Exception:  # noqa: BLE001 - run again for real: the real run raises the error (or succeeds)
+            return run()
+        return _real_zeros(result)
 
 
 def _real_zeros(value: Any) -> Any:
-    """``value`` (lists, tuples and dict values walked) with every fake tensor as real zeros of its shape and dtype."""
+    """``value`` (dict values and dataclass fields walked) with every fake tensor as real zeros of its shape
+    and dtype."""
     if isinstance(value, FakeTensor):
         return torch.zeros(value.shape, dtype=value.dtype)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_real_zeros(v) for v in value)
     if isinstance(value, dict):
         return {k: _real_zeros(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: _real_zeros(getattr(value, f.name))
+                                             for f in dataclasses.fields(value)})
     return value
 
 
@@ -466,15 +467,3 @@ def _output_index(program: OnnxProgram, output: str | int | None, option: str = 
     if output not in program.output_names:
         raise InvalidOptionError(f"{option}='{output}' is not a model output; outputs: {program.output_names}")
     return program.output_names.index(output)
-
-
-def _training_forward(
-    program: OnnxProgram, inputs: dict[str, torch.Tensor], weights: list[str]
-) -> tuple[list[str], dict[str, torch.Tensor]]:
-    """Buffers (running statistics) that a training-mode forward updates, and the noise inputs
-    (``<node>.noise``, with example values) that its random ops read."""
-    tensors = {name: program.initializer_tensor(name) for name in weights + program.buffer_names}
-    random: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        _, updated = program.run(inputs, tensors, training=True, random=random)
-    return [name for name in program.buffer_names if name in updated], random

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -10,30 +11,44 @@ from ..errors import BridgeError, InvalidOptionError
 from .program import OnnxProgram
 
 
-def differentiable_initializers(
-    program: OnnxProgram, inputs: dict[str, torch.Tensor], output_index: int
-) -> list[str]:
-    """Floating-point initializers that the chosen output depends on differentiably.
+@dataclass
+class ExampleRun:
+    """What one training-mode run of the model on example inputs shows (``example_run``)."""
 
-    Found by running the graph once eagerly with every candidate requiring grad: an
-    initializer used only as a shape, scale or index gets no gradient and stays a constant.
-    The autograd graph of the output is walked rather than differentiated (no gradient is
-    computed: a 100M-parameter model would allocate its weights' size again).
+    differentiable: list[str]  # the floating-point initializers the chosen output depends on differentiably
+    output: torch.Tensor  # the chosen output (detached)
+    buffers: list[str]  # the running statistics the training forward updates
+    random: dict[str, torch.Tensor]  # the noise inputs (``<node>.noise``) its random ops read, with example values
+
+
+def example_run(program: OnnxProgram, inputs: dict[str, torch.Tensor], output_index: int) -> ExampleRun:
+    """Run the graph once eagerly in training mode, every candidate weight requiring grad.
+
+    An initializer used only as a shape, scale or index gets no gradient and stays a constant. The autograd
+    graph of the output is walked rather than differentiated (no gradient is computed: a 100M-parameter model
+    would allocate its weights' size again).
     """
     candidates = program.floating_initializers()
     tensors = {name: program.initializer_tensor(name).requires_grad_(True) for name in candidates}
     tensors.update({name: program.initializer_tensor(name) for name in program.buffer_names})
-    outputs, _ = program.run(inputs, tensors, training=True)
+    random: dict[str, torch.Tensor] = {}
+    outputs, updated = program.run(inputs, tensors, training=True, random=random)
     output = outputs[output_index]
     if not output.dtype.is_floating_point:
         raise BridgeError(
             f"model output '{program.output_names[output_index]}' has dtype {output.dtype}; "
             "the loss needs a floating-point output (pick another with output=)"
         )
-    if not output.requires_grad:
-        return []
-    reached = _leaves(output)
-    return [name for name in candidates if id(tensors[name]) in reached]
+    reached = _leaves(output) if output.requires_grad else set()
+    return ExampleRun([name for name in candidates if id(tensors[name]) in reached], output.detach(),
+                      [name for name in program.buffer_names if name in updated], random)
+
+
+def differentiable_initializers(
+    program: OnnxProgram, inputs: dict[str, torch.Tensor], output_index: int
+) -> list[str]:
+    """Floating-point initializers that the chosen output depends on differentiably (``example_run``)."""
+    return example_run(program, inputs, output_index).differentiable
 
 
 def _leaves(output: torch.Tensor) -> set[int]:
