@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from torch._decomp import core_aten_decompositions
 
-from ..registry import import_submodules, register
+from ..registry import import_submodules, registering
 
 
 class LoweringFn(Protocol):
@@ -29,13 +29,7 @@ LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
 
 def lowers(*ops: torch._ops.OpOverload):
     """Register ``fn`` as bridge's decomposition of each ATen overload in ``ops`` (once per overload)."""
-
-    def add(fn: LoweringFn) -> LoweringFn:
-        for op in ops:
-            register(LOWERINGS, op, fn, "lowerings for ATen op")
-        return fn
-
-    return add
+    return registering(LOWERINGS, ops, "lowerings for ATen op")
 
 
 def import_all_lowerings() -> None:
