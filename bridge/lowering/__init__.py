@@ -8,6 +8,7 @@ Indices output, SoftmaxCrossEntropyLoss) with ops that it accepts.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import torch
@@ -40,6 +41,14 @@ def import_all_lowerings() -> None:
 def decomposition_table() -> dict:
     """torch's core-ATen decompositions, with bridge's lowerings in place of torch's for their ops."""
     import_all_lowerings()
-    table = dict(core_aten_decompositions())
+    table = dict(_core_aten_decompositions())
     table.update(LOWERINGS)
     return table
+
+
+@functools.cache
+def _core_aten_decompositions() -> dict:
+    """torch's core-ATen table, materialised once per process: torch collects it by walking every
+    op namespace (measured: 0.04 s of CPU per call, 0.12 s the first), and a conversion traces
+    at least twice (training and eval step)."""
+    return dict(core_aten_decompositions())
