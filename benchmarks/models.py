@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bridge.from_torch import HFLogits
+
 
 @dataclass
 class BenchModel:
@@ -91,17 +93,6 @@ def _torchvision(name: str, seed: int) -> BenchModel:
     return BenchModel(name, module, {"x": rng.standard_normal((8, 3, 64, 64), np.float32)}, rng.integers(0, 10, 8))
 
 
-class _Logits(torch.nn.Module):
-    """A Hugging Face model called with ``input_ids`` and ``attention_mask``, returning its logits."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
-
-
 VOCAB, SEQ, BATCH = 1000, 32, 8
 
 
@@ -116,7 +107,7 @@ def bert_tiny() -> BenchModel:
     config = BertConfig(vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=512, max_position_embeddings=64, num_labels=2, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0, attn_implementation="eager")
-    return BenchModel("bert_tiny", _Logits(BertForSequenceClassification(config)), _text(rng), rng.integers(0, 2, BATCH))
+    return BenchModel("bert_tiny", HFLogits(BertForSequenceClassification(config)), _text(rng), rng.integers(0, 2, BATCH))
 
 
 def gpt2_tiny() -> BenchModel:
@@ -125,7 +116,7 @@ def gpt2_tiny() -> BenchModel:
     rng = _rng(3)
     config = GPT2Config(vocab_size=VOCAB, n_embd=128, n_layer=2, n_head=2, n_positions=64, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
-    return BenchModel("gpt2_tiny", _Logits(GPT2LMHeadModel(config)), _text(rng), rng.integers(0, VOCAB, (BATCH, SEQ)))
+    return BenchModel("gpt2_tiny", HFLogits(GPT2LMHeadModel(config)), _text(rng), rng.integers(0, VOCAB, (BATCH, SEQ)))
 
 
 MODELS: dict[str, Callable[[], BenchModel]] = {

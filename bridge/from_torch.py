@@ -99,6 +99,18 @@ def export_for_training(module: torch.nn.Module, example_inputs: Sequence[Any],
     return proto
 
 
+class HFLogits(torch.nn.Module):
+    """A Hugging Face model called with positional ``input_ids`` and ``attention_mask``, returning
+    only its logits: the one-tensor ``forward`` of positional tensors that the export needs."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+
+
 def _restore_state(proto: onnx.ModelProto, module: torch.nn.Module) -> None:
     """Initializers named after ``module``'s tensors get their values from before the export (whose
     tracing forwards, in train mode, moved the running statistics)."""

@@ -37,6 +37,11 @@ class Node:
     proto: onnx.NodeProto
 
 
+def _graph_inputs_with(role: str, doc: str) -> property:
+    """A ``TrainingGraph`` property: its graph inputs of ``role``, in graph order."""
+    return property(lambda graph: graph._with_role(role, graph.graph_inputs), doc=doc)
+
+
 class TrainingGraph:
     """A training-step ONNX model, indexed by role, phase and layer."""
 
@@ -74,36 +79,15 @@ class TrainingGraph:
     def _with_role(self, role: str, names: list[str]) -> list[str]:
         return [name for name in names if self.roles.get(name) == role]
 
-    @property
-    def inputs(self) -> list[str]:
-        """Data inputs (the source model's inputs)."""
-        return self._with_role(Role.INPUT, self.graph_inputs)
-
-    @property
-    def targets(self) -> list[str]:
-        return self._with_role(Role.TARGET, self.graph_inputs)
-
-    @property
-    def weights(self) -> list[str]:
-        return self._with_role(Role.WEIGHT, self.graph_inputs)
-
-    @property
-    def buffers(self) -> list[str]:
-        return self._with_role(Role.BUFFER, self.graph_inputs)
-
-    @property
-    def optimizer_state(self) -> list[str]:
-        """Optimizer state inputs: ``<weight>.<slot>`` for each weight, and ``step``."""
-        return self._with_role(Role.OPTIMIZER_STATE, self.graph_inputs)
-
-    @property
-    def hyperparameters(self) -> list[str]:
-        return self._with_role(Role.HYPERPARAMETER, self.graph_inputs)
-
-    @property
-    def random_inputs(self) -> list[str]:
-        """Noise inputs of random ops (``<node>.noise``), drawn fresh every step by the runner."""
-        return self._with_role(Role.RANDOM, self.graph_inputs)
+    inputs = _graph_inputs_with(Role.INPUT, "Data inputs (the source model's inputs).")
+    targets = _graph_inputs_with(Role.TARGET, "Loss targets.")
+    weights = _graph_inputs_with(Role.WEIGHT, "Trainable weights.")
+    buffers = _graph_inputs_with(Role.BUFFER, "Buffers (running statistics: updated, not trained).")
+    optimizer_state = _graph_inputs_with(
+        Role.OPTIMIZER_STATE, "Optimizer state inputs: ``<weight>.<slot>`` for each weight, and ``step``.")
+    hyperparameters = _graph_inputs_with(Role.HYPERPARAMETER, "Hyperparameter inputs (``lr``, ...).")
+    random_inputs = _graph_inputs_with(
+        Role.RANDOM, "Noise inputs of random ops (``<node>.noise``), drawn fresh every step by the runner.")
 
     @property
     def loss(self) -> str:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, MutableMapping
+from typing import Any, Callable, Iterable, MutableMapping, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def register(table: MutableMapping[Any, Any], key: Any, value: Any, what: str) -> None:
@@ -20,6 +22,17 @@ def register(table: MutableMapping[Any, Any], key: Any, value: Any, what: str) -
     if key in table:
         raise RuntimeError(f"two {what} {key}: {_name(table[key])} and {_name(value)}")
     table[key] = value
+
+
+def registering(table: MutableMapping[Any, Any], keys: Iterable[Any], what: str) -> Callable[[F], F]:
+    """A decorator: registers its function under each of ``keys`` (``register``), returns it unchanged."""
+
+    def add(fn: F) -> F:
+        for key in keys:
+            register(table, key, fn, what)
+        return fn
+
+    return add
 
 
 def import_submodules(package: str) -> None:

@@ -2,10 +2,10 @@
 per-test seeds for module-level random generators.
 
 The Makefile runs ``pytest -n 2 --dist loadgroup``: each test is its own work unit, handed to
-whichever worker is free, in the order collected here (``slow`` tests first, so that the
-longest ones start early instead of ending up serial at the tail), except tests that share an
-expensive module-scoped fixture (``SHARED_FIXTURES``): those form one ``xdist_group`` and run on
-one worker, so the fixture is built once rather than once per worker.
+whichever worker is free, in the order collected here (``slow`` tests first, then the groups
+below, so that the longest work units start early instead of ending up serial at the tail),
+except tests that share an expensive module-scoped fixture (``SHARED_FIXTURES``): those form one
+``xdist_group`` and run on one worker, so the fixture is built once rather than once per worker.
 """
 import re
 import sys
@@ -41,15 +41,19 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Skip ``iree`` tests without IREE; group tests sharing an expensive fixture; slow tests first."""
+    """Skip ``iree`` tests without IREE; group tests sharing an expensive fixture; slow tests first,
+    then the groups (one work unit each: the largest of make test-fast)."""
     skip = None if _iree_installed() else pytest.mark.skip(reason="IREE is not installed: pip install 'bridge[iree]'")
+    grouped = set()
     for item in items:
         if skip is not None and "iree" in item.keywords:
             item.add_marker(skip)
         group = _shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: modules stay contiguous
+            grouped.add(item.nodeid)
+    # stable: modules stay contiguous
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.nodeid not in grouped))
 
 
 def seed_of(node: pytest.Item) -> int:

@@ -16,8 +16,9 @@ from onnx import TensorProto, helper
 
 import bridge
 from bridge.cli import main
+from bridge.from_torch import HFLogits
 from zoo.harness import Case, assert_first_step, assert_onnx_mlir_clean, module_oracle, name_map, perturb
-from zoo.torch_models import VOCAB, _HFOutput, _LSTMTagger
+from zoo.torch_models import VOCAB, _LSTMTagger
 
 LR = 1e-3
 RTOL = 1e-4  # as the zoo
@@ -32,7 +33,7 @@ def _bert() -> torch.nn.Module:
     config = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=POSITIONS, num_labels=3, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0, attn_implementation="eager")
-    return perturb(_HFOutput(BertForSequenceClassification(config)), 0)
+    return perturb(HFLogits(BertForSequenceClassification(config)), 0)
 
 
 def _gpt2() -> torch.nn.Module:
@@ -40,7 +41,7 @@ def _gpt2() -> torch.nn.Module:
     torch.manual_seed(2)
     config = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=POSITIONS, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
-    return perturb(_HFOutput(GPT2LMHeadModel(config)), 2)
+    return perturb(HFLogits(GPT2LMHeadModel(config)), 2)
 
 
 def _lstm_tagger() -> torch.nn.Module:

@@ -6,8 +6,9 @@ after a fix, rewrite the file with ``BRIDGE_UPDATE_EXPECTATIONS=1 pytest tests/t
 (the tests then record instead of compare; ``make test-all`` tier for every gradient) or with
 ``PYTHONPATH=. python tests/onnx_node_suite.py``, and regenerate docs/models.md with ``docs/conformance.py``.
 
-Forward verdicts run in ``make test`` (~15 s); gradient verdicts are ``exhaustive`` (``make test-all``)
-except for ``GRADIENT_SAMPLE``, one test per op family.
+Forward verdicts run in every tier; gradient verdicts are ``exhaustive`` (``make test-all``) except
+for ``GRADIENT_SAMPLE``, one test per op family (``make test``), of which ``make test-fast`` runs
+``GRADIENT_FAST``.
 """
 from __future__ import annotations
 
@@ -88,8 +89,22 @@ def test_forward(name):
     _check(name, suite.forward_verdicts(name))
 
 
-@pytest.mark.parametrize("name", [n if n in GRADIENT_SAMPLE else pytest.param(n, marks=pytest.mark.exhaustive)
-                                  for n in NAMES])
+# The gradient cases of make test-fast: a thin slice of GRADIENT_SAMPLE (tests/test_op_db.py runs a
+# training step of every op there); make test and CI run the whole sample.
+GRADIENT_FAST = frozenset({
+    "test_add", "test_basic_conv_with_padding", "test_gemm_all_attributes", "test_lstm_batchwise",
+    "test_maxpool_2d_ceil_output_size_reduce_by_one", "test_softmax_axis_0", "test_layer_normalization_2d_axis0",
+    "test_reduce_mean_default_axes_keepdims_example", "test_gather_1", "test_slice_default_steps",
+})
+
+
+def _gradient_tier(name: str):
+    if name in GRADIENT_FAST:
+        return ()
+    return pytest.mark.slow if name in GRADIENT_SAMPLE else pytest.mark.exhaustive
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_gradient_tier(n)) for n in NAMES])
 def test_gradient(name):
     """One mse + SGD step against float64 finite differences (helpers/oracle.py)."""
     _check(name, {"grad": suite.grad_verdict(name)})
@@ -100,6 +115,7 @@ def test_gradient_sample_is_gradient_cases():
     families = [EXPECTED[n]["family"] for n in GRADIENT_SAMPLE]
     assert len(families) == len(set(families))
     assert all(not EXPECTED[n]["grad"].startswith("n/a") for n in GRADIENT_SAMPLE)
+    assert GRADIENT_FAST <= GRADIENT_SAMPLE
 
 
 def test_conformance_doc_current():

@@ -1,7 +1,8 @@
 """Every registered converter driven through the whole training path, one row of tests/op_db.py
 at a time: forward (bridge's importer vs onnxruntime), one training step (float64 vs finite
-differences of the source model, float32 vs float64, onnx-mlir's op table), a symbolic batch
-(equal to the static conversions at batch 1 and 3: one variant per op in ``make test``, all in
+differences of the source model, float32 vs float64, onnx-mlir's op table: one variant per op in
+``make test-fast``, all in ``make test``), a symbolic batch (equal to the static conversions at
+batch 1 and 3: a sample of ops in ``make test-fast``, one variant per op in ``make test``, all in
 ``make test-all``) and IREE (a sample in ``make test``, every row in ``make test-all``)."""
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ from single_op import run_onnxruntime
 OPTIONS = {"loss": "mse", "optim": "sgd", "optim_options": {"lr": LR}}
 FLOAT32_BOUND = FLOAT32_ULPS * FLOAT32_EPS  # of a tensor's scale: float32 results vs each other
 DYNAMIC_BATCHES = (1, 3)
+# Ops whose symbolic batch make test-fast checks (every op's in make test): shapes computed from
+# the batch (Reshape, Flatten, Expand, Slice, Pad, Resize), batch-wide reductions and statistics
+# (ReduceMean, Softmax, BatchNormalization, LayerNormalization), the layers of most models (Gemm,
+# MatMul, Conv, MaxPool, AveragePool, Gather) and a recurrence (LSTM).
+DYNAMIC_FAST = {"Reshape", "Flatten", "Expand", "Slice", "Pad", "Resize", "ReduceMean", "Softmax",
+                "BatchNormalization", "LayerNormalization", "Gemm", "MatMul", "Conv", "MaxPool", "AveragePool",
+                "Gather", "LSTM", "Concat", "Transpose", "Relu"}
 # Rows compiled by IREE in the slow run (make test); the others are exhaustive (make test-all).
 IREE_SAMPLE = {"Conv-2d_padded_bias", "MaxPool-2d_k2s2", "Softmax-axis-1", "LSTM-forward", "Resize-linear_half_pixel"}
 
@@ -63,6 +71,7 @@ def test_every_converter_has_a_row_and_every_row_a_converter():
     assert sorted(rows - set(CONVERTERS)) == [], "op_db rows of ops with no converter"
     ids = [row.id for row in ROWS]
     assert len(ids) == len(set(ids)), "duplicate row ids"
+    assert DYNAMIC_FAST <= {row.op_type for row in ROWS if row.dynamic_batch}, "DYNAMIC_FAST names an op without a row"
 
 
 @pytest.mark.parametrize("row", list(_params(ROWS, "forward")))
@@ -74,7 +83,27 @@ def test_forward_matches_onnxruntime(row: OpRow):
         assert_close_float32(g, w, f"{row.id} output {index}")
 
 
-@pytest.mark.parametrize("row", list(_params([r for r in ROWS if r.grad], "training")))
+def _representatives(rows) -> dict[str, OpRow]:
+    """Per op type, its first row without a known failure (else its first row)."""
+    first: dict[str, OpRow] = {}
+    for row in rows:
+        if row.op_type not in first or first[row.op_type].xfail and not row.xfail:
+            first[row.op_type] = row
+    return first
+
+
+def _training_params():
+    """Every row with a gradient; in ``make test-fast`` one per op (its representative), the other
+    variants ``slow`` (``make test`` and CI run every row)."""
+    rows = [r for r in ROWS if r.grad]
+    fast = _representatives(rows)
+    for param in _params(rows, "training"):
+        row = param.values[0]
+        tier = [] if fast[row.op_type] is row else [pytest.mark.slow]
+        yield pytest.param(row, id=param.id, marks=[*param.marks, *tier])
+
+
+@pytest.mark.parametrize("row", list(_training_params()))
 def test_training_step_matches_finite_differences(row: OpRow):
     result = check_training_step(row.model(), row.inputs(), reference=row.oracle_model(), dynamic_batch=False)
     assert sorted(result.weights) == sorted(row.weights)
@@ -90,15 +119,16 @@ def _step(tm: bridge.TrainingModel, row: OpRow, batch: int, static: bridge.Train
 
 
 def _dynamic_params():
-    """Every dynamic row; in the default run one per op (its first variant without a known failure)."""
+    """Every dynamic row: one per op (its representative) in ``make test`` and CI, the other variants
+    ``exhaustive``; ``make test-fast`` runs the representatives of ``DYNAMIC_FAST`` only."""
     rows = [r for r in ROWS if r.grad and r.dynamic_batch]
-    default = {}
-    for row in rows:
-        if row.op_type not in default or default[row.op_type].xfail and not row.xfail:
-            default[row.op_type] = row
+    default = _representatives(rows)
     for param in _params(rows, "dynamic"):
         row = param.values[0]
-        tier = [] if default[row.op_type] is row else [pytest.mark.exhaustive]
+        if default[row.op_type] is not row:
+            tier = [pytest.mark.exhaustive]
+        else:
+            tier = [] if row.op_type in DYNAMIC_FAST else [pytest.mark.slow]
         yield pytest.param(row, id=param.id, marks=[*param.marks, *tier])
 
 

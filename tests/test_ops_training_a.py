@@ -86,6 +86,15 @@ def check_op(op: str, twin: Callable, data: np.ndarray, pre: np.ndarray, *, opse
 
 F32 = lambda value: float(np.float32(value))  # noqa: E731  ONNX float attributes are float32
 SELU_ALPHA, SELU_GAMMA = F32(1.67326319217681884765625), F32(1.05070102214813232421875)
+FAST_OPS = 4  # per sweep below, the cases make test-fast runs: the others are ``slow`` (tests/test_op_db.py
+# trains every op in make test-fast against finite differences; these compare with torch)
+
+
+def _thin(cases: list) -> list:
+    """``cases`` as pytest params: the first ``FAST_OPS`` unmarked, the others ``slow``."""
+    return [pytest.param(*case, marks=() if index < FAST_OPS else pytest.mark.slow) for index, case in enumerate(cases)]
+
+
 ACTIVATIONS = [  # attribute values exact in float32 (torch's own defaults differ after 7 digits)
     ("Relu", {}, F.relu),
     ("LeakyRelu", {"alpha": 0.25}, lambda x: F.leaky_relu(x, 0.25)),
@@ -108,7 +117,7 @@ ACTIVATIONS = [  # attribute values exact in float32 (torch's own defaults diffe
 ]
 
 
-@pytest.mark.parametrize("op, attrs, twin", ACTIVATIONS, ids=[f"{a[0]}-{a[1]}" for a in ACTIVATIONS])
+@pytest.mark.parametrize("op, attrs, twin", _thin(ACTIVATIONS), ids=[f"{a[0]}-{a[1]}" for a in ACTIVATIONS])
 def test_activation_trains(op, attrs, twin):
     data = rng.standard_normal(SHAPE) * 2
     exact_gelu = op == "Gelu" and not attrs
@@ -205,7 +214,7 @@ UNARY = [  # op, torch twin, data, pre-scale: x * w_pre stays inside the op's do
 ]
 
 
-@pytest.mark.parametrize("op, twin, data, pre", UNARY, ids=[u[0] for u in UNARY])
+@pytest.mark.parametrize("op, twin, data, pre", _thin(UNARY), ids=[u[0] for u in UNARY])
 def test_unary_math_trains(op, twin, data, pre):
     data = _uniform(*data) if data else rng.standard_normal(SHAPE)
     pre = _uniform(*pre) if pre else rng.standard_normal(SHAPE)

@@ -28,7 +28,7 @@ from ..contract import node_prefix
 from ..dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, TORCH_TO_ONNX  # noqa: F401 (TORCH_TO_ONNX: re-exported)
 from ..errors import ShapeError
 from ..load import STUB_BYTES, STUB_FILE, raw_bytes
-from ..registry import import_submodules, register
+from ..registry import import_submodules, registering
 
 class Value(str):
     """An ONNX value name with the traced shape and dtype (``None`` when not known)."""
@@ -61,13 +61,7 @@ EMITTERS: dict[Any, EmitterFn] = {}
 
 def emits(*targets):
     """Register ``fn`` as the ONNX emitter of each ATen overload (or callable) in ``targets`` (once per target)."""
-
-    def add(fn: EmitterFn) -> EmitterFn:
-        for target in targets:
-            register(EMITTERS, target, fn, "emitters for")
-        return fn
-
-    return add
+    return registering(EMITTERS, targets, "emitters for")
 
 
 def import_all_emitters() -> None:

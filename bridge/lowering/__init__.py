@@ -8,12 +8,13 @@ Indices output, SoftmaxCrossEntropyLoss) with ops that it accepts.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import torch
 from torch._decomp import core_aten_decompositions
 
-from ..registry import import_submodules, register
+from ..registry import import_submodules, registering
 
 
 class LoweringFn(Protocol):
@@ -29,13 +30,7 @@ LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
 
 def lowers(*ops: torch._ops.OpOverload):
     """Register ``fn`` as bridge's decomposition of each ATen overload in ``ops`` (once per overload)."""
-
-    def add(fn: LoweringFn) -> LoweringFn:
-        for op in ops:
-            register(LOWERINGS, op, fn, "lowerings for ATen op")
-        return fn
-
-    return add
+    return registering(LOWERINGS, ops, "lowerings for ATen op")
 
 
 def import_all_lowerings() -> None:
@@ -46,6 +41,14 @@ def import_all_lowerings() -> None:
 def decomposition_table() -> dict:
     """torch's core-ATen decompositions, with bridge's lowerings in place of torch's for their ops."""
     import_all_lowerings()
-    table = dict(core_aten_decompositions())
+    table = dict(_core_aten_decompositions())
     table.update(LOWERINGS)
     return table
+
+
+@functools.cache
+def _core_aten_decompositions() -> dict:
+    """torch's core-ATen table, materialised once per process: torch collects it by walking every
+    op namespace (measured: 0.04 s of CPU per call, 0.12 s the first), and a conversion traces
+    at least twice (training and eval step)."""
+    return dict(core_aten_decompositions())

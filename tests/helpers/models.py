@@ -20,13 +20,7 @@ def matmul_add_mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         helper.make_node("Relu", ["h1"], ["a"], name="act"),
         helper.make_node("MatMul", ["a", "W2"], ["y"], name="fc2"),
     ]
-    graph = helper.make_graph(
-        nodes, "matmul_add_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
-        [numpy_helper.from_array(v, k) for k, v in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weights
+    return _float_model("matmul_add_mlp", nodes, ("x", [4, 6]), ("y", [4, 3]), weights, 17), weights
 
 
 def gemm_mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -41,10 +35,17 @@ def gemm_mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         helper.make_node("Sigmoid", ["h"], ["a"], name="act"),
         helper.make_node("Gemm", ["a", "W"], ["y"], name="gemm2", alpha=1.5),
     ]
+    return _float_model("gemm_mlp", nodes, ("xt", [5, 3]), ("y", [3, 5]), weights, 13), weights
+
+
+def _float_model(name: str, nodes: list[onnx.NodeProto], x: tuple[str, list[int]], y: tuple[str, list[int]],
+                 weights: dict[str, np.ndarray], opset: int) -> onnx.ModelProto:
+    """A float32 model of ``nodes`` with one input ``x`` and one output ``y`` (name, shape), ``weights``
+    as initializers."""
     graph = helper.make_graph(
-        nodes, "gemm_mlp",
-        [helper.make_tensor_value_info("xt", TensorProto.FLOAT, [5, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
+        nodes, name,
+        [helper.make_tensor_value_info(x[0], TensorProto.FLOAT, x[1])],
+        [helper.make_tensor_value_info(y[0], TensorProto.FLOAT, y[1])],
         [numpy_helper.from_array(v, k) for k, v in weights.items()],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), weights
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -10,6 +10,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from bridge.from_torch import HFLogits
+
 from .exporters import has_batchnorm
 from .harness import dropout_off, perturb
 
@@ -23,17 +25,6 @@ BATCHES = (1, 3, 16)
 BATCHNORM_BATCHES = (3, 16)
 
 Built = tuple[torch.nn.Module, dict[str, np.ndarray], np.ndarray, str]
-
-
-class _HFOutput(torch.nn.Module):
-    """An HF model called with ``input_ids`` and ``attention_mask``, returning its logits."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
 
 def _text_batch(seed: int) -> dict[str, np.ndarray]:
@@ -54,7 +45,7 @@ def bert() -> Built:
     config = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=16, num_labels=3, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0, attn_implementation="eager")
-    module = perturb(_HFOutput(BertForSequenceClassification(config)), 0)
+    module = perturb(HFLogits(BertForSequenceClassification(config)), 0)
     return module, _text_batch(0), _classes(0, 3), "ce"
 
 
@@ -64,7 +55,7 @@ def distilbert() -> Built:
     config = DistilBertConfig(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=16,
                               num_labels=3, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
                               attn_implementation="eager")
-    module = perturb(_HFOutput(DistilBertForSequenceClassification(config)), 1)
+    module = perturb(HFLogits(DistilBertForSequenceClassification(config)), 1)
     return module, _text_batch(1), _classes(1, 3), "ce"
 
 
@@ -74,7 +65,7 @@ def gpt2() -> Built:
     torch.manual_seed(2)
     config = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=16, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
-    module = perturb(_HFOutput(GPT2LMHeadModel(config)), 2)
+    module = perturb(HFLogits(GPT2LMHeadModel(config)), 2)
     return module, _text_batch(2), _classes(2, VOCAB, (BATCH, SEQ)), "ce"
 
 

@@ -29,34 +29,19 @@ def _reduce(b: GraphBuilder, node, onnx_op: str, x: Value, dims, keepdim: bool, 
     return reduced if keepdim and not flattened else b.reshape(reduced, list(node.meta["val"].shape))
 
 
-@emits(aten.sum.dim_IntList)
-def sum_dims(b, node, x, dims, keepdim=False, dtype=None):
-    return _reduce(b, node, "ReduceSum", x, dims, keepdim, dtype)
+# The ONNX reduction of each ATen reduction the two emitters below serve.
+_ONNX_REDUCE = {aten.sum.dim_IntList: "ReduceSum", aten.sum.default: "ReduceSum", aten.mean.dim: "ReduceMean",
+                aten.mean.default: "ReduceMean", aten.amax.default: "ReduceMax", aten.amin.default: "ReduceMin"}
 
 
-@emits(aten.sum.default)
-def sum_all(b, node, x, dtype=None):
-    return _reduce(b, node, "ReduceSum", x, None, False, dtype)
+@emits(aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default)
+def reduce_dims(b, node, x, dims=(), keepdim=False, dtype=None):
+    return _reduce(b, node, _ONNX_REDUCE[node.target], x, dims, keepdim, dtype)
 
 
-@emits(aten.mean.dim)
-def mean_dims(b, node, x, dims, keepdim=False, dtype=None):
-    return _reduce(b, node, "ReduceMean", x, dims, keepdim, dtype)
-
-
-@emits(aten.mean.default)
-def mean_all(b, node, x, dtype=None):
-    return _reduce(b, node, "ReduceMean", x, None, False, dtype)
-
-
-@emits(aten.amax.default)
-def amax(b, node, x, dims=(), keepdim=False):
-    return _reduce(b, node, "ReduceMax", x, dims, keepdim)
-
-
-@emits(aten.amin.default)
-def amin(b, node, x, dims=(), keepdim=False):
-    return _reduce(b, node, "ReduceMin", x, dims, keepdim)
+@emits(aten.sum.default, aten.mean.default)
+def reduce_all(b, node, x, dtype=None):
+    return _reduce(b, node, _ONNX_REDUCE[node.target], x, None, False, dtype)
 
 
 @emits(aten.prod.dim_int)
