@@ -102,7 +102,7 @@ class StepChecks:
 
 def nonfinite_outputs(results: Mapping[str, np.ndarray], names: list[str]) -> list[str]:
     """The outputs among ``names`` that hold a NaN or an infinity."""
-    return [name for name in names if np.issubdtype(np.asarray(results[name]).dtype, np.floating)
+    return [name for name in names if np.asarray(results[name]).dtype.kind == "f"  # issubdtype: 10x slower
             and not np.isfinite(results[name]).all()]
 
 

@@ -89,8 +89,12 @@ def _sgd(p, g, s, step, lr, momentum, dampening, weight_decay, nesterov, maximiz
     g = _direction(g, maximize)
     p, g = _weight_decay(p, g, lr, weight_decay)
     if momentum:
-        # torch starts the buffer at the first gradient (step 1), then decays it.
-        buf = torch.where(step <= 1, g, momentum * s["momentum_buffer"] + (1 - dampening) * g)
+        # torch starts the buffer at the first gradient (step 1), then decays it. Without dampening
+        # the decayed zero initial buffer is that gradient (0 + g == g): no select, no scaling by 1.
+        if dampening:
+            buf = torch.where(step <= 1, g, momentum * s["momentum_buffer"] + (1 - dampening) * g)
+        else:
+            buf = momentum * s["momentum_buffer"] + g
         s["momentum_buffer"] = buf
         g = g + momentum * buf if nesterov else buf
     return p - lr * g, s
@@ -103,14 +107,17 @@ def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoup
     s["exp_avg"] = _lerp(s["exp_avg"], g, 1 - beta1)
     s["exp_avg_sq"] = s["exp_avg_sq"] * beta2 + (1 - beta2) * g * g
     step64 = _f64(step)
-    step_size = (_f64(lr) / (1 - torch.pow(beta1, step64))).to(p.dtype)
-    bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64)).to(p.dtype)
+    bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64))
+    # torch: p + (-step_size * exp_avg) / (sqrt(second) / bias_correction2_sqrt + eps); numerator and
+    # denominator multiplied by bias_correction2_sqrt in the per-step float64 scalars, so each weight
+    # takes one full-size pass fewer (5 instead of 6); float32 rounding measured in benchmarks/RESULTS.md.
+    step_size = (-_f64(lr) / (1 - torch.pow(beta1, step64)) * bias_correction2_sqrt).to(p.dtype)
+    scaled_eps = (eps * bias_correction2_sqrt).to(p.dtype)
     second = s["exp_avg_sq"]
     if amsgrad:
         s["max_exp_avg_sq"] = torch.maximum(s["max_exp_avg_sq"], s["exp_avg_sq"])
         second = s["max_exp_avg_sq"]
-    denom = torch.sqrt(second) / bias_correction2_sqrt + eps
-    return p - step_size * (s["exp_avg"] / denom), s
+    return p + step_size * s["exp_avg"] / (torch.sqrt(second) + scaled_eps), s
 
 
 def _rmsprop(p, g, s, step, lr, alpha, eps, weight_decay, momentum, centered, maximize, **_):
@@ -125,7 +132,7 @@ def _rmsprop(p, g, s, step, lr, alpha, eps, weight_decay, momentum, centered, ma
     if momentum > 0:
         s["momentum_buffer"] = s["momentum_buffer"] * momentum + g / avg
         return p - lr * s["momentum_buffer"], s
-    return p - lr * (g / avg), s
+    return p + -lr * g / avg, s  # torch's addcdiv: (-lr * grad) / avg, then added
 
 
 def _adagrad(p, g, s, step, lr, lr_decay, weight_decay, eps, maximize, **_):

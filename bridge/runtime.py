@@ -209,10 +209,14 @@ class OrtGraph:
             self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
+        # The feed below holds every input by construction (KeyError otherwise), so the run skips
+        # InferenceSession.run's Python re-validation of it (a pybind lookup per input and a list
+        # search: ~0.1 ms a step, 5-10% of a small model's step, measured on the benchmarks' MLP).
+        self._run = self.session._sess.run
 
     def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {name: feed[name] for name in self.input_names}
-        return dict(zip(self.output_names, self.session.run(self.output_names, feed)))
+        return dict(zip(self.output_names, self._run(self.output_names, feed, None)))
 
 
 class EvalGraph:
