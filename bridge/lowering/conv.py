@@ -11,9 +11,10 @@ reshape/permute, ``add`` and ``flip``:
     that a stride-1 Conv with the spatially flipped, in/out-swapped weight (per group) and the
     forward dilation lands exactly on the input positions, padding with zeros where the
     forward output floored.
-  - ``gemm`` (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``, one
-    ``[N, Cin, O]`` part per kernel offset, added back onto the input positions by
-    ``scatter_windows`` (col2im): no weight-sized flip or transpose, which dominate deep layers.
+  - ``gemm`` (groups 1): the columns ``weight^T [Cin*K, Cout] @ grad_output [Cout, N*O]``, one
+    ``[Cin, N, O]`` part per kernel offset, added back onto the input positions by
+    ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose to ``[N, Cin, L]``:
+    no flip or transpose of the weight as a Conv's, which dominate deep layers.
 * ``weight_grad``, forms picked by ``weight_grad_form``:
   - ``conv``: a Conv whose batch and channel roles are swapped: the input, as
     ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
@@ -24,6 +25,8 @@ reshape/permute, ``add`` and ``flip``:
     MatMul ``grad_output [Cout, N*O] @ columns`` (inner dimension N*O); stacked channel-major
     the product is the weight's layout, stacked offset-major (a cheaper Concat) it needs a
     transpose of the weight.
+  - ``taps`` (groups 1): the same windows, one MatMul ``grad_output [Cout, N*O] @ window
+    [N*O, Cin]`` per kernel offset, the ``K`` products stacked: no columns Concat.
 * ``grad_bias``: a sum over batch and spatial dims.
 """
 from __future__ import annotations
@@ -137,6 +140,16 @@ def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | N
     return aten.reshape.default(y, [n, c] + [size * s for size, s in zip(sizes, stride)])
 
 
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """``[N, C, L...]`` -> ``[N, L..., C]``."""
+    return aten.permute.default(x, [0] + list(range(2, x.dim())) + [1])
+
+
+def _channel_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[N, C, L...]`` -> ``[C, N*L]``."""
+    return aten.reshape.default(aten.permute.default(x, [1, 0] + list(range(2, x.dim()))), [x.shape[1], -1])
+
+
 def _swapped_flipped_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """``[g*Co, Ci, k...]`` -> ``[g*Ci, Co, k...]`` flipped spatially (the transposed kernel)."""
     out_channels, in_per_group, kernel = weight.shape[0], weight.shape[1], list(weight.shape[2:])
@@ -193,41 +206,30 @@ def _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation,
 
 
 def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
-    """col2im (groups 1): columns ``[N*O, Cin*K] = grad_output^T @ weight``, scattered back per offset."""
+    """col2im (groups 1): columns ``[Cin*K, N*O] = weight^T @ grad_output``, scattered back per offset.
+
+    The columns are channel-before-batch, so each offset's part ``[Cin, N, O...]`` is a slice of
+    ``N*O``-long rows and the scatter runs with batch and channel roles swapped; one Transpose of
+    input size at the end instead of one of the ``K``-times larger columns (which onnxruntime's
+    transpose optimizer also split into one Transpose per offset). The weight is transposed as a
+    2-D ``[Cout, Cin*K]`` matrix: onnxruntime's 3-D ``[Cout, Cin, K] -> [K, Cin, Cout]`` Transpose
+    took 0.2-0.5 s per 512x512x3x3 weight.
+    """
     rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    rows = aten.permute.default(grad_output, [0] + list(range(2, 2 + rank)) + [1])  # [N, O..., Cout]
-    rows = aten.reshape.default(rows, [-1, out_channels])
-    cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))
-    cols = aten.reshape.default(cols, [-1] + outputs + [in_channels, count])
-    cols = aten.permute.default(cols, [rank + 2, 0, rank + 1] + list(range(1, rank + 1)))  # [K, N, Cin, O...]
-    parts = [aten.select.int(cols, 0, j) for j in range(count)]
-    return scatter_windows(parts, input_size, kernel, stride, padding, dilation)
+    w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_channels * count]), [1, 0])
+    cols = aten.mm.default(w, _channel_rows(grad_output))
+    cols = aten.reshape.default(cols, [in_channels, count, -1] + outputs)  # [Cin, K, N, O...]
+    parts = [aten.select.int(cols, 1, j) for j in range(count)]
+    swapped = scatter_windows(parts, input_size, kernel, stride, padding, dilation)  # [Cin, N, L...]
+    return aten.permute.default(swapped, [1, 0] + list(range(2, 2 + rank)))
 
 
 def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
                     stride: Sequence[int]) -> str:
-    """How ``input_grad`` computes a Conv's input gradient, chosen by measurement.
-
-    Each form as exported alone, in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling
-    thread, A/B alternating, median of 31; the 2-core machine was shared), ``gemm`` relative to
-    ``conv`` (batch 8 unless noted; notes/igrad.py of issue 18; O: output positions per sample):
-
-    | shape class (Cin-Cout @ input size) | O   | conv ms | gemm / conv |
-    | ----------------------------------- | --- | ------- | ----------- |
-    | 3x3 s1, 64-64 @16                   | 256 |  2.5    | 5.69        |
-    | 3x3 s1, 16-32 @16 (batch 16)        | 256 |  1.4    | 4.08        |
-    | 3x3 s2, 64-128 @16                  |  64 |  7.7    | 1.31        |
-    | 3x3 s1, 128-128 @8                  |  64 |  5.7    | 2.28        |
-    | 3x3 s2, 128-256 @8                  |  16 |  6.3    | 0.83        |
-    | 3x3 s1, 256-256 @4                  |  16 |  6.2    | 0.95        |
-    | 3x3 s2, 256-512 @4                  |   4 | 13.1    | 0.41        |
-    | 3x3 s1, 512-512 @2                  |   4 | 28.6    | 0.27        |
-    | 1x1 s2, 64-128 @16                  |  64 |  3.2    | 0.61        |
-    | 1x1 s2, 256-512 @4                  |   4 |  3.6    | 0.27        |
-    | 1x1 s1, 16-72 @16                   | 256 |  0.1    | 3.09        |
-    | 1x1 s1, 96-576 @2 / 576-96 @2       |   4 |  0.7    | 0.21 / 0.24 |
+    """How ``input_grad`` computes a Conv's input gradient, chosen by measurement per shape class
+    (single-op graphs in onnxruntime; the table is in docs/lowerings/conv_pool.md).
 
     ``conv`` flips and transposes the whole weight and, when strided, convolves a zero-inserted
     gradient (most products are with zeros); ``gemm`` pays a per-offset scatter of input size.
@@ -241,59 +243,38 @@ def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outpu
 
 
 def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
-    """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement.
+    """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement per shape class
+    (single-op graphs in onnxruntime; the table is in docs/lowerings/conv_pool.md).
 
-    Single-op graphs in onnxruntime 1.32 (1 intra-op thread, CPU time of the calling thread, A/B
-    alternating, median of 31; the 2-core machine was shared), time relative to ``conv`` (batch 8
-    unless noted; notes/forms.py of issue 18: ``gemm`` channel-major, ``offset`` offset-major):
-
-    | shape class (Cin-Cout @ input size) | conv ms | gemm | offset |
-    | ----------------------------------- | ------- | ---- | ------ |
-    | 7x7 s2, 3-64 @64 (resnet18 stem)    |  4.5    | 2.98 | 2.73   |
-    | 3x3 s2, 3-16 @64 (mobilenet stem)   |  1.3    | 1.40 | 1.51   |
-    | 3x3 s1, 3-16 @32 (batch 16)         |  1.6    | 1.18 | 1.17   |
-    | 3x3 s1, 16-32 @16 (batch 16)        |  2.5    | 1.12 | 1.05   |
-    | 3x3 s1, 64-64 @16                   |  6.9    | 0.95 | 0.73   |
-    | 3x3 s2, 64-128 @16                  |  2.6    | 0.67 | 0.65   |
-    | 3x3 s1, 128-128 @8                  |  3.9    | 0.88 | 0.73   |
-    | 3x3 s2, 128-256 @8                  |  4.3    | 0.45 | 0.44   |
-    | 3x3 s1, 256-256 @4                  |  6.5    | 0.55 | 0.54   |
-    | 3x3 s2, 256-512 @4                  |  8.6    | 0.24 | 0.25   |
-    | 3x3 s1, 512-512 @2                  |  9.9    | 0.37 | 0.42   |
-    | 1x1 s2, 64-128 @16 / 256-512 @4     | 1.8/2.7 | 0.18/0.11 (one form at K=1) |
-    | 1x1 s1, 16-72 @16 / 96-576 @2       | 0.7/0.4 | 0.38/0.62 |
-
-    The ``conv`` form's inner dimension is the batch; the im2col forms' is ``N * O``, at the
-    price of ``K`` strided slices of the input: with few channels the slices and the Concat
-    cost more than the GEMM saves. Offset-major stacking is the cheaper Concat; channel-major
-    needs no transpose of the weight afterwards, which wins where the weight dominates (O <= 4).
+    The ``conv`` form's inner dimension is the batch; the others' is ``N * O``, at the price of
+    ``K`` strided slices of the input: with few input channels (an RGB stem) the slices cost
+    more than the GEMM saves. ``taps`` (one MatMul per offset) skips the columns' Concat, which
+    wins while the output plane is large (``O >= 64``); below it the ``K`` weight-sized products
+    cost more, and one im2col MatMul wins: offset-major stacking is the cheaper Concat,
+    channel-major needs no transpose of the weight afterwards (the weight dominates at ``O <= 4``).
     Grouped (depthwise) Convs keep ``conv``.
     """
     if groups != 1:
         return "conv"
     if math.prod(kernel) == 1:
         return "gemm"
-    if in_channels < 32:
+    if in_channels < 16:
         return "conv"
+    if math.prod(outputs) >= 64:
+        return "taps"
     return "gemm" if math.prod(outputs) <= 4 else "gemm_offset_major"
 
 
-def weight_grad(
-    grad_output: torch.Tensor,
-    x: torch.Tensor,
-    weight_size: Sequence[int],
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-    form: str | None = None,
-) -> torch.Tensor:
+def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None) -> torch.Tensor:
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: ``weight_grad_form``'s choice)
-    is ``conv``, ``gemm`` or ``gemm_offset_major`` (see the module docstring)."""
+    is ``conv``, ``taps``, ``gemm`` or ``gemm_offset_major`` (see the module docstring)."""
     kernel = list(weight_size[2:])
     form = form or weight_grad_form(x.shape[1], groups, kernel, _spatial(grad_output))
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
+    if form == "taps":
+        return _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation)
     return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, form == "gemm_offset_major")
 
 
@@ -319,17 +300,24 @@ def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, of
     rank, in_channels, out_channels = x.dim() - 2, x.shape[1], grad_output.shape[1]
     kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    last = aten.permute.default(x, [0] + list(range(2, 2 + rank)) + [1])  # [N, L..., Cin]
-    windows = window_slices(last, kernel, stride, padding, dilation, outputs, first=1)
+    windows = window_slices(_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
     axis = rank + 1 if offset_major else rank + 2  # stack before Cin (offset-major) or after it
     cols = windows[0] if count == 1 else aten.cat.default([aten.unsqueeze.default(w, axis) for w in windows], axis)
     cols = aten.reshape.default(cols, [-1, in_channels * count])
-    gs = aten.permute.default(grad_output, [1, 0] + list(range(2, 2 + rank)))
-    gs = aten.reshape.default(gs, [out_channels, -1])
-    product = aten.mm.default(gs, cols)  # [Cout, K*Cin] offset-major, [Cout, Cin*K] channel-major
+    product = aten.mm.default(_channel_rows(grad_output), cols)  # [Cout, K*Cin] offset-major, [Cout, Cin*K] channel-major
     if offset_major and count > 1:
         product = aten.permute.default(aten.reshape.default(product, [out_channels, count, in_channels]), [0, 2, 1])
     return aten.reshape.default(product, list(weight_size))
+
+
+def _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    """Per kernel offset (groups 1): ``grad_output [Cout, N*O] @ window [N*O, Cin]``, the ``K``
+    products ``[Cout, Cin]`` stacked into the weight's layout; no ``[N*O, Cin*K]`` columns."""
+    in_channels, kernel, outputs = x.shape[1], list(weight_size[2:]), _spatial(grad_output)
+    gs = _channel_rows(grad_output)
+    windows = window_slices(_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
+    products = [aten.unsqueeze.default(aten.mm.default(gs, aten.reshape.default(w, [-1, in_channels])), 2) for w in windows]
+    return aten.reshape.default(aten.cat.default(products, 2), list(weight_size))
 
 
 def transposed_output_size(

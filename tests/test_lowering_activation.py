@@ -1,0 +1,17 @@
+"""bridge.lowering.activation against ATen, eagerly in float64 (end to end: the op database's Relu rows)."""
+import pytest
+import torch
+
+from bridge.lowering.activation import threshold_backward
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.25, -0.5])
+def test_threshold_backward_matches_aten(threshold):
+    """Values exactly at the threshold (and at 0) take no gradient, as in torch."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    x[0, 0, :2] = torch.tensor([threshold, 0.0], dtype=torch.float64)
+    grad = torch.randn_like(x)
+    assert torch.equal(threshold_backward(grad, x, threshold), aten.threshold_backward(grad, x, threshold))
