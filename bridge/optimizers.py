@@ -111,13 +111,13 @@ def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoup
     # torch: p + (-step_size * exp_avg) / (sqrt(second) / bias_correction2_sqrt + eps); numerator and
     # denominator multiplied by bias_correction2_sqrt in the per-step float64 scalars, so each weight
     # takes one full-size pass fewer (5 instead of 6); float32 rounding measured in benchmarks/RESULTS.md.
-    step_size = (-_f64(lr) / (1 - torch.pow(beta1, step64)) * bias_correction2_sqrt).to(p.dtype)
+    scaled_step = (-_f64(lr) / (1 - torch.pow(beta1, step64)) * bias_correction2_sqrt).to(p.dtype)
     scaled_eps = (eps * bias_correction2_sqrt).to(p.dtype)
     second = s["exp_avg_sq"]
     if amsgrad:
         s["max_exp_avg_sq"] = torch.maximum(s["max_exp_avg_sq"], s["exp_avg_sq"])
         second = s["max_exp_avg_sq"]
-    return p + step_size * s["exp_avg"] / (torch.sqrt(second) + scaled_eps), s
+    return p + scaled_step * s["exp_avg"] / (torch.sqrt(second) + scaled_eps), s
 
 
 def _rmsprop(p, g, s, step, lr, alpha, eps, weight_decay, momentum, centered, maximize, **_):
