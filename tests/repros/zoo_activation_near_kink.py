@@ -18,7 +18,9 @@ channels on 2x2 maps): element [0, 212, 0, 0], whose BatchNorm output is +8.8e-6
 -1.1e-5 in IREE (the two runtimes' BatchNorm outputs differ by 1.4e-5 median, 1.2e-4 at most, on a
 scale of 3.1: float32 rounding of a deep BatchNorm net), so IREE's ReLU6 drops a gradient of 8% of
 that tensor's scale; 1 of 15360 elements, and every gradient upstream differs from onnxruntime's by
-1-16% of its scale. At batch 2 no element is that close to a kink and IREE matches onnxruntime.
+1-16% of its scale. At batch 2 (a fresh draw of rows; features.18's closest input 7.3e-5 from 0) the
+same compiled module matches onnxruntime. An element listed here is at risk, not proven flipped:
+resnet18 at batch 3 has some and its IREE step matches (both runtimes round to the same side).
 """
 from __future__ import annotations
 
