@@ -28,7 +28,8 @@ system-deps:
 
 # Two workers: the machines here have 2 cores. loadgroup hands each test to whichever worker is
 # free, in the order tests/conftest.py gives (slow tests first, so none ends up alone at the tail),
-# and keeps the tests of one expensive module-scoped fixture on one worker (tests/conftest.py).
+# and keeps the tests of one expensive module-scoped fixture on one worker; each worker runs torch
+# on one thread (tests/conftest.py).
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15
 
 test: $(STAMP) system-deps
