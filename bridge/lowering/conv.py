@@ -11,7 +11,7 @@ reshape/permute, ``add`` and ``flip``:
     that a stride-1 Conv with the spatially flipped, in/out-swapped weight (per group) and the
     forward dilation lands exactly on the input positions, padding with zeros where the
     forward output floored.
-  - ``gemm`` (groups 1): the columns ``weight^T [Cin*K, Cout] @ grad_output [Cout, N*O]``, one
+  - ``gemm`` (groups 1): the columns ``(grad_output^T [N*O, Cout] @ weight [Cout, K*Cin])^T``, one
     ``[Cin, N, O]`` part per kernel offset, added back onto the input positions by
     ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose to ``[N, Cin, L]``:
     no flip or transpose of the weight as a Conv's, which dominate deep layers.
@@ -206,22 +206,26 @@ def _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation,
 
 
 def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
-    """col2im (groups 1): columns ``[Cin*K, N*O] = weight^T @ grad_output``, scattered back per offset.
+    """col2im (groups 1): columns ``grad_output^T [N*O, Cout] @ weight [Cout, K*Cin]`` (the weight
+    offset-major), transposed to ``[K*Cin, N*O]`` and scattered back per offset.
 
-    The columns are channel-before-batch, so each offset's part ``[Cin, N, O...]`` is a slice of
-    ``N*O``-long rows and the scatter runs with batch and channel roles swapped; one Transpose of
-    input size at the end instead of one of the ``K``-times larger columns (which onnxruntime's
-    transpose optimizer also split into one Transpose per offset). The weight is transposed as a
-    2-D ``[Cout, Cin*K]`` matrix: onnxruntime's 3-D ``[Cout, Cin, K] -> [K, Cin, Cout]`` Transpose
-    took 0.2-0.5 s per 512x512x3x3 weight.
+    Offset-major, channel-before-batch columns make each offset's part ``[Cin, N, O...]`` a
+    contiguous slice, and the scatter runs with batch and channel roles swapped; then one
+    Transpose of input size. The columns' Transpose is 2-D: onnxruntime's multi-axis Transposes
+    are slow (the former 5-D one of the columns, which its transpose optimizer also split into one
+    per offset; a 3-D ``[Cout, Cin, K] -> [K, Cin, Cout]`` of the weight took 0.2-0.5 s per
+    512x512x3x3 weight). Channel-major columns ``[Cin, K, N, O...]`` sliced along axis 1 (with the
+    weight's Transpose or the columns') were miscompiled by IREE at a symbolic batch (gradients
+    off by 100%, tests/test_conv.py's WideCNN at batch 3; cause not isolated); this form matches.
     """
     rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_channels * count]), [1, 0])
-    cols = aten.mm.default(w, _channel_rows(grad_output))
-    cols = aten.reshape.default(cols, [in_channels, count, -1] + outputs)  # [Cin, K, N, O...]
-    parts = [aten.select.int(cols, 1, j) for j in range(count)]
+    rows = aten.reshape.default(_channels_last(grad_output), [-1, out_channels])
+    w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_channels, count]), [0, 2, 1])
+    cols = aten.mm.default(rows, aten.reshape.default(w, [out_channels, count * in_channels]))
+    cols = aten.reshape.default(aten.permute.default(cols, [1, 0]), [count, in_channels, -1] + outputs)  # [K, Cin, N, O...]
+    parts = [aten.select.int(cols, 0, j) for j in range(count)]
     swapped = scatter_windows(parts, input_size, kernel, stride, padding, dilation)  # [Cin, N, L...]
     return aten.permute.default(swapped, [1, 0] + list(range(2, 2 + rank)))
 
