@@ -175,6 +175,13 @@ XFAIL: dict[str, str] = {
     # elements, by up to 3.0 on a scale of 18 (allowed 0.019: twice torch's float32 noise at this batch).
     "mobilenet_v2-dynamic": "IREE's stem-Conv weight gradient is up to 16% of its scale off onnxruntime's at the "
                             "symbolic batch (uninvestigated)",
+    # Measured once (2026-11-30, loaded machine, GEMM/scatter forms), not yet localized: IREE's
+    # grad_features.denseblock2.denselayer4.conv1.weight (a 1x1 Conv, 224 -> 128 channels at 8x8;
+    # the first mismatching key reported) has an element 20.9% of the tensor's scale off
+    # onnxruntime's at batch 3. Not reproduced alone: that Conv after BatchNorm+ReLU, and a
+    # 4-layer dense block (128 channels at 8x8), both at the symbolic batch, match onnxruntime to 5e-7.
+    "densenet121-dynamic": "IREE's weight gradient of denseblock2.denselayer4.conv1 (1x1 Conv) is 21% of its scale "
+                           "off onnxruntime's at the symbolic batch (not reproduced in isolation)",
 }
 
 
