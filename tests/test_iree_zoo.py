@@ -185,6 +185,19 @@ XFAIL: dict[str, str] = {
                             "onnxruntime at batch 3 (not a compiler defect)",
     "resnet18d-dynamic": "ReLU inputs within float32 rounding of 0 in layer4.0 at batch 3 (batches 2 and 4 match; "
                          "not a compiler defect)",
+    # Measured once (2026-11-30, loaded machine, GEMM/scatter forms), not yet localized: IREE's
+    # grad_features.denseblock2.denselayer4.conv1.weight (a 1x1 Conv, 224 -> 128 channels at 8x8;
+    # the first mismatching key reported) has an element 20.9% of the tensor's scale off
+    # onnxruntime's at batch 3. Not reproduced alone: that Conv after BatchNorm+ReLU, and a
+    # 4-layer dense block (128 channels at 8x8), both at the symbolic batch, match onnxruntime to 5e-7;
+    # transition1 + the whole 12-layer denseblock2 (256 channels in, 16x16) to 2.1e-6.
+    "densenet121-dynamic": "IREE's weight gradient of denseblock2.denselayer4.conv1 (1x1 Conv) is 21% of its scale "
+                           "off onnxruntime's at the symbolic batch (not reproduced in isolation)",
+    # Measured once (2026-11-30, loaded machine, GEMM/scatter forms): the irstem cases' symptom.
+    # grad_conv1.0.weight (stem Conv, 3 -> 24 channels, 3x3 stride 2) differs from onnxruntime in
+    # 530 of 648 elements, by up to 0.24 on a scale of ~6 (allowed 0.017) at batch 3.
+    "shufflenet_v2_x0_5-dynamic": "IREE's stem-Conv weight gradient is up to 4% of its scale off onnxruntime's at "
+                                  "the symbolic batch (as mobilenet_v2-dynamic)",
 }
 
 
