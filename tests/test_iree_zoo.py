@@ -165,9 +165,16 @@ XFAIL: dict[str, str] = {
     # resnet18-static (zoo, batch 2) was one until the Conv backward forms changed: IREE silently
     # miscomputed the graph bridge emitted before (docs/onnx-mlir.md section 5, cause not found); the
     # GEMM/scatter forms compute right, so a regression to a wrong step fails this test.
-    # vgg11_bn-static, mobilenet_v2-dynamic and resnet18d-dynamic were strict xfails until the zoo drew its
-    # data off ReLU kinks and max-pool ties (zoo.harness.safe_rows; docs/onnx-mlir.md section 7): at a
-    # decision within float32 rounding IREE and onnxruntime routed one element's gradient differently.
+    # vgg11_bn-static and mobilenet_v2-dynamic were strict xfails until the zoo drew their data off ReLU
+    # kinks and max-pool ties (zoo.harness.safe_rows, torch_models.OFF_DECISIONS; docs/onnx-mlir.md
+    # section 7): at a decision within float32 rounding IREE and onnxruntime routed one element's
+    # gradient differently.
+    # resnet18d: the same compiled module matches onnxruntime at batch 2 and 4; at 3 every gradient from
+    # layer4.0 upstream differs (0.2-7.5%). Two ReLU inputs of layer4.0 are within float32 error of 0 in
+    # that draw, but with data drawn off every decision (batch 2 and 3, NOISE_FACTOR x RMS float32 error)
+    # IREE's grad_conv1.0.weight still differs from onnxruntime's by 0.08 (860 of 864 elements): cause open.
+    "resnet18d-dynamic": "at batch 3 every gradient from layer4.0 upstream differs from onnxruntime (0.2-7.5%); "
+                         "not explained by a ReLU or max-pool decision (cause open)",
 }
 
 
@@ -189,7 +196,7 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
     from test_zoo_vision import ALLOWED_MISMATCH, BATCH_RTOL
     from zoo.exporters import SYMBOLIC_BATCH, export
     from zoo.harness import Case, batch_rows, module_oracle, name_map
-    from zoo.torch_models import DECISIONS_IN_EVERY_DRAW, TEXT, VISION
+    from zoo.torch_models import OFF_DECISIONS, TEXT, VISION
 
     module, inputs, target, loss = {**TEXT, **VISION, **TORCHVISION}[name]()
     path = export(module, inputs, SYMBOLIC_BATCH, tmp_path / "model.onnx", dynamic_batch=True)
@@ -198,8 +205,8 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
                                  dynamic_batch=mode == "dynamic")
     if mode == "dynamic":  # a batch size the graph was not traced with (one more: BatchNorm on 1x1 maps
         batch = len(target) + 1  # at batch 3 is too ill-conditioned for float32, docs/dynamic_batch.md)
-        # rows off every decision (zoo.harness.safe_rows) for the zoo's vision models, as the zoo draws them
-        off = name in VISION and name not in DECISIONS_IN_EVERY_DRAW
+        # rows off every decision (zoo.harness.safe_rows) for OFF_DECISIONS models, as the zoo draws them
+        off = name in OFF_DECISIONS
         inputs, target = batch_rows(inputs, target, batch, module if off else None, name)
     mapping, _ = name_map(module, path)
     rtol = BATCH_RTOL.get(name, {}).get(len(target), 1e-4) if mode == "dynamic" else 1e-4

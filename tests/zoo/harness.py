@@ -77,7 +77,7 @@ class Case:
     rebatch: Callable[[dict[str, np.ndarray], np.ndarray], Callable] | None = None
     batch_rtol: dict[int, float] = field(default_factory=dict)
     # the torch module whose float64 forward ``batches`` keep off decisions (``safe_rows``; None:
-    # hand-built ONNX, or a model every draw of which has some, ``torch_models.DECISIONS_IN_EVERY_DRAW``)
+    # hand-built ONNX, or a model not in ``torch_models.OFF_DECISIONS``)
     module: torch.nn.Module | None = None
 
 

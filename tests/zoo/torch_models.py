@@ -94,11 +94,14 @@ def _image_batch(seed: int, size: int, attempt: int = 0) -> dict[str, np.ndarray
     return {"x": rng.standard_normal((BATCH, 3, size, size)).astype(np.float32)}
 
 
-# Models whose every draw has ReLU inputs or max-pool windows at a decision (within NOISE_FACTOR x
-# float32 error, zoo.harness.near_decisions; measured at batch 2, 4 draws each: densenet121 9-27
-# elements, googlenet 8-13): their data is drawn as is, and ALLOWED_MISMATCH / BATCH_RTOL of
-# tests/test_zoo_vision.py cover what rounding routes differently.
-DECISIONS_IN_EVERY_DRAW = ("densenet121", "googlenet")
+# Models whose data is drawn off decisions (``zoo.harness.safe_rows``): those whose first step was
+# measured to flip between two float32 runtimes at a ReLU/ReLU6 kink or a max-pool tie (IREE vs
+# onnxruntime, docs/onnx-mlir.md section 7). resnet18d is not one: drawn off decisions, its dynamic
+# IREE step at batch 3 still differs (grad_conv1.0.weight 0.08 off), so its cause is open. The others keep
+# their plain draw: every draw of densenet121 and googlenet has elements at a decision (measured at
+# batch 2, 4 draws each: 9-27 and 8-13; their ALLOWED_MISMATCH covers it), and the check costs a
+# float64 and a float32 forward per draw (mobilenet_v2: ~3 s on a quiet core, 26 s under load).
+OFF_DECISIONS = ("mobilenet_v2", "vgg11_bn")
 
 
 def _vision(factory: Callable[[], torch.nn.Module], seed: int, size: int = 64, classes: int = 10,
@@ -142,20 +145,20 @@ TEXT: dict[str, Callable[[], Built]] = {"bert": bert, "distilbert": distilbert, 
 
 # builder(off=False): the plain draw (attempt 0) even where it is at a decision (tests/repros)
 VISION: dict[str, Callable[..., Built]] = {
-    "resnet18": lambda off=True: _vision(_torchvision("resnet18"), 10, off_decisions=off),
+    "resnet18": lambda off=False: _vision(_torchvision("resnet18"), 10, off_decisions=off),
     "mobilenet_v2": lambda off=True: _vision(_torchvision("mobilenet_v2", width_mult=0.25), 11, off_decisions=off),
-    "squeezenet1_1": lambda off=True: _vision(_torchvision("squeezenet1_1"), 12, off_decisions=off),
-    "shufflenet_v2_x0_5": lambda off=True: _vision(_torchvision("shufflenet_v2_x0_5"), 13, off_decisions=off),
-    "efficientnet_b0": lambda off=True: _vision(_torchvision("efficientnet_b0"), 14, off_decisions=off),
+    "squeezenet1_1": lambda off=False: _vision(_torchvision("squeezenet1_1"), 12, off_decisions=off),
+    "shufflenet_v2_x0_5": lambda off=False: _vision(_torchvision("shufflenet_v2_x0_5"), 13, off_decisions=off),
+    "efficientnet_b0": lambda off=False: _vision(_torchvision("efficientnet_b0"), 14, off_decisions=off),
     "densenet121": lambda off=False: _vision(_torchvision("densenet121"), 15, off_decisions=off),
     "googlenet": lambda off=False: _vision(_torchvision("googlenet", aux_logits=False, init_weights=False), 16,
                                            off_decisions=off),
     "vgg11_bn": lambda off=True: _vision(_small_vgg11_bn, 17, off_decisions=off),
-    "convnext_atto": lambda off=True: _vision(_timm("convnext_atto"), 20, off_decisions=off),
-    "resnet18d": lambda off=True: _vision(_timm("resnet18d"), 21, off_decisions=off),
-    "mobilenetv3_small_050": lambda off=True: _vision(_timm("mobilenetv3_small_050"), 22, off_decisions=off),
-    "regnety_002": lambda off=True: _vision(_timm("regnety_002"), 23, off_decisions=off),
-    "vit_tiny": lambda off=True: _vision(_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32,
+    "convnext_atto": lambda off=False: _vision(_timm("convnext_atto"), 20, off_decisions=off),
+    "resnet18d": lambda off=False: _vision(_timm("resnet18d"), 21, off_decisions=off),
+    "mobilenetv3_small_050": lambda off=False: _vision(_timm("mobilenetv3_small_050"), 22, off_decisions=off),
+    "regnety_002": lambda off=False: _vision(_timm("regnety_002"), 23, off_decisions=off),
+    "vit_tiny": lambda off=False: _vision(_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32,
                                                depth=2, num_heads=2), 24, size=32, off_decisions=off),
 }
 
