@@ -78,4 +78,4 @@ def test_vision_model_trains_like_torch(name, exporter, lr, tmp_path):
     check_case(module_case(f"{name}/{exporter}", module, path, inputs, target, loss, lr=lr, rtol=1e-4,
                            allowed_mismatch=ALLOWED_MISMATCH.get(name, 0.0),
                            batches=symbolic_batches(module) if symbolic else (), batch_rtol=BATCH_RTOL.get(name),
-                           off_decisions=name in OFF_DECISIONS))
+                           off_batches=OFF_DECISIONS.get(name, ())))

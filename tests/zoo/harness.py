@@ -36,9 +36,6 @@ MISMATCH_BOUND = 0.15
 # Draws of a torch module's float data tried before giving up (``safe_rows``): attempt 0 is the
 # zoo's plain draw. Measured (NOISE_FACTOR x RMS error): mobilenet_v2 at batch 3 needs more than 12.
 DRAW_ATTEMPTS = 20
-# Batches of more rows are drawn as is: their many more elements put some at a decision in every
-# draw (measured: mobilenet_v2 at batch 16, 4-15 elements in each of 12 draws).
-DECISION_BATCH_LIMIT = 3
 
 
 def torch_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -76,9 +73,10 @@ class Case:
     batches: tuple[int, ...] = ()
     rebatch: Callable[[dict[str, np.ndarray], np.ndarray], Callable] | None = None
     batch_rtol: dict[int, float] = field(default_factory=dict)
-    # the torch module whose float64 forward ``batches`` keep off decisions (``safe_rows``; None:
-    # hand-built ONNX, or a model not in ``torch_models.OFF_DECISIONS``)
+    # the torch module whose float64 forward the ``off_batches`` among ``batches`` keep off decisions
+    # (``safe_rows``, ``torch_models.OFF_DECISIONS``; None: hand-built ONNX)
     module: torch.nn.Module | None = None
+    off_batches: tuple[int, ...] = ()
 
 
 def check_case(case: Case) -> dict[str, float]:
@@ -119,13 +117,12 @@ def rows(array: np.ndarray, batch: int, attempt: int = 0) -> np.ndarray:
 
 def batch_rows(inputs: dict[str, np.ndarray], target: np.ndarray, batch: int, module: torch.nn.Module | None = None,
                name: str = "") -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(inputs, target) of ``batch`` rows: ``rows`` of each; with a torch ``module`` and at most
-    ``DECISION_BATCH_LIMIT`` rows, the float inputs are drawn again (``safe_rows``) until its
-    float64 forward keeps off every decision."""
+    """(inputs, target) of ``batch`` rows: ``rows`` of each; with a torch ``module``, the float
+    inputs are drawn again (``safe_rows``) until its float64 forward keeps off every decision."""
     def draw(attempt: int) -> dict[str, np.ndarray]:
         return {k: rows(v, batch, attempt) for k, v in inputs.items()}
 
-    if module is None or batch > DECISION_BATCH_LIMIT:
+    if module is None:
         return draw(0), rows(target, batch)
     return safe_rows(module, draw, f"{name}@batch{batch}"), rows(target, batch)
 
@@ -139,7 +136,8 @@ def assert_symbolic_batch(tm: bridge.TrainingModel, case: Case) -> None:
 
 def check_batch(case: Case, tm: bridge.TrainingModel, batch: int) -> None:
     """The first step of ``tm`` (converted once) at ``batch`` rows matches the oracle's at that batch."""
-    inputs, target = batch_rows(case.inputs, case.target, batch, case.module, case.name)
+    inputs, target = batch_rows(case.inputs, case.target, batch, case.module if batch in case.off_batches else None,
+                                case.name)
     got = tm.session().step(inputs, target)
     want, noise = case.rebatch(inputs, target)()
     at_batch = replace(case, name=f"{case.name}@batch{batch}", inputs=inputs, target=target,
@@ -450,10 +448,10 @@ def safe_rows(module: torch.nn.Module, draw: Callable[[int], dict[str, np.ndarra
 def module_case(name: str, module: torch.nn.Module, path: str, inputs: dict[str, np.ndarray], target: np.ndarray,
                 loss: str, lr: float = 1e-3, rtol: float = 1e-5, allowed_mismatch: float = 0.0,
                 batches: tuple[int, ...] = (), batch_rtol: dict[int, float] | None = None,
-                off_decisions: bool = True) -> Case:
+                off_batches: tuple[int, ...] = ()) -> Case:
     """A zoo case for a torch module exported to ``path``: its oracle is the module itself (at
     any batch: ``batches`` are checked on the same conversion when the export's batch is symbolic,
-    with rows drawn off decisions unless ``off_decisions`` is False)."""
+    the rows of ``off_batches`` among them drawn off decisions)."""
     mapping, missing = name_map(module, path)
     assert not missing, f"{name}: torch parameters with no ONNX initializer (folded by the exporter): {missing}"
     params = {n for n, _ in module.named_parameters()}
@@ -464,4 +462,4 @@ def module_case(name: str, module: torch.nn.Module, path: str, inputs: dict[str,
 
     return Case(name, path, inputs, target, loss, trainable, rebatch(inputs, target), lr=lr, rtol=rtol,
                 allowed_mismatch=allowed_mismatch, batches=batches, rebatch=rebatch, batch_rtol=batch_rtol or {},
-                module=module if off_decisions else None)
+                module=module, off_batches=off_batches)
