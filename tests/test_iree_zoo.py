@@ -165,26 +165,16 @@ XFAIL: dict[str, str] = {
     # resnet18-static (zoo, batch 2) was one until the Conv backward forms changed: IREE silently
     # miscomputed the graph bridge emitted before (docs/onnx-mlir.md section 5, cause not found); the
     # GEMM/scatter forms compute right, so a regression to a wrong step fails this test.
-    # Not a compiler defect, nor float32 accumulation noise (docs/onnx-mlir.md section 7): against torch
-    # float64, IREE's grad_features.0.weight is 3.9e-4 off (230x torch's float32 error; onnxruntime
-    # 1.7e-6), and only features.0, .1 and .4 differ; features.4's weight gradient only in output
-    # channel 90, and exactly one 2x2 window of the max pool features.7 (channel 90) has its two largest
-    # inputs within float32 error of each other (3.4e-7 apart, error 2.9e-6): a tie routed to the other
-    # element in IREE moves channel 90's gradient and everything upstream of it.
-    "vgg11_bn-static": "a max-pool window whose two largest inputs are within float32 rounding routes its "
-                       "gradient differently in IREE and onnxruntime (not a compiler defect)",
-    # Not compiler defects (docs/onnx-mlir.md section 7, tests/repros/zoo_activation_near_kink.py): at
-    # the batch stepped (3) one ReLU/ReLU6 input is within float32 rounding of 0 and IREE and
-    # onnxruntime round it to opposite sides, so one element's gradient is routed in one and dropped
-    # in the other; behind BatchNorms of a few values per channel every gradient upstream moves.
-    # mobilenet_v2: features.18's ReLU6, element [0, 212, 0, 0] (+8.8e-6 in onnxruntime, -1.1e-5 in
-    # IREE, 1.5e-5 in float64): gradients 1-16% of their scale off (the stem's, reported first, 3.0 of
-    # 18). resnet18d: the same compiled module matches onnxruntime at batch 2 and 4; at 3 every
-    # gradient from layer4.0 upstream differs (0.2-7.5%), where two ReLU inputs are that close to 0.
-    "mobilenet_v2-dynamic": "a ReLU6 input within float32 rounding of 0 rounds to opposite sides in IREE and "
-                            "onnxruntime at batch 3 (not a compiler defect)",
-    "resnet18d-dynamic": "ReLU inputs within float32 rounding of 0 in layer4.0 at batch 3 (batches 2 and 4 match; "
-                         "not a compiler defect)",
+    # vgg11_bn-static and mobilenet_v2-dynamic were strict xfails until the zoo drew their data off ReLU
+    # kinks and max-pool ties (zoo.harness.safe_rows, torch_models.OFF_DECISIONS; docs/onnx-mlir.md
+    # section 7): at a decision within float32 rounding IREE and onnxruntime routed one element's
+    # gradient differently.
+    # resnet18d: the same compiled module matches onnxruntime at batch 2 and 4; at 3 every gradient from
+    # layer4.0 upstream differs (0.2-7.5%). Two ReLU inputs of layer4.0 are within float32 error of 0 in
+    # that draw, but with data drawn off every decision (batch 2 and 3, NOISE_FACTOR x RMS float32 error)
+    # IREE's grad_conv1.0.weight still differs from onnxruntime's by 0.08 (860 of 864 elements): cause open.
+    "resnet18d-dynamic": "at batch 3 every gradient from layer4.0 upstream differs from onnxruntime (0.2-7.5%); "
+                         "not explained by a ReLU or max-pool decision (cause open)",
     # Measured once (2026-11-30, loaded machine, GEMM/scatter forms), not yet localized: IREE's
     # grad_features.denseblock2.denselayer4.conv1.weight (a 1x1 Conv, 224 -> 128 channels at 8x8;
     # the first mismatching key reported) has an element 20.9% of the tensor's scale off
@@ -218,8 +208,8 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
     """(case, training model) for a torch zoo module exported with a symbolic batch."""
     from test_zoo_vision import ALLOWED_MISMATCH, BATCH_RTOL
     from zoo.exporters import SYMBOLIC_BATCH, export
-    from zoo.harness import Case, module_oracle, name_map, rows
-    from zoo.torch_models import TEXT, VISION
+    from zoo.harness import Case, batch_rows, module_oracle, name_map
+    from zoo.torch_models import OFF_DECISIONS, TEXT, VISION
 
     module, inputs, target, loss = {**TEXT, **VISION, **TORCHVISION}[name]()
     path = export(module, inputs, SYMBOLIC_BATCH, tmp_path / "model.onnx", dynamic_batch=True)
@@ -228,7 +218,9 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
                                  dynamic_batch=mode == "dynamic")
     if mode == "dynamic":  # a batch size the graph was not traced with (one more: BatchNorm on 1x1 maps
         batch = len(target) + 1  # at batch 3 is too ill-conditioned for float32, docs/dynamic_batch.md)
-        inputs, target = {k: rows(v, batch) for k, v in inputs.items()}, rows(target, batch)
+        # rows off every decision (zoo.harness.safe_rows) for OFF_DECISIONS models, as the zoo draws them
+        off = batch in OFF_DECISIONS.get(name, ())
+        inputs, target = batch_rows(inputs, target, batch, module if off else None, name)
     mapping, _ = name_map(module, path)
     rtol = BATCH_RTOL.get(name, {}).get(len(target), 1e-4) if mode == "dynamic" else 1e-4
     oracle = module_oracle(module, mapping, inputs, target, loss, 1e-3)

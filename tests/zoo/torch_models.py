@@ -13,7 +13,7 @@ import torch
 from bridge.from_torch import HFLogits
 
 from .exporters import has_batchnorm
-from .harness import dropout_off, perturb
+from .harness import dropout_off, perturb, safe_rows
 
 VOCAB, SEQ, BATCH = 40, 8, 2
 # Further batch sizes a symbolic-batch export is checked at, on the same conversion. Models with
@@ -89,16 +89,33 @@ def lstm_tagger() -> Built:
     return module, {"input_ids": _text_batch(3)["input_ids"]}, _classes(3, 3), "ce"
 
 
-def _image_batch(seed: int, size: int) -> dict[str, np.ndarray]:
-    return {"x": np.random.default_rng(seed).standard_normal((BATCH, 3, size, size)).astype(np.float32)}
+def _image_batch(seed: int, size: int, attempt: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed if attempt == 0 else (seed, attempt))
+    return {"x": rng.standard_normal((BATCH, 3, size, size)).astype(np.float32)}
 
 
-def _vision(factory: Callable[[], torch.nn.Module], seed: int, size: int = 64, classes: int = 10) -> Built:
+# Batch sizes whose data is drawn off decisions (``zoo.harness.safe_rows``), per model: those whose
+# first step was measured to flip between two float32 runtimes at a ReLU6 kink or a max-pool tie
+# (IREE vs onnxruntime, docs/onnx-mlir.md section 7): mobilenet_v2 at batch 3, vgg11_bn at the
+# export's batch (2). resnet18d is not one: drawn off decisions, its dynamic IREE step at batch 3
+# still differs (grad_conv1.0.weight 0.08 off), so its cause is open. Not every batch: vgg11_bn at
+# batch 3 has a decision in each of 20 draws, mobilenet_v2 at 16 in each of 12 (4-15 elements),
+# densenet121 and googlenet at 2 in each of 4 (9-27, 8-13; their ALLOWED_MISMATCH covers it); and
+# each draw costs a float64 and a float32 forward (mobilenet_v2: ~4 s on a loaded core).
+OFF_DECISIONS: dict[str, tuple[int, ...]] = {"mobilenet_v2": (3,), "vgg11_bn": (BATCH,)}
+
+
+def _vision(factory: Callable[[], torch.nn.Module], seed: int, size: int = 64, classes: int = 10,
+            off_decisions: bool = True) -> Built:
     """64x64 images: at 32x32 the last BatchNorms of a 32x-downsampling CNN see 2 values per
-    channel (batch 2, 1x1), and float32 rounding then moves the loss by 1e-3 relative."""
+    channel (batch 2, 1x1), and float32 rounding then moves the loss by 1e-3 relative. The batch
+    keeps the module's float64 forward off every decision (``safe_rows``) if ``off_decisions``."""
     torch.manual_seed(seed)
     module = perturb(dropout_off(factory()), seed)
-    return module, _image_batch(seed, size), _classes(seed, classes), "ce"
+    inputs = _image_batch(seed, size)
+    if off_decisions:
+        inputs = safe_rows(module, lambda attempt: _image_batch(seed, size, attempt), f"vision model seed {seed}")
+    return module, inputs, _classes(seed, classes), "ce"
 
 
 def _torchvision(name: str, **kwargs) -> Callable[[], torch.nn.Module]:
@@ -127,21 +144,23 @@ def _timm(name: str, **kwargs) -> Callable[[], torch.nn.Module]:
 
 TEXT: dict[str, Callable[[], Built]] = {"bert": bert, "distilbert": distilbert, "gpt2": gpt2, "lstm_tagger": lstm_tagger}
 
-VISION: dict[str, Callable[[], Built]] = {
-    "resnet18": lambda: _vision(_torchvision("resnet18"), 10),
-    "mobilenet_v2": lambda: _vision(_torchvision("mobilenet_v2", width_mult=0.25), 11),
-    "squeezenet1_1": lambda: _vision(_torchvision("squeezenet1_1"), 12),
-    "shufflenet_v2_x0_5": lambda: _vision(_torchvision("shufflenet_v2_x0_5"), 13),
-    "efficientnet_b0": lambda: _vision(_torchvision("efficientnet_b0"), 14),
-    "densenet121": lambda: _vision(_torchvision("densenet121"), 15),
-    "googlenet": lambda: _vision(_torchvision("googlenet", aux_logits=False, init_weights=False), 16),
-    "vgg11_bn": lambda: _vision(_small_vgg11_bn, 17),
-    "convnext_atto": lambda: _vision(_timm("convnext_atto"), 20),
-    "resnet18d": lambda: _vision(_timm("resnet18d"), 21),
-    "mobilenetv3_small_050": lambda: _vision(_timm("mobilenetv3_small_050"), 22),
-    "regnety_002": lambda: _vision(_timm("regnety_002"), 23),
-    "vit_tiny": lambda: _vision(_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2,
-                                      num_heads=2), 24, size=32),
+# builder(off=False): the plain draw (attempt 0) even where it is at a decision (tests/repros)
+VISION: dict[str, Callable[..., Built]] = {
+    "resnet18": lambda off=False: _vision(_torchvision("resnet18"), 10, off_decisions=off),
+    "mobilenet_v2": lambda off=False: _vision(_torchvision("mobilenet_v2", width_mult=0.25), 11, off_decisions=off),
+    "squeezenet1_1": lambda off=False: _vision(_torchvision("squeezenet1_1"), 12, off_decisions=off),
+    "shufflenet_v2_x0_5": lambda off=False: _vision(_torchvision("shufflenet_v2_x0_5"), 13, off_decisions=off),
+    "efficientnet_b0": lambda off=False: _vision(_torchvision("efficientnet_b0"), 14, off_decisions=off),
+    "densenet121": lambda off=False: _vision(_torchvision("densenet121"), 15, off_decisions=off),
+    "googlenet": lambda off=False: _vision(_torchvision("googlenet", aux_logits=False, init_weights=False), 16,
+                                           off_decisions=off),
+    "vgg11_bn": lambda off=True: _vision(_small_vgg11_bn, 17, off_decisions=off),
+    "convnext_atto": lambda off=False: _vision(_timm("convnext_atto"), 20, off_decisions=off),
+    "resnet18d": lambda off=False: _vision(_timm("resnet18d"), 21, off_decisions=off),
+    "mobilenetv3_small_050": lambda off=False: _vision(_timm("mobilenetv3_small_050"), 22, off_decisions=off),
+    "regnety_002": lambda off=False: _vision(_timm("regnety_002"), 23, off_decisions=off),
+    "vit_tiny": lambda off=False: _vision(_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32,
+                                               depth=2, num_heads=2), 24, size=32, off_decisions=off),
 }
 
 
