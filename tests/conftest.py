@@ -35,23 +35,6 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-@pytest.fixture(autouse=True)
-def _slow_tests_use_every_core(request):
-    """A ``slow`` test (a zoo model: tens of seconds) runs torch on every core: the slow tests go
-    first and the rest are short, so near the end one long test often runs while the other worker
-    is idle (CI's pytest took 12 min 10 s with one thread everywhere, 11 min 5 s with the default)."""
-    if not (os.environ.get("PYTEST_XDIST_WORKER") and request.node.get_closest_marker("slow")):
-        yield
-        return
-    import torch
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(1)
-
-
 def _iree_installed() -> bool:
     return importlib.util.find_spec("iree") is not None and importlib.util.find_spec("iree.compiler") is not None
 
