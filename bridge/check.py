@@ -295,7 +295,8 @@ def check(model: str | os.PathLike | onnx.ModelProto, target: str = "onnx-mlir")
 
 def iree_installed() -> bool:
     """Whether ``bridge check --target iree`` can compile (the ``bridge[iree]`` extra)."""
-    from .compile import MissingExtraError, require_iree
+    from .errors import MissingExtraError
+    from .runtime_iree import require_iree
 
     try:
         require_iree()

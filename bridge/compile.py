@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from .contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
-from .errors import BridgeError, InvalidOptionError, MissingExtraError  # noqa: F401 (MissingExtraError: re-exported)
+from .errors import BridgeError, InvalidOptionError
 from .load import read_model
 from .runtime_iree import IreeTrainingSession, require_iree
 

@@ -44,7 +44,7 @@ from bridge.importer.registry import CONVERTERS, import_all_converters  # noqa: 
 from bridge.importer.weights import differentiable_initializers  # noqa: E402
 from bridge.load import MAX_OPSET, load_model  # noqa: E402
 from helpers.oracle import check_training_step  # noqa: E402
-from single_op import run_onnxruntime  # noqa: E402
+from helpers.importer import run_onnxruntime  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 EXPECTATIONS = Path(__file__).parent / "onnx_node_expectations.json"

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
 import bridge
-from helpers.importer import run_onnxruntime  # noqa: F401 (the tests import it from here too)
 from reference import assert_steps_match, bridge_steps, torch_steps
 
 ELEM = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float64): onnx.TensorProto.DOUBLE,

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from helpers.importer import assert_importer_matches_onnxruntime, import_and_run
-from single_op import one_node_model, run_onnxruntime
+from helpers.importer import assert_importer_matches_onnxruntime, import_and_run, run_onnxruntime
+from single_op import one_node_model
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 3, 4)).astype(np.float32)

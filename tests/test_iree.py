@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main as cli_main
-from bridge.compile import MissingExtraError
+from bridge.errors import MissingExtraError
 from bridge.runtime_iree import IreeTrainingSession
 from reference import assert_steps_match
 

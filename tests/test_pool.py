@@ -17,7 +17,8 @@ from bridge.export.ops.nn import emit_max_pool
 from bridge.importer.program import OnnxProgram
 from bridge.lowering import LOWERINGS, import_all_lowerings
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
-from single_op import batches_for, one_node_model, run_onnxruntime, train_and_compare
+from helpers.importer import run_onnxruntime
+from single_op import batches_for, one_node_model, train_and_compare
 
 import_all_lowerings()  # LOWERINGS is looked up directly below: register them also when this file runs alone
 
