@@ -191,6 +191,16 @@ def graph_hash(model: onnx.ModelProto | bytes) -> str:
     return model_digest(model) if isinstance(model, onnx.ModelProto) else hashlib.sha256(model).hexdigest()
 
 
+def unchecked_run(session) -> Callable:
+    """``session.run`` without InferenceSession.run's Python re-validation of the feed (a pybind
+    lookup per input and a list search: ~0.1 ms a step, 5-10% of a small model's step, measured on
+    the benchmarks' MLP): onnxruntime's private binding, whose ``run`` takes the public method's
+    positional arguments. bridge's feeds hold every input by construction. Falls back to the public
+    method where a release of onnxruntime lacks the binding."""
+    run = getattr(getattr(session, "_sess", None), "run", None)
+    return run if callable(run) else session.run
+
+
 class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
@@ -209,10 +219,7 @@ class OrtGraph:
             self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
-        # The feed below holds every input by construction (KeyError otherwise), so the run skips
-        # InferenceSession.run's Python re-validation of it (a pybind lookup per input and a list
-        # search: ~0.1 ms a step, 5-10% of a small model's step, measured on the benchmarks' MLP).
-        self._run = self.session._sess.run
+        self._run = unchecked_run(self.session)
 
     def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {name: feed[name] for name in self.input_names}

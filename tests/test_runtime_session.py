@@ -1,0 +1,40 @@
+"""bridge.runtime.OrtGraph runs a graph through onnxruntime's private binding (no per-call feed
+re-validation) and falls back to the public ``InferenceSession.run`` where a release lacks it."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from bridge.runtime import OrtGraph, unchecked_run
+
+
+def _scaled_sum() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Mul", ["s", "x"], ["z"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y")],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+FEED = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "y": np.full((2, 3), 0.5, np.float32)}
+
+
+def test_graph_runs_through_the_private_binding_and_matches_the_public_run():
+    graph = OrtGraph(_scaled_sum())
+    assert graph._run == graph.session._sess.run  # this onnxruntime has the binding: the fast path is taken
+    want = graph.session.run(["z"], FEED)[0]
+    np.testing.assert_array_equal(graph(FEED)["z"], want)
+    np.testing.assert_array_equal(want, (FEED["x"] + FEED["y"]) * FEED["x"])
+
+
+def test_a_session_without_the_private_binding_uses_the_public_run():
+    class PublicOnly:
+        def __init__(self, session: ort.InferenceSession):
+            self.run = session.run
+
+    session = ort.InferenceSession(_scaled_sum().SerializeToString(), providers=["CPUExecutionProvider"])
+    run = unchecked_run(PublicOnly(session))
+    assert run == session.run
+    np.testing.assert_array_equal(run(["z"], FEED, None)[0], session.run(["z"], FEED)[0])
