@@ -318,8 +318,8 @@ class _UpdateReplay:
 class _LoweringReplay:
     """bridge's lowerings (``bridge.lowering``) traced once per call signature (op, argument values, tensor
     shapes, strides and dtypes) and replayed for the other calls with that signature (``_Replay``): resnet18's
-    20 convolution backwards are 11 signatures, each lowered into tens of ops. A call with a symbolic size
-    anywhere is traced each time (its graph names the sizes it reads)."""
+    20 convolution backwards are 11 signatures, each lowered into tens of ops. Symbolic sizes are keyed by
+    their expression."""
 
     def __init__(self):
         self._replay = _Replay()
@@ -340,22 +340,22 @@ class _LoweringReplay:
             self.traced += 1
             return lowering(*args, **kwargs)
 
-        if None in signature:
-            return traced()
         return self._replay.run((op, spec, tuple(signature)), [x for x in leaves if isinstance(x, torch.Tensor)],
                                 traced)
 
 
-def _signature(value) -> tuple | None:
-    """What a lowering's result may depend on of one argument (None: a symbolic size, not replayed)."""
+def _signature(value) -> tuple:
+    """What a lowering's result may depend on of one argument (a symbolic size by its expression)."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return None
+        return (type(value).__name__, value.node.expr)
     if isinstance(value, torch.Tensor):
         sizes = (*value.shape, *value.stride(), value.storage_offset())
-        if any(isinstance(size, torch.SymInt) for size in sizes):
-            return None
-        return ("tensor", sizes, value.dim(), value.dtype, value.device)
+        return ("tensor", tuple(_size_key(size) for size in sizes), value.dim(), value.dtype, value.device)
     return (type(value).__name__, repr(value))
+
+
+def _size_key(size: int | torch.SymInt) -> int | sympy.Expr:
+    return size.node.expr if isinstance(size, torch.SymInt) else size
 
 
 def _extra_outputs(program: OnnxProgram, signature: StepSignature, outputs: list) -> dict[str, torch.Tensor]:
