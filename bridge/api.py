@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -147,7 +148,7 @@ def to_training_onnx(
         graph_module = trace_training_step(example, optimizer, signature, max_grad_norm=max_grad_norm)
     eval_signature = signature.for_eval(list(program.output_names))
     gradient_signature, update_signature = signature.split()
-    gradient_module, update_module = split_step(graph_module, signature)
+    halves = functools.cache(lambda: split_step(graph_module, signature))
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
@@ -166,10 +167,10 @@ def to_training_onnx(
     training = exporter(lambda: graph_module, signature)()
     # the eval, gradient and update graphs are exported on request (TrainingModel.part; for save(), with the
     # frozen weights as the traced graphs' arrays, shared with the importer's, not as protobuf copies); the eval
-    # step is also traced then (the gradient and update graphs are cut from the training step's)
+    # step is also traced then, the gradient and update graphs cut from the training step's (split_step)
     parts = {"eval": exporter(eval_module, eval_signature),
-             "gradient": exporter(lambda: gradient_module, gradient_signature),
-             "update": exporter(lambda: update_module, update_signature)}
+             "gradient": exporter(lambda: halves()[0], gradient_signature),
+             "update": exporter(lambda: halves()[1], update_signature)}
 
     # the weights and buffers share memory with the program's initializers (initial_state() copies)
     initial = {name: tensors[name].detach().numpy() for name in signature.state_names()}
