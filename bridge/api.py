@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -146,10 +147,8 @@ def to_training_onnx(
     with phase("tracing the training step"):
         graph_module = trace_training_step(example, optimizer, signature, max_grad_norm=max_grad_norm)
     eval_signature = signature.for_eval(list(program.output_names))
-    with phase("tracing the eval step"):
-        eval_module = trace_eval_step(example, eval_signature)
     gradient_signature, update_signature = signature.split()
-    gradient_module, update_module = split_step(graph_module, signature)
+    halves = functools.cache(lambda: split_step(graph_module, signature))
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
@@ -157,14 +156,21 @@ def to_training_onnx(
     names = {(array.ctypes.data, array.shape): name for name, array in program.initializers.items() if array.size}
     outline = _outline(source)
 
-    def exporter(module: torch.fx.GraphModule, sig: StepSignature) -> Callable[..., onnx.ModelProto]:
-        return lambda stubs=None: _export(module, sig, outline, source_hash, loss_fn, optimizer, metadata, names, stubs)
+    def exporter(module: Callable[[], torch.fx.GraphModule], sig: StepSignature) -> Callable[..., onnx.ModelProto]:
+        return lambda stubs=None: _export(module(), sig, outline, source_hash, loss_fn, optimizer, metadata, names,
+                                          stubs)
 
-    training = exporter(graph_module, signature)()
+    def eval_module() -> torch.fx.GraphModule:
+        with phase("tracing the eval step"):
+            return trace_eval_step(example, eval_signature)
+
+    training = exporter(lambda: graph_module, signature)()
     # the eval, gradient and update graphs are exported on request (TrainingModel.part; for save(), with the
-    # frozen weights as the traced graphs' arrays, shared with the importer's, not as protobuf copies)
-    parts = {"eval": exporter(eval_module, eval_signature), "gradient": exporter(gradient_module, gradient_signature),
-             "update": exporter(update_module, update_signature)}
+    # frozen weights as the traced graphs' arrays, shared with the importer's, not as protobuf copies); the eval
+    # step is also traced then, the gradient and update graphs cut from the training step's (split_step)
+    parts = {"eval": exporter(eval_module, eval_signature),
+             "gradient": exporter(lambda: halves()[0], gradient_signature),
+             "update": exporter(lambda: halves()[1], update_signature)}
 
     # the weights and buffers share memory with the program's initializers (initial_state() copies)
     initial = {name: tensors[name].detach().numpy() for name in signature.state_names()}

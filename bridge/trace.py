@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import onnx
 import sympy
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot,
@@ -34,7 +36,7 @@ from .cse import eliminate_common_subexpressions
 from .errors import LoweringError, ShapeError
 from .importer.program import OnnxProgram
 from .losses import Loss
-from .lowering import decomposition_table
+from .lowering import LOWERINGS, decomposition_table
 from .optimizers import Optimizer, clip_grad_norm
 
 
@@ -231,44 +233,44 @@ def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict
     return results
 
 
-class _UpdateReplay:
-    """``optimizer.update`` under ``make_fx``, traced once per kind of weight (shape, dtype and state slots) and
-    replayed for the other weights of that kind: the recorded nodes are copied with the weight's own inputs,
-    names and tags, so the graph is the one tracing every weight records, without tracing each op again (an
-    update is ~20 ops per weight; resnet18's 62 weights are 17 kinds). Outside tracing it is ``optimizer.update``."""
+class _Replay:
+    """Regions of a ``make_fx`` trace recorded once per key and replayed for later calls with that key: the
+    recorded nodes are copied with the call's own inputs and tags (names as tracing gives them), so the graph is
+    the one tracing every call records, without tracing each op again. Outside tracing, and for a region that
+    reads a value it was not given or makes a non-op node (a constant), ``fn`` simply runs."""
 
-    def __init__(self, optimizer: Optimizer):
-        self.optimizer = optimizer
-        self._recorded: dict[tuple, tuple[list[torch.fx.Node], list[torch.fx.Node], list[torch.fx.Node]]] = {}
+    def __init__(self):
+        self._recorded: dict[object, tuple[list[torch.fx.Node], list[torch.fx.Node], list, object]] = {}
 
-    def update(self, param: torch.Tensor, grad: torch.Tensor, slots: dict[str, torch.Tensor], step: torch.Tensor,
-               lr: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def run(self, key: object, tensors: Sequence[torch.Tensor], fn: Callable[[], object]) -> object:
+        """``fn()``, a function of ``tensors`` whose result is a pytree of tensors (None leaves allowed),
+        traced the first time ``key`` is seen and replayed for ``tensors`` after that."""
         mode = get_proxy_mode()
-        tensors = [param, grad, *slots.values(), step, lr]
-        inputs = [] if mode is None else [get_proxy_slot(t, mode.tracer, None, lambda p: p.proxy.node) for t in tensors]
+        inputs = [] if mode is None else [_node_of(t, mode.tracer) for t in tensors]
         if mode is None or None in inputs or len(set(inputs)) < len(inputs):
-            return self.optimizer.update(param, grad, slots, step, lr)
-        key = (tuple(param.shape), param.dtype, tuple((slot, tuple(v.shape), v.dtype) for slot, v in slots.items()))
+            return fn()
         if key in self._recorded:
-            results = self._replay(mode.tracer, self._recorded[key], dict(zip(inputs, tensors)), inputs)
-            return results[0], dict(zip(slots, results[1:]))
+            return self._replay(mode.tracer, self._recorded[key], dict(zip(inputs, tensors)), inputs)
         graph = mode.tracer.graph
         last = graph._root.prev
-        new_param, new_slots = self.optimizer.update(param, grad, slots, step, lr)
+        result = fn()
         nodes, node = [], last.next
         while node is not graph._root:
             nodes.append(node)
             node = node.next
-        outputs = [get_proxy_slot(t, mode.tracer, None, lambda p: p.proxy.node) for t in (new_param, *new_slots.values())]
-        if all(out in nodes or out in inputs for out in outputs):  # else not replayable: traced for each weight
-            self._recorded[key] = (inputs, nodes, outputs)
-        return new_param, new_slots
+        leaves, spec = pytree.tree_flatten(result)
+        if all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves):
+            outputs = [None if leaf is None else _node_of(leaf, mode.tracer) for leaf in leaves]
+            if (all(out is None or out in nodes or out in inputs for out in outputs)
+                    and all(n.op == "call_function" for n in nodes)):
+                self._recorded[key] = (inputs, nodes, outputs, spec)
+        return result
 
     @staticmethod
     def _replay(tracer, recorded: tuple, values: dict[torch.fx.Node, torch.Tensor],
-                inputs: list[torch.fx.Node]) -> list[torch.Tensor]:
+                inputs: list[torch.fx.Node]) -> object:
         """Copy the ``recorded`` nodes reading ``inputs``; the copies of its outputs as tracked fake tensors."""
-        template_inputs, nodes, outputs = recorded
+        template_inputs, nodes, outputs, spec = recorded
         env = dict(zip(template_inputs, inputs))
         custom = dict(fx_traceback.current_meta.get("custom") or {})
         graph = tracer.graph
@@ -282,14 +284,78 @@ class _UpdateReplay:
             env[node] = copy
         results = []
         for out in outputs:
-            if out in template_inputs:
-                results.append(values[env[out]])
+            if out is None or out in template_inputs:
+                results.append(None if out is None else values[env[out]])
                 continue
             with disable_proxy_modes_tracing():
                 result = torch.empty_like(out.meta["val"])
             track_tensor_tree(result, torch.fx.Proxy(env[out], tracer), constant=None, tracer=tracer)
             results.append(result)
-        return results
+        return pytree.tree_unflatten(results, spec)
+
+
+def _node_of(tensor: torch.Tensor, tracer) -> torch.fx.Node | None:
+    """The FX node a tracked tensor is the value of (None for an untracked one)."""
+    return get_proxy_slot(tensor, tracer, None, lambda p: p.proxy.node)
+
+
+class _UpdateReplay:
+    """``optimizer.update`` traced once per kind of weight (shape, dtype and state slots) and replayed for the
+    other weights of that kind (``_Replay``: an update is ~20 ops per weight; resnet18's 62 weights are 17
+    kinds). Outside tracing it is ``optimizer.update``."""
+
+    def __init__(self, optimizer: Optimizer):
+        self.optimizer = optimizer
+        self._replay = _Replay()
+
+    def update(self, param: torch.Tensor, grad: torch.Tensor, slots: dict[str, torch.Tensor], step: torch.Tensor,
+               lr: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        key = (tuple(param.shape), param.dtype, tuple((slot, tuple(v.shape), v.dtype) for slot, v in slots.items()))
+        return self._replay.run(key, [param, grad, *slots.values(), step, lr],
+                                lambda: self.optimizer.update(param, grad, slots, step, lr))
+
+
+class _LoweringReplay:
+    """bridge's lowerings (``bridge.lowering``) traced once per call signature (op, argument values, tensor
+    shapes, strides and dtypes) and replayed for the other calls with that signature (``_Replay``): resnet18's
+    20 convolution backwards are 11 signatures, each lowered into tens of ops. Symbolic sizes are keyed by
+    their expression."""
+
+    def __init__(self):
+        self._replay = _Replay()
+        self.traced = 0  # lowering calls traced (not replayed), for tests
+
+    def table(self) -> dict:
+        """``decomposition_table()`` with each of bridge's lowerings replayed."""
+        table = decomposition_table()
+        for op in LOWERINGS:
+            table[op] = functools.partial(self._lower, op, table[op])
+        return table
+
+    def _lower(self, op: torch._ops.OpOverload, lowering: Callable, *args, **kwargs):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        signature = [_signature(leaf) for leaf in leaves]
+
+        def traced():
+            self.traced += 1
+            return lowering(*args, **kwargs)
+
+        return self._replay.run((op, spec, tuple(signature)), [x for x in leaves if isinstance(x, torch.Tensor)],
+                                traced)
+
+
+def _signature(value) -> tuple:
+    """What a lowering's result may depend on of one argument (a symbolic size by its expression)."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return (type(value).__name__, value.node.expr)
+    if isinstance(value, torch.Tensor):
+        sizes = (*value.shape, *value.stride(), value.storage_offset())
+        return ("tensor", tuple(_size_key(size) for size in sizes), value.dim(), value.dtype, value.device)
+    return (type(value).__name__, repr(value))
+
+
+def _size_key(size: int | torch.SymInt) -> int | sympy.Expr:
+    return size.node.expr if isinstance(size, torch.SymInt) else size
 
 
 def _extra_outputs(program: OnnxProgram, signature: StepSignature, outputs: list) -> dict[str, torch.Tensor]:
@@ -385,7 +451,7 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     flat_args = [fake_mode.from_tensor(t, static_shapes=True) for t in flat_args] + list(data)
     mode = "symbolic" if fake_mode.shape_env is not None else "fake"
     with fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True):
-        graph_module = make_fx(step, decomposition_table=decomposition_table(), tracing_mode=mode)(*flat_args)
+        graph_module = make_fx(step, decomposition_table=_LoweringReplay().table(), tracing_mode=mode)(*flat_args)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
     graph_module.graph.eliminate_dead_code()
     eliminate_common_subexpressions(graph_module.graph)

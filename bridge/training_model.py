@@ -31,7 +31,7 @@ class TrainingModel:
     the original weights and buffers, optimizer state as torch.optim initialises it,
     ``step`` (0) and ``lr``. The eval graph (``.eval_model``) and the step's two halves for accumulation
     (``.gradient_model``, ``.update_model``) are exported when first asked for, then kept: each would
-    hold its own copy of the frozen weights.
+    hold its own copy of the frozen weights (the eval step is also traced then: a conversion traces once).
     """
 
     model: onnx.ModelProto

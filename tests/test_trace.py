@@ -1,10 +1,13 @@
-"""The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight and replayed."""
+"""The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight and replayed, bridge's
+lowerings traced once per call signature and replayed, the eval step traced only when its graph is asked for."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import bridge
+import bridge.api
+import bridge.lowering
 import bridge.optimizers
 import bridge.trace
 
@@ -40,3 +43,50 @@ def test_update_traced_once_per_kind_of_weight_same_graph(mlp_path, monkeypatch,
     assert traced == 6
     for part in ("model", "update_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+@pytest.fixture(scope="module")
+def cnn_path(tmp_path_factory) -> str:
+    """Three convolutions; the last two have one signature (shapes, dtypes, arguments), the first another (its
+    input is data: no input gradient)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.Tanh(),
+                                 torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Tanh(),
+                                 torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    path = tmp_path_factory.mktemp("cnn") / "cnn.onnx"
+    torch.onnx.export(module, (torch.randn(2, 2, 4, 4),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"])
+    return str(path)
+
+
+def test_lowering_traced_once_per_signature_same_graph(cnn_path, monkeypatch):
+    backward = torch.ops.aten.convolution_backward.default
+    bridge.lowering.import_all_lowerings()
+    lowering = bridge.trace.LOWERINGS[backward]
+
+    def convert(replay: bool) -> tuple[bridge.TrainingModel, int]:
+        calls = []
+        with monkeypatch.context() as patch:
+            patch.setitem(bridge.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
+            if not replay:
+                patch.setattr(bridge.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
+            return bridge.to_training_onnx(cnn_path, loss="ce", optim="adam"), len(calls)
+
+    replayed, traced = convert(replay=True)
+    assert traced == 2, "the convolution backward is traced once per signature, not once per convolution"
+    every, traced = convert(replay=False)
+    assert traced == 3
+    for part in ("model", "gradient_model"):
+        assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+def test_conversion_traces_the_step_once(mlp_path, monkeypatch, tmp_path):
+    """The eval step is traced when its graph is first asked for (then kept), not by the conversion."""
+    calls = []
+    trace = bridge.trace.trace_eval_step
+    monkeypatch.setattr(bridge.api, "trace_eval_step", lambda *args: calls.append(1) or trace(*args))
+    tm = bridge.to_training_onnx(mlp_path, loss="mse", optim="sgd")
+    assert calls == []
+    assert tm.eval_model.graph.name == "bridge_eval_step"
+    tm.save(tmp_path / "mlp.onnx")
+    assert calls == [1]
