@@ -13,7 +13,7 @@ import pytest
 
 from zoo.exporters import SYMBOLIC_BATCH, export
 from zoo.harness import check_case, module_case
-from zoo.torch_models import OFF_DECISIONS, VISION, symbolic_batches
+from zoo.torch_models import VISION, draws, symbolic_batches
 
 # Models without a legacy17 export in CI: CI checks them at a static batch; their symbolic-batch
 # export is exhaustive. CI keeps the symbolic batch of squeezenet1_1 (a CNN), efficientnet_b0
@@ -78,4 +78,4 @@ def test_vision_model_trains_like_torch(name, exporter, lr, tmp_path):
     check_case(module_case(f"{name}/{exporter}", module, path, inputs, target, loss, lr=lr, rtol=1e-4,
                            allowed_mismatch=ALLOWED_MISMATCH.get(name, 0.0),
                            batches=symbolic_batches(module) if symbolic else (), batch_rtol=BATCH_RTOL.get(name),
-                           off_batches=OFF_DECISIONS.get(name, ())))
+                           draws=draws(name, module)))
