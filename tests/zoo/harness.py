@@ -6,8 +6,18 @@ oracle's, then runs 30 steps on the same batch and asserts that the loss falls. 
 exported with a symbolic batch (``Case.batches``) is converted once and its first step also
 compared with the oracle's at each of those batch sizes (one export and one conversion serve
 both the static and the dynamic checks).
-``module_steps`` is the oracle for a torch module: real ``torch.optim.Adam`` on the module
+``module_oracle`` is the oracle for a torch module: real ``torch.optim.Adam`` on the module
 itself (train mode, dropout off), its tensors mapped to ONNX initializer names by value.
+
+Data off decisions that matter: at a ReLU input within float32 rounding of its kink, or a max-pool
+window whose two largest inputs are that close, the gradient is set by rounding, not by the model,
+and two float32 runtimes (or one and float64) may route it differently; behind BatchNorms with a
+few values per channel one such element moves every upstream gradient by percents. So
+``near_decisions`` finds those elements (float64 vs float32 forward) and computes each flip's exact
+float64 effect on every gradient (``_flip_effects``); ``safe_attempt`` takes the first draw of the
+data whose flips cannot move any gradient past the tolerance, and ``torch_models.DRAWS`` records it
+per model and batch size so that no run searches (an exhaustive test recomputes it).
+docs/onnx-mlir.md section 7 has the measurements behind it.
 """
 from __future__ import annotations
 
