@@ -64,10 +64,21 @@ ALLOWED_MISMATCH = {"googlenet": 0.005, "densenet121": 0.005}
 BATCH_RTOL = {"shufflenet_v2_x0_5": {16: 2e-3}, "googlenet": {16: 0.1}, "densenet121": {3: 0.1, 16: 0.1}}
 
 
+# Strict xfails (a fixed cause turns them into failures). resnet18d-legacy17 failed at batch 3 until
+# the zoo's batch-3 draw kept off decisions whose flip matters (onnxruntime flipped a ReLU input of
+# layer4.0.act2, docs/onnx-mlir.md section 7); batch 2 and 3 pass since, and batch 16, not reached
+# before, fails (measured 2026-11-30 19:08 on the plain batch-16 draw).
+XFAIL = {"resnet18d-legacy17": "at batch 16, grad_bn1.weight is up to 1.5e-5 off torch float64 (3.7e-6 allowed) in 14 "
+                               "of 64 elements: not yet classified (a decision flip: the draw search at batch 16 was "
+                               "not finished; or the batch-16 drift of BATCH_RTOL's deep CNNs)"}
+
+
 def _params():
     for name, exporter, lr in MATRIX:
         tier = pytest.mark.exhaustive if f"{name}-{exporter}" in EXHAUSTIVE else pytest.mark.slow
-        yield pytest.param(name, exporter, lr, id=f"{name}-{exporter}", marks=tier)
+        marks = [tier, *([pytest.mark.xfail(reason=XFAIL[f"{name}-{exporter}"], strict=True)]
+                         if f"{name}-{exporter}" in XFAIL else [])]
+        yield pytest.param(name, exporter, lr, id=f"{name}-{exporter}", marks=marks)
 
 
 @pytest.mark.parametrize("name, exporter, lr", list(_params()))
