@@ -1,4 +1,5 @@
-"""zoo.harness's check that a batch keeps a torch module off decisions (ReLU kinks, max-pool ties)."""
+"""zoo.harness's check that a batch keeps a torch module off decisions that matter: ReLU kinks
+and max-pool ties within float32 rounding whose flip moves a gradient past the zoo's tolerance."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.harness import near_decisions, safe_rows, window_gaps
+from zoo.harness import _window_top2, flip_effect, near_decisions, safe_attempt, window_gaps
+from zoo.torch_models import BATCH, DRAWS, VISION, search_draw, symbolic_batches
 
 
 @pytest.mark.parametrize("kernel, stride, padding, ceil_mode", [(3, 2, 1, False), (3, 2, 0, True), (2, 2, 0, False)])
@@ -14,36 +16,64 @@ def test_window_gaps_are_each_windows_largest_minus_second_largest(kernel, strid
     x = torch.randn(2, 3, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     out = F.max_pool2d(x, kernel, stride, padding, ceil_mode=ceil_mode)
     gaps = window_gaps(x, out, [kernel, kernel], [stride, stride], [padding, padding], 1, ceil_mode)
+    _, first, second = _window_top2(x, out, [kernel, kernel], [stride, stride], [padding, padding], 1, ceil_mode)
     padded = F.pad(x, [padding] * 4, value=-torch.inf)
     for i in range(out.shape[2]):
         for j in range(out.shape[3]):
             window = padded[:, :, i * stride:i * stride + kernel, j * stride:j * stride + kernel].flatten(2)
             top = window.topk(2, dim=2).values
             assert torch.equal(gaps[:, :, i, j], top[..., 0] - top[..., 1])
+            assert torch.equal(x.flatten()[first[:, :, i, j]], top[..., 0])
+            assert torch.equal(x.flatten()[second[:, :, i, j]], top[..., 1])
 
 
 class _Net(torch.nn.Module):
-    """relu((x0 + x1) + x2), summed in that order."""
+    """relu(w * ((x0 + x1) + x2) + b), summed in that order; ``b`` None: no bias."""
+
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+        self.b = torch.nn.Parameter(torch.zeros(())) if bias else None
 
     def forward(self, x):
-        return F.relu(x[:, 0] + x[:, 1] + x[:, 2])
+        y = self.w * (x[:, 0] + x[:, 1] + x[:, 2])
+        return F.relu(y + self.b if self.b is not None else y)
 
 
 # row 0 is 1e-8 in float64 and exactly 0 in float32 (1 + 1e-8 rounds to 1): at the kink
 AT_KINK = np.array([[1.0, 1e-8, -1.0], [0.5, 0.25, 0.125]], np.float32)
 OFF_KINK = np.array([[0.5, 0.25, 0.125], [0.1, 0.2, 0.3]], np.float32)
+TARGET = np.array([-1.0, -1.0], np.float32)
 
 
 def test_near_decisions_flags_a_functional_relu_input_within_float32_rounding_of_zero():
-    hits = near_decisions(_Net(), {"x": AT_KINK})
-    assert [(where, count) for where, count, *_ in hits] == [(" (relu)", 1)]
-    assert near_decisions(_Net(), {"x": OFF_KINK}) == []
+    hits = near_decisions(_Net(False), {"x": AT_KINK})
+    assert [(where, count, effect) for where, count, _, _, effect in hits] == [(" (relu)", 1, np.inf)]
+    assert near_decisions(_Net(False), {"x": OFF_KINK}) == []
 
 
-def test_safe_rows_keeps_a_safe_first_draw_and_fails_clearly_when_none_is_safe():
-    safe = {"x": OFF_KINK}
-    assert safe_rows(_Net(), lambda attempt: safe, "net") is safe
-    draws = {0: {"x": AT_KINK}, 1: safe}
-    assert safe_rows(_Net(), draws.__getitem__, "net") is safe
-    with pytest.raises(AssertionError, match="none of 20 draws"):
-        safe_rows(_Net(), lambda attempt: {"x": AT_KINK}, "net")
+def test_a_flip_matters_where_it_moves_a_gradient_past_the_tolerance():
+    """Flipping row 0's ReLU adds its output cotangent (-1) to the gradient of b (-0.875 from row
+    1), far past 1e-4 of it; to w's gradient it adds -1 x 1e-8, 1e-4 of its tolerance."""
+    (*_, biased), = near_decisions(_Net(True), {"x": AT_KINK}, TARGET, "mse")
+    (*_, scaled), = near_decisions(_Net(False), {"x": AT_KINK}, TARGET, "mse")
+    assert biased > 1e3 and scaled < 1e-3
+
+
+def test_safe_attempt_keeps_a_draw_whose_flips_do_not_matter_and_says_when_none_is_safe():
+    draws = {0: ({"x": AT_KINK}, TARGET), 1: ({"x": OFF_KINK}, TARGET)}
+    assert safe_attempt(_Net(False), draws.__getitem__, "mse") == 0
+    assert safe_attempt(_Net(True), draws.__getitem__, "mse") == 1
+    assert flip_effect(near_decisions(_Net(True), *draws[1], "mse")) == 0
+    assert safe_attempt(_Net(True), lambda attempt: draws[0], "mse") is None
+
+
+@pytest.mark.exhaustive  # searches draws: float64 and float32 steps of each zoo vision model, minutes
+@pytest.mark.parametrize("name", sorted(VISION))
+def test_the_recorded_draws_are_the_first_whose_decision_flips_stay_within_tolerance(name):
+    """``DRAWS`` is what ``safe_attempt`` finds at every batch size the zoo compares ``name`` at,
+    so no run searches (a new model or batch size fails here naming the entry to add)."""
+    module = VISION[name](attempt=0)[0]
+    found = {batch: search_draw(name, batch) for batch in (BATCH, *symbolic_batches(module))}
+    recorded = {batch: DRAWS.get((name, batch), 0) for batch in found}  # None: no draw is safe
+    assert found == recorded, f"{name}: DRAWS should hold {{(name, batch): attempt}} for {found}"

@@ -6,8 +6,18 @@ oracle's, then runs 30 steps on the same batch and asserts that the loss falls. 
 exported with a symbolic batch (``Case.batches``) is converted once and its first step also
 compared with the oracle's at each of those batch sizes (one export and one conversion serve
 both the static and the dynamic checks).
-``module_steps`` is the oracle for a torch module: real ``torch.optim.Adam`` on the module
+``module_oracle`` is the oracle for a torch module: real ``torch.optim.Adam`` on the module
 itself (train mode, dropout off), its tensors mapped to ONNX initializer names by value.
+
+Data off decisions that matter: at a ReLU input within float32 rounding of its kink, or a max-pool
+window whose two largest inputs are that close, the gradient is set by rounding, not by the model,
+and two float32 runtimes (or one and float64) may route it differently; behind BatchNorms with a
+few values per channel one such element moves every upstream gradient by percents. So
+``near_decisions`` finds those elements (float64 vs float32 forward) and computes each flip's exact
+float64 effect on every gradient (``_flip_effects``); ``safe_attempt`` takes the first draw of the
+data whose flips cannot move any gradient past the tolerance, and ``torch_models.DRAWS`` records it
+per model and batch size so that no run searches (an exhaustive test recomputes it).
+docs/onnx-mlir.md section 7 has the measurements behind it.
 """
 from __future__ import annotations
 
@@ -21,6 +31,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bridge
@@ -33,9 +44,15 @@ NOISE_FACTOR = 4  # bridge (float32) may be this many times further from float64
 # at most this fraction of the tensor's largest element away: twice the worst measured (densenet121's
 # denseblock2.denselayer9.norm1.bias gradient, 7.35%; googlenet 5.05%; see tests/test_zoo_vision.py).
 MISMATCH_BOUND = 0.15
-# Draws of a torch module's float data tried before giving up (``safe_rows``): attempt 0 is the
-# zoo's plain draw. Measured (NOISE_FACTOR x RMS error): mobilenet_v2 at batch 3 needs more than 12.
+# Draws of a torch module's float data tried before giving up (``safe_attempt``): attempt 0 is the
+# zoo's plain draw.
 DRAW_ATTEMPTS = 20
+# A decision flip matters where it can move a gradient past this fraction of its scale: the vision
+# zoo's rtol (the rest of its tolerance, NOISE_FACTOR x float32 noise, is the runtimes' rounding).
+DECISION_RTOL = 1e-4
+# Elements of one decision call whose flips are computed (one partial float64 backward each); a call
+# with more counts as mattering.
+MAX_FLIPS = 64
 
 
 def torch_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -73,10 +90,9 @@ class Case:
     batches: tuple[int, ...] = ()
     rebatch: Callable[[dict[str, np.ndarray], np.ndarray], Callable] | None = None
     batch_rtol: dict[int, float] = field(default_factory=dict)
-    # the torch module whose float64 forward the ``off_batches`` among ``batches`` keep off decisions
-    # (``safe_rows``, ``torch_models.OFF_DECISIONS``; None: hand-built ONNX)
-    module: torch.nn.Module | None = None
-    off_batches: tuple[int, ...] = ()
+    # per batch among ``batches``, the draw of its rows (``rows``' attempt; absent: 0): the first whose
+    # decisions no float32 rounding flip can move past the tolerance (``safe_attempt``, torch_models.DRAWS)
+    draws: dict[int, int] = field(default_factory=dict)
 
 
 def check_case(case: Case) -> dict[str, float]:
@@ -115,16 +131,10 @@ def rows(array: np.ndarray, batch: int, attempt: int = 0) -> np.ndarray:
     return np.take(array, np.arange(batch) % array.shape[0], axis=0)
 
 
-def batch_rows(inputs: dict[str, np.ndarray], target: np.ndarray, batch: int, module: torch.nn.Module | None = None,
-               name: str = "") -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(inputs, target) of ``batch`` rows: ``rows`` of each; with a torch ``module``, the float
-    inputs are drawn again (``safe_rows``) until its float64 forward keeps off every decision."""
-    def draw(attempt: int) -> dict[str, np.ndarray]:
-        return {k: rows(v, batch, attempt) for k, v in inputs.items()}
-
-    if module is None:
-        return draw(0), rows(target, batch)
-    return safe_rows(module, draw, f"{name}@batch{batch}"), rows(target, batch)
+def batch_rows(inputs: dict[str, np.ndarray], target: np.ndarray, batch: int,
+               attempt: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(inputs, target) of ``batch`` rows: ``rows`` of each (float data drawn with ``attempt``)."""
+    return {k: rows(v, batch, attempt) for k, v in inputs.items()}, rows(target, batch)
 
 
 def assert_symbolic_batch(tm: bridge.TrainingModel, case: Case) -> None:
@@ -136,8 +146,7 @@ def assert_symbolic_batch(tm: bridge.TrainingModel, case: Case) -> None:
 
 def check_batch(case: Case, tm: bridge.TrainingModel, batch: int) -> None:
     """The first step of ``tm`` (converted once) at ``batch`` rows matches the oracle's at that batch."""
-    inputs, target = batch_rows(case.inputs, case.target, batch, case.module if batch in case.off_batches else None,
-                                case.name)
+    inputs, target = batch_rows(case.inputs, case.target, batch, case.draws.get(batch, 0))
     got = tm.session().step(inputs, target)
     want, noise = case.rebatch(inputs, target)()
     at_batch = replace(case, name=f"{case.name}@batch{batch}", inputs=inputs, target=target,
@@ -336,122 +345,231 @@ def _pair(value) -> tuple[int, int]:
     return (value[0], value[-1])
 
 
-def window_gaps(x: torch.Tensor, out: torch.Tensor, kernel_size, stride=(), padding=0, dilation=1,
-                ceil_mode=False) -> torch.Tensor:
-    """Per max-pool window (of ``out``'s size), its largest input minus its second largest."""
+def _window_top2(x: torch.Tensor, out: torch.Tensor, kernel_size, stride=(), padding=0, dilation=1,
+                 ceil_mode=False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per max-pool window (of ``out``'s size): its largest input minus its second largest, and
+    the flat indices into ``x`` of those two inputs (a 1-element window: gap inf, both -1)."""
     (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size), _pair(padding), _pair(dilation)
     sh, sw = _pair(stride) if len(stride or ()) else (kh, kw)
     if kh * kw < 2:
-        return torch.full(out.shape, torch.inf, dtype=x.dtype)
-    planes = x.reshape(-1, 1, *x.shape[-2:])  # ceil_mode's last window may pass the end: pad one stride more
-    padded = F.pad(planes, (pw, pw + sw, ph, ph + sh), value=-torch.inf)
-    height, width = ((padded.shape[2 + i] - d * (k - 1) - 1) // s + 1 for i, k, s, d in ((0, kh, sh, dh), (1, kw, sw, dw)))
-    windows = F.unfold(padded, (kh, kw), dilation=(dh, dw), stride=(sh, sw)).reshape(len(planes), kh * kw, height, width)
-    top = windows[:, :, :out.shape[-2], :out.shape[-1]].topk(2, dim=1).values
-    return (top[:, 0] - top[:, 1]).reshape(out.shape)
+        none = torch.full(out.shape, -1, dtype=torch.long)
+        return torch.full(out.shape, torch.inf, dtype=x.dtype), none, none
+    planes = x.detach().reshape(-1, 1, *x.shape[-2:])
+    index = torch.arange(x.numel(), dtype=torch.float64).reshape(planes.shape)
+
+    def unfold(tensor, fill):  # ceil_mode's last window may pass the end: pad one stride more
+        padded = F.pad(tensor, (pw, pw + sw, ph, ph + sh), value=fill)
+        height, width = ((padded.shape[2 + i] - d * (k - 1) - 1) // s + 1 for i, k, s, d in ((0, kh, sh, dh), (1, kw, sw, dw)))
+        windows = F.unfold(padded, (kh, kw), dilation=(dh, dw), stride=(sh, sw)).reshape(len(planes), kh * kw, height, width)
+        return windows[:, :, :out.shape[-2], :out.shape[-1]]
+
+    top = unfold(planes, -torch.inf).topk(2, dim=1)
+    where = unfold(index, -1.0).gather(1, top.indices).long()
+    return ((top.values[:, 0] - top.values[:, 1]).reshape(out.shape), where[:, 0].reshape(out.shape),
+            where[:, 1].reshape(out.shape))
 
 
-def _margins(func, args, kwargs) -> torch.Tensor | None:
-    """Each element's distance from the decision ``func`` takes on it (None: ``func`` takes none)."""
+def window_gaps(x: torch.Tensor, out: torch.Tensor, kernel_size, stride=(), padding=0, dilation=1,
+                ceil_mode=False) -> torch.Tensor:
+    """Per max-pool window (of ``out``'s size), its largest input minus its second largest."""
+    return _window_top2(x, out, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+@dataclass
+class _Call:
+    """One decision op call of a forward: where (module and op), and in the float64 forward the
+    elements within ``NOISE_FACTOR`` x float32 error of a decision (``flips``: per element the
+    flat indices of the op's input whose cotangent a flip changes, and of its output whose
+    cotangent it moves there), the closest distance, the error, and (linked by ``_Link``) the
+    op's input and output in the autograd graph."""
+
+    where: str
+    input: torch.Tensor
+    pointer: int
+    count: int = 0
+    closest: float = torch.inf
+    error: float = 0.0
+    flips: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
+    link: tuple[torch.Tensor, torch.Tensor, int] | None = None
+    effect: float = torch.inf
+
+
+def _margins(func, args, kwargs) -> tuple[torch.Tensor, list] | None:
+    """Each element's distance from the decision ``func`` takes on it, and per element the
+    (input indices, output index) a flip of it moves the cotangent between (None: ``func``
+    takes no decision). A kink flip adds or drops the output's cotangent at that element (its
+    derivative jumps by at most 1: ReLU, ReLU6, clamp 1, LeakyReLU 1 - slope, Hardswish 1/2,
+    Hardsigmoid 1/6); a max-pool tie flip moves the window's cotangent from one input to the other."""
     packet = func.overloadpacket
     if packet in KINKS:
         kinks = KINKS[packet](*args[1:], **kwargs)
-        return torch.stack([(args[0] - k).abs() for k in kinks]).amin(0) if kinks else None
+        if not kinks:
+            return None
+        margins = torch.stack([(args[0] - k).abs() for k in kinks]).amin(0)
+        return margins, lambda flat: ((flat,), flat)
     if packet in MAX_POOLS:
         out = func(*args, **kwargs)
-        return window_gaps(args[0], out[0] if isinstance(out, tuple) else out, *args[1:], **kwargs)
+        gaps, first, second = _window_top2(args[0], out[0] if isinstance(out, tuple) else out, *args[1:], **kwargs)
+        return gaps, lambda flat: ((int(first.flatten()[flat]), int(second.flatten()[flat])), flat)
     return None
 
 
 class _Decisions(TorchDispatchMode):
-    """Records the input of every decision op (``KINKS``, ``MAX_POOLS``) in call order, with the
-    innermost module running it; given ``single`` (the same forward's records in float32),
-    measures each one's margins against that tensor's float32 error instead."""
+    """Records every decision op (``KINKS``, ``MAX_POOLS``) call in call order, with the
+    innermost module running it and its input; given ``single`` (the same forward's calls in
+    float32), measures each one's margins against that input's float32 error instead."""
 
-    def __init__(self, names: dict[int, str], single: list | None = None):
+    def __init__(self, single: list[_Call] | None = None):
         super().__init__()
-        self.names, self.single, self.stack, self.records = names, single, [""], []
+        self.single, self.stack, self.calls = single, [""], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket in KINKS or func.overloadpacket in MAX_POOLS:
-            where = f"{self.stack[-1]} ({func.overloadpacket.__name__})"
-            if self.single is None:
-                self.records.append((where, args[0].detach().clone()))
-            else:
-                self.records.append(self._near(where, func, args, kwargs))
+            call = _Call(f"{self.stack[-1]} ({func.overloadpacket.__name__})", args[0].detach().clone(),
+                         args[0].data_ptr())
+            if self.single is not None:
+                self._near(call, func, args, kwargs)
+            self.calls.append(call)
         return func(*args, **kwargs)
 
-    def _near(self, where, func, args, kwargs) -> tuple[str, int, float, float]:
-        single_where, single = self.single[len(self.records)]
-        assert single_where == where, f"float32 and float64 forwards differ: {single_where} vs {where}"
-        margins = _margins(func, args, kwargs)
-        if margins is None or not margins.numel():
-            return where, 0, torch.inf, 0.0
-        error = float((single.double() - args[0]).pow(2).mean().sqrt())
-        margins = margins[margins > 0]  # exact ties (ReLU zeros in a window) go the same way in any runtime
-        closest = float(margins.min()) if margins.numel() else torch.inf
-        return where, int((margins < NOISE_FACTOR * error).sum()), closest, error
+    def _near(self, call: _Call, func, args, kwargs) -> None:
+        single = self.single[len(self.calls)]
+        assert single.where == call.where, f"float32 and float64 forwards differ: {single.where} vs {call.where}"
+        found = _margins(func, args, kwargs)
+        if found is None or not found[0].numel():
+            return
+        margins, flip = found
+        call.error = float((single.input.double() - args[0]).pow(2).mean().sqrt())
+        margins = torch.where(margins > 0, margins, torch.inf)  # exact ties (ReLU zeros in a window) go the same way in any runtime
+        near = (margins < NOISE_FACTOR * call.error).flatten().nonzero().flatten()
+        call.count, call.closest = len(near), float(margins.min())
+        call.flips = [flip(int(flat)) for flat in near[:MAX_FLIPS]]
 
 
-def _forward_records(module: torch.nn.Module, inputs: dict[str, np.ndarray], dtype, single=None) -> list:
-    """One training-mode forward of a copy of ``module`` in ``dtype`` under ``_Decisions``."""
+class _Link(TorchFunctionMode):
+    """Links each decision op call to its input and output tensors in the autograd graph: the
+    function call (``F.relu``, ``F.max_pool2d``, ...) that ran it, with in-place calls made
+    out-of-place so that its input stays in the graph. A call it cannot link (another in-place
+    form, or a decision op inside a larger function) keeps no link: its flips count as mattering."""
+
+    def __init__(self, decisions: _Decisions):
+        super().__init__()
+        self.decisions = decisions
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if kwargs.get("inplace") is True:
+            kwargs["inplace"] = False
+        before = len(self.decisions.calls)
+        out = func(*args, **kwargs)
+        new, first = self.decisions.calls[before:], args[0] if args else None
+        if (len(new) == 1 and isinstance(first, torch.Tensor) and isinstance(out, torch.Tensor)
+                and first.data_ptr() == new[0].pointer != out.data_ptr()):
+            new[0].link = (first, out, first._version)
+        return out
+
+
+def _forward(module: torch.nn.Module, inputs: dict[str, np.ndarray], dtype, single=None, grad: bool = False):
+    """One training-mode forward of a copy of ``module`` in ``dtype`` under ``_Decisions`` and
+    ``_Link``: (the copy, its output, the decision calls)."""
     model = dropout_off(copy.deepcopy(module)).train().to(dtype)
     names = {id(m): n for n, m in model.named_modules()}
-    mode = _Decisions(names, single)
-    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(
-                 lambda m, _: mode.stack.append(names.get(id(m), type(m).__name__)) and None),
-             torch.nn.modules.module.register_module_forward_hook(lambda *_: mode.stack.pop() and None)]
+    mode = _Decisions(single)
+
+    def enter(sub, _):
+        mode.stack.append(names.get(id(sub), type(sub).__name__))
+
+    def leave(*_):
+        mode.stack.pop()
+
+    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+             torch.nn.modules.module.register_module_forward_hook(leave)]
     try:
-        with torch.no_grad(), mode:
-            model(*_torch_args(inputs, dtype))
+        with torch.set_grad_enabled(grad), _Link(mode), mode:
+            out = model(*_torch_args(inputs, dtype))
     finally:
         for hook in hooks:
             hook.remove()
-    return mode.records
+    return model, out, mode.calls
 
 
-def near_decisions(module: torch.nn.Module, inputs: dict[str, np.ndarray]) -> list[tuple[str, int, float, float]]:
+def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray, loss: str, calls: list[_Call]) -> None:
+    """Set each near call's ``effect``: the most any parameter gradient can move if its near
+    elements flip (each flip's exact float64 change of every gradient, summed in absolute value
+    over the call's elements), as a fraction of that gradient's zoo tolerance ``DECISION_RTOL``
+    x its scale + ``NOISE``. The backward is linear in the cotangent, so a flip changes the
+    gradients by the backward of its cotangent change alone. inf: the call is not linked, its
+    input changed in place later, or more than ``MAX_FLIPS`` elements are near."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    near = [c for c in calls if c.count]
+    linked = [c for c in near if c.link and c.count <= MAX_FLIPS and c.link[0]._version == c.link[2]]
+    value = torch_loss(loss)(out, torch.from_numpy(target))
+    grads = torch.autograd.grad(value, [*params, *(c.link[1] for c in linked)], retain_graph=True, allow_unused=True)
+    allowed = [DECISION_RTOL * float(g.abs().max()) + NOISE if g is not None else NOISE for g in grads[:len(params)]]
+    for call, cotangent in zip(linked, grads[len(params):]):
+        bound = [torch.zeros_like(p) for p in params]
+        for inputs, output in call.flips if cotangent is not None else ():
+            change = torch.zeros_like(call.link[0]).flatten()
+            change[list(inputs)] = cotangent.flatten()[output] * torch.tensor([1.0, -1.0][:len(inputs)],
+                                                                              dtype=change.dtype)
+            moved = torch.autograd.grad((change.reshape(call.link[0].shape) * call.link[0]).sum(), params,
+                                        retain_graph=True, allow_unused=True)
+            bound = [b + m.abs() if m is not None else b for b, m in zip(bound, moved)]
+        call.effect = max(float(b.max()) / a for b, a in zip(bound, allowed))
+
+
+def near_decisions(module: torch.nn.Module, inputs: dict[str, np.ndarray], target: np.ndarray | None = None,
+                   loss: str = "ce") -> list[tuple[str, int, float, float, float]]:
     """Where ``module``'s float64 training-mode forward on ``inputs`` is at a decision: for each
     kinked activation (``KINKS``) and max pool (``MAX_POOLS``) call, (module and op, elements
     closer to a kink, or windows whose two largest inputs are closer to each other, than
-    ``NOISE_FACTOR`` x that input's float32 error, the smallest such distance, the error),
-    listing only calls with such elements. The float32 error is measured: the largest
-    |float32 - float64| over the input tensor in the same forward in float32.
+    ``NOISE_FACTOR`` x that input's float32 error, the smallest such distance, the error, the
+    flips' effect), listing only calls with such elements. The float32 error is measured: the
+    RMS of |float32 - float64| over the input tensor in the same forward in float32. The effect
+    (given the ``target`` of ``loss``; else inf) is the most those elements' flips can move a
+    parameter gradient, as a fraction of the zoo's tolerance on it (``_flip_effects``).
 
     There the gradient is not defined by the model, only by rounding: a float32 runtime may
-    route it to either side, so comparing two of them (or one with float64) tests luck."""
-    single = _forward_records(module, inputs, torch.float32)
-    wide = _forward_records(module, inputs, torch.float64, single)
+    route it to either side, so comparing two of them (or one with float64) tests luck, where
+    the flip moves a gradient past the tolerance (effect >= 1)."""
+    _, _, single = _forward(module, inputs, torch.float32)
+    model, out, wide = _forward(module, inputs, torch.float64, single, grad=target is not None)
     assert len(wide) == len(single), f"float32 and float64 forwards differ: {len(single)} vs {len(wide)} decisions"
-    return [record for record in wide if record[1]]
+    if target is not None and any(c.count for c in wide):
+        _flip_effects(model, out, target, loss, wide)
+    return [(c.where, c.count, c.closest, c.error, c.effect) for c in wide if c.count]
 
 
-def safe_rows(module: torch.nn.Module, draw: Callable[[int], dict[str, np.ndarray]], name: str) -> dict[str, np.ndarray]:
-    """``draw(attempt)`` for the first attempt (of ``DRAW_ATTEMPTS``) whose float data keeps
-    ``module``'s float64 forward off every decision (``near_decisions``); attempt 0 is the
-    zoo's plain draw, so a model that is fine there keeps its data. Integer-only data
-    (token ids) is taken as drawn."""
-    inputs = draw(0)
-    if not any(v.dtype.kind == "f" for v in inputs.values()):
-        return inputs
-    found = []
+def flip_effect(found: list[tuple[str, int, float, float, float]]) -> float:
+    """An upper bound, over every parameter gradient, of the fraction of its tolerance that all
+    of ``near_decisions``' flips together can move it (each call's effect, summed)."""
+    return sum(effect for *_, effect in found)
+
+
+def safe_attempt(module: torch.nn.Module, draw: Callable[[int], tuple[dict[str, np.ndarray], np.ndarray]],
+                 loss: str) -> int | None:
+    """The first attempt (of ``DRAW_ATTEMPTS``) whose ``draw(attempt)`` (inputs, target) keeps
+    every decision of ``module``'s float64 step that float32 rounding may flip from moving a
+    gradient past the zoo's tolerance (``near_decisions``, ``flip_effect`` < 1): attempt 0 is
+    the zoo's plain draw, so a model that is fine there keeps its data. Integer-only data
+    (token ids) decides nothing: 0. None: no draw is safe (the comparison is at risk there)."""
     for attempt in range(DRAW_ATTEMPTS):
-        inputs = draw(attempt) if attempt else inputs
-        found = near_decisions(module, inputs)
-        if not found:
-            return inputs
-    raise AssertionError(f"{name}: none of {DRAW_ATTEMPTS} draws keeps the float64 forward {NOISE_FACTOR}x float32 "
-                         f"error from every kink and max-pool tie; the last is close at {found[:5]}")
+        inputs, target = draw(attempt)
+        if not any(v.dtype.kind == "f" for v in inputs.values()):
+            return attempt
+        if flip_effect(near_decisions(module, inputs, target, loss)) < 1:
+            return attempt
+    return None
 
 
 def module_case(name: str, module: torch.nn.Module, path: str, inputs: dict[str, np.ndarray], target: np.ndarray,
                 loss: str, lr: float = 1e-3, rtol: float = 1e-5, allowed_mismatch: float = 0.0,
                 batches: tuple[int, ...] = (), batch_rtol: dict[int, float] | None = None,
-                off_batches: tuple[int, ...] = ()) -> Case:
+                draws: dict[int, int] | None = None) -> Case:
     """A zoo case for a torch module exported to ``path``: its oracle is the module itself (at
     any batch: ``batches`` are checked on the same conversion when the export's batch is symbolic,
-    the rows of ``off_batches`` among them drawn off decisions)."""
+    their rows drawn with ``draws``' attempt per batch)."""
     mapping, missing = name_map(module, path)
     assert not missing, f"{name}: torch parameters with no ONNX initializer (folded by the exporter): {missing}"
     params = {n for n, _ in module.named_parameters()}
@@ -462,4 +580,4 @@ def module_case(name: str, module: torch.nn.Module, path: str, inputs: dict[str,
 
     return Case(name, path, inputs, target, loss, trainable, rebatch(inputs, target), lr=lr, rtol=rtol,
                 allowed_mismatch=allowed_mismatch, batches=batches, rebatch=rebatch, batch_rtol=batch_rtol or {},
-                module=module, off_batches=off_batches)
+                draws=draws or {})
