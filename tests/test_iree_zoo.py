@@ -183,11 +183,19 @@ XFAIL: dict[str, str] = {
     # transition1 + the whole 12-layer denseblock2 (256 channels in, 16x16) to 2.1e-6.
     "densenet121-dynamic": "IREE's weight gradient of denseblock2.denselayer4.conv1 (1x1 Conv) is 21% of its scale "
                            "off onnxruntime's at the symbolic batch (not reproduced in isolation)",
-    # Measured once (2026-11-30, loaded machine, GEMM/scatter forms): the irstem cases' symptom.
-    # grad_conv1.0.weight (stem Conv, 3 -> 24 channels, 3x3 stride 2) differs from onnxruntime in
-    # 530 of 648 elements, by up to 0.24 on a scale of ~6 (allowed 0.017) at batch 3.
-    "shufflenet_v2_x0_5-dynamic": "IREE's stem-Conv weight gradient is up to 4% of its scale off onnxruntime's at "
-                                  "the symbolic batch (as mobilenet_v2-dynamic)",
+}
+
+# Strict xfails on the plain draw only: a ReLU input within float32 rounding of its kink, which
+# onnxruntime and IREE round to opposite sides (docs/onnx-mlir.md section 7). Drawn off decisions
+# (once ``torch_models.OFF_DECISIONS`` lists the model at that batch) the case must pass.
+# shufflenet_v2_x0_5 at batch 3 (2026-11-30, final forms, one compiled module): conv5.2's ReLU has one
+# input 3.4e-5 from 0 (float32 error 2.1e-5); onnxruntime is the runtime off torch float64 (207 of 453
+# keys, 0.7-2.9% of their scale; grad_conv1.0.weight: onnxruntime 1.0e-2, IREE 6.8e-5, allowed 4.0e-4);
+# on the first draw off decisions (zoo.harness.safe_rows) and at batch 2 and 4 every gradient of both
+# runtimes matches float64.
+PLAIN_DRAW_FLIPS: dict[str, str] = {
+    "shufflenet_v2_x0_5-dynamic": "onnxruntime and IREE round one conv5.2 ReLU input (3.4e-5 from 0) to opposite "
+                                  "sides on the plain draw; off decisions both match torch float64",
 }
 
 
@@ -205,7 +213,8 @@ def _float32_noise(float64: dict, torch_noise: dict, onnxruntime: dict) -> dict[
 
 
 def _torch_case(kind: str, name: str, mode: str, tmp_path):
-    """(case, training model) for a torch zoo module exported with a symbolic batch."""
+    """(case, training model, whether its rows were drawn off decisions) for a torch zoo module
+    exported with a symbolic batch."""
     from test_zoo_vision import ALLOWED_MISMATCH, BATCH_RTOL
     from zoo.exporters import SYMBOLIC_BATCH, export
     from zoo.harness import Case, batch_rows, module_oracle, name_map
@@ -216,6 +225,7 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     tm = bridge.to_training_onnx(path, loss=loss, optim="adam", optim_options={"lr": 1e-3}, input_shapes=shapes,
                                  dynamic_batch=mode == "dynamic")
+    off = False
     if mode == "dynamic":  # a batch size the graph was not traced with (one more: BatchNorm on 1x1 maps
         batch = len(target) + 1  # at batch 3 is too ill-conditioned for float32, docs/dynamic_batch.md)
         # rows off every decision (zoo.harness.safe_rows) for OFF_DECISIONS models, as the zoo draws them
@@ -226,7 +236,7 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
     oracle = module_oracle(module, mapping, inputs, target, loss, 1e-3)
     case = Case(f"{name}/{mode}", path, inputs, target, loss, set(tm.weights), oracle, lr=1e-3, rtol=rtol,
                 allowed_mismatch=ALLOWED_MISMATCH.get(name, 0.0))
-    return case, tm
+    return case, tm, off
 
 
 def _median_step_seconds(session, inputs, target, repeats: int = 3) -> float:
@@ -255,7 +265,9 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            case, tm = _torch_case(kind, name, mode, tmp_path)
+            case, tm, off = _torch_case(kind, name, mode, tmp_path)
+        if request.node.callspec.id in PLAIN_DRAW_FLIPS and not off:
+            request.applymarker(pytest.mark.xfail(reason=PLAIN_DRAW_FLIPS[request.node.callspec.id], strict=True))
         expected = case.oracle()
     convert = time.perf_counter() - start
     try:
