@@ -181,8 +181,14 @@ XFAIL: dict[str, str] = {
     # onnxruntime's at batch 3. Not reproduced alone: that Conv after BatchNorm+ReLU, and a
     # 4-layer dense block (128 channels at 8x8), both at the symbolic batch, match onnxruntime to 5e-7;
     # transition1 + the whole 12-layer denseblock2 (256 channels in, 16x16) to 2.1e-6.
+    # Probably a ReLU decision (2026-11-30 18:40-19:08, torch and onnxruntime only, not yet confirmed
+    # in IREE): on this batch-3 draw onnxruntime matches torch float64 on every gradient, and
+    # denselayer4.relu2 (just after that conv1 and norm2) has one input 1.5e-6 from 0 (float32 error
+    # 1.7e-6), 13 other ReLUs one each; none of 20 draws at batch 3 keeps off every decision
+    # (zoo.harness.safe_rows fails), so drawing off decisions cannot cover it.
     "densenet121-dynamic": "IREE's weight gradient of denseblock2.denselayer4.conv1 (1x1 Conv) is 21% of its scale "
-                           "off onnxruntime's at the symbolic batch (not reproduced in isolation)",
+                           "off onnxruntime's at batch 3, where onnxruntime matches float64 and that layer's relu2 has "
+                           "an input within float32 rounding of 0 (probably a decision; no draw at 3 keeps off them)",
 }
 
 # Strict xfails on the plain draw only: a ReLU input within float32 rounding of its kink, which
