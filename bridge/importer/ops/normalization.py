@@ -76,52 +76,72 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float32 else dtype
 
 
+def _channel_mean(t: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
+    """Per-channel mean of ``t`` ([N, C, ...]) over every dim but 1, shaped [1, C, 1, ...], in
+    ``wide``: means along the last (contiguous) dim in ``t``'s dtype, the rest in ``wide``. Only
+    those partial means (1/W of ``t``) are cast: W values summed in float32 lose about as little
+    as float64 (measured: ``_BatchNormTraining``), where one float32 sum over N*H*W drifts."""
+    if t.dim() <= 2:
+        return t.to(wide).mean(0, keepdim=True)
+    return t.mean(-1, keepdim=True).to(wide).mean([0] + list(range(2, t.dim() - 1)), keepdim=True)
+
+
 class _BatchNormTraining(torch.autograd.Function):
     """BatchNorm with the batch's statistics, forward and backward written as torch's CPU kernel
-    computes them (aten/src/ATen/native/cpu/batch_norm_kernel.cpp): the per-channel sums in float64
-    (``_wide``), every full-size op after them in ``x``'s dtype, with per-channel coefficients.
+    computes them (aten/src/ATen/native/cpu/batch_norm_kernel.cpp), with per-channel means that
+    end in float64 (``_wide``, ``_channel_mean``) and every full-size op in ``x``'s dtype.
 
-    Forward: ``y = x * a + b``, ``a = invstd * scale``, ``b = bias - mean * a``. Backward (``k =
-    sum(dy * (x - mean)) * invstd^2 / count``): ``dx = (dy - (x * k + (mean(dy) - mean * k))) * a``,
-    ``dscale = sum(dy * (x - mean)) * invstd``, ``dbias = sum(dy)``. Autograd through the explicit
-    formula (``_normalize`` on a float64 copy) ran every full-size op of both directions in float64
-    plus the casts: 7 full-size passes forward and about twice that backward, here 5 and 6
-    (resnet18, batch 8, 3x64x64: forward + backward 1459 -> 1427 nodes, more of them per-channel;
-    step 548 -> 532 ms of one core). Gradient error against torch float64 (conv-BN-relu-conv-BN-pool-linear,
-    batch 16, 16x16): 5.2e-6 (explicit formula 5.4e-6, torch float32 1.0e-5) of each tensor's max;
-    inputs offset by 100: 1.6e-4 (1.8e-4, torch float32 2.5e-4).
+    Forward: ``c = x - m`` with ``m`` the float64 mean rounded to ``x``'s dtype (``c`` is exact
+    where x is within a factor 2 of m), ``var = mean(c^2)``, ``y = c * a + bias``, ``a = invstd *
+    scale``. Backward: ``d = mean(dy * (x - mean)) = mean(dy * c) - shift * mean(dy)`` (``shift =
+    mean - m``, the part of the mean float32 drops, which matters for inputs far from 0), ``dx =
+    (dy - (c * d * invstd^2 + mean(dy))) * a``, ``dscale = d * count * invstd``, ``dbias =
+    mean(dy) * count``. Full-size passes: 6 forward (ReduceMean, Sub, Mul, ReduceMean, Mul, Add)
+    and 7 backward, all float32, ``c`` (float32) saved. The previous form cast ``x`` and ``dy`` to
+    float64 and ran 4 + 3 of its 7 + 8 passes there, saving a float64 ``c``.
+
+    Measured in onnxruntime (1 thread, CPU time, a block of 4 x BatchNorm + ReLU, global pooling
+    and a Linear, its training step, median of 60, alternating), against the float64 form:
+    [8, 64, 32, 32] 0.63-0.64x, [8, 64, 16, 16] 0.70x, [8, 256, 4, 4] 0.98-1.00x, [8, 512, 2, 2]
+    1.00x (small tensors: the per-node cost dominates). Other forms measured: sums of x and x^2 in
+    float64 without ``c`` (var = E[x^2] - mean^2, the dot as sum(x dy) - mean sum(dy): 0.94-0.99x);
+    those sums as batched float64 MatMuls (1.16-1.94x: onnxruntime's double MatMul is slow), the
+    dot as a float32 MatMul (0.72x, no more accurate than the Mul); float32 partial sums over all
+    of H*W (0.61-0.79x, but the BatchNorm bias gradient, a sum of dy that cancels, lost 2.2x
+    accuracy at 16x16 and 100x at 112x112, as much as torch float32 itself). Gradient error
+    against torch float64 (conv-BN-relu-conv-BN-pool-linear, batch 16, 16x16, max over tensors of
+    the error over the tensor's max): 2.8e-6 (float64 form 2.7e-6, torch float32 4.4e-6); inputs
+    offset by 100: 6.0e-4 (6.0e-4, torch float32 3.8e-4); batch 4, 112x112: 2.5e-5 (1.9e-5, torch
+    float32 1.8e-3), offset by 100: 2.1e-3 (2.1e-3, torch float32 1.7e-1).
 
     Returns ``y`` and the batch mean and biased variance ([C], ``x``'s dtype, not differentiable).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsilon: float):
-        dims, rank = [0] + list(range(2, x.dim())), x.dim()
-        wide = x.to(_wide(x.dtype))
-        mean = wide.mean(dims, keepdim=True)
-        centered = wide - mean
-        var = (centered * centered).mean(dims, keepdim=True)
-        invstd = torch.rsqrt(var + epsilon).to(x.dtype)
+        rank, wide = x.dim(), _wide(x.dtype)
+        mean = _channel_mean(x, wide)
         mean_x = mean.to(x.dtype)
+        centered = x - mean_x
+        var = _channel_mean(centered * centered, wide)
+        invstd = torch.rsqrt(var + epsilon).to(x.dtype)
         alpha = invstd * _channel(scale, rank)
-        y = x * alpha + (_channel(bias, rank) - mean_x * alpha)
-        ctx.save_for_backward(x, centered, mean_x, invstd, alpha)
-        ctx.dims = dims
+        y = centered * alpha + _channel(bias, rank)
+        ctx.save_for_backward(centered, mean - mean_x.to(wide), invstd, alpha)
         mean_out, var_out = mean_x.reshape(-1), var.to(x.dtype).reshape(-1)
         ctx.mark_non_differentiable(mean_out, var_out)
         return y, mean_out, var_out
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor, _mean_grad, _var_grad):
-        x, centered, mean, invstd, alpha = ctx.saved_tensors
-        count = x.numel() // x.shape[1]
-        wide_dy = dy.to(centered.dtype)
-        sum_dy = wide_dy.sum(ctx.dims, keepdim=True)
-        dot = (centered * wide_dy).sum(ctx.dims, keepdim=True)
-        k = (dot / count).to(x.dtype) * invstd * invstd
-        dx = (dy - (x * k + ((sum_dy / count).to(x.dtype) - mean * k))) * alpha
-        grad_scale = (dot.to(x.dtype) * invstd).reshape(-1) if ctx.needs_input_grad[1] else None
-        grad_bias = sum_dy.to(x.dtype).reshape(-1) if ctx.needs_input_grad[2] else None
+        centered, shift, invstd, alpha = ctx.saved_tensors
+        count = centered.numel() // centered.shape[1]
+        mean_dy = _channel_mean(dy, shift.dtype)
+        dot = (_channel_mean(dy * centered, shift.dtype) - shift * mean_dy).to(dy.dtype)
+        mean_dy = mean_dy.to(dy.dtype)
+        dx = (dy - (centered * (dot * invstd * invstd) + mean_dy)) * alpha
+        grad_scale = (dot * (invstd * count)).reshape(-1) if ctx.needs_input_grad[1] else None
+        grad_bias = (mean_dy * count).reshape(-1) if ctx.needs_input_grad[2] else None
         return dx, grad_scale, grad_bias, None
 
 
