@@ -3,8 +3,9 @@
 ``threshold_backward`` (ReLU's backward): ``grad * ceil(min(relu(x - threshold), 1))``, a float
 mask (exactly 0 or 1) by Relu, Min and Ceil and one Mul, instead of torch's
 ``where(x <= threshold, 0, grad)``: onnxruntime's Where (with its LessOrEqual) was measured at
-2.4x the time of Sign + Relu + Mul, and its Sign at 2-3x the time of Relu + Min + Ceil (single-op
-graphs, 1 thread, [8, 64, 32, 32], [8, 128, 8, 8], [16, 16, 32, 32]; docs/lowerings/conv_pool.md).
+2.4x the time of Sign + Relu + Mul, which took 1.1-1.4x the time of Relu + Min + Ceil + Mul (its
+Sign is slow; single-op graphs, 1 thread, [8, 64, 32, 32], [16, 32, 16, 16], [16, 16, 32, 32];
+docs/lowerings/conv_pool.md).
 A bool -> float Cast would be one pass less, but onnx-mlir casts only between floats.
 The two differ only on non-finite values: a NaN ``x`` gives NaN (torch: ``grad``), and an
 infinite or NaN ``grad`` where ``x <= threshold`` gives NaN (torch: 0).
