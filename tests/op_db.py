@@ -418,9 +418,7 @@ def _pool() -> list[OpRow]:
         row("AveragePool", "2d_pads_include", x2, attrs={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
         row("AveragePool", "2d_ceil_mode", x2, attrs={"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
         row("AveragePool", "1d", x((2, 3, 8)), attrs={"kernel_shape": [3], "strides": [2]}),
-        row("AveragePool", "3d", x((2, 2, 4, 4, 4)), attrs={"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]},
-            xfail="IREE: the backward's 3-D Conv ('backward_average_pool/node/Conv') fails to legalize "
-                  "torch.aten.convolution (not on a fix branch, see the op_db report)", xfail_checks=("iree",)),
+        row("AveragePool", "3d", x((2, 2, 4, 4, 4)), attrs={"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}),
     ]
     return rows
 

@@ -69,6 +69,27 @@ def test_max_pool_backward_lowering_unbatched_and_1d_through_make_fx():
         _close(traced(x.clone().requires_grad_()), grad(x.clone().requires_grad_()))
 
 
+@pytest.mark.parametrize("rank", [2, 3])
+def test_tiled_max_pool_backward_is_arithmetic_and_routes_ties_to_the_first_max(rank):
+    """Tiled windows (kernel == stride, no padding: ``MaxPool2d(2)``) take the full-resolution form
+    (MaxPool, MatMul, Ceil, Relu: no Equal/Where, no scatter); every window all ties (a constant
+    input), ties on a coarse grid with -inf elements (as an explicit -inf pad leaves), and sizes
+    the windows do not cover still give torch's gradient: all of it to each window's first maximum."""
+    forward, backward = MAX_POOL[rank]
+    kernel, sizes = [2, 3, 2][-rank:], [5, 7, 5][-rank:]
+    args = (kernel, kernel, [0] * rank, [1] * rank, False)
+    coarse = torch.round(torch.randn(2, 3, *sizes, dtype=torch.float64) * 2) / 2
+    coarse.view(-1)[::7] = float("-inf")
+    for x in (torch.ones(2, 3, *sizes, dtype=torch.float64), coarse):
+        y, indices = forward(x, *args)
+        gy = torch.randn_like(y)
+        _close(LOWERINGS[backward](gy, x, *args, indices), backward(gy, x, *args, indices))
+    traced = make_fx(lambda g, t: LOWERINGS[backward](g, t, *args, indices))(gy, x)
+    ops = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+    assert {aten.mm.default, aten.ceil.default, forward} <= ops
+    assert not ops & {aten.eq.Tensor, aten.where.self, aten.logical_xor.default}
+
+
 def _avg_cases():
     """The sweep; ``make test-fast`` runs kernel 3 at size 7 (a divisor at stride 2), the rest is ``slow``."""
     for rank, k, s, p, ceil, include, size, divisor in itertools.product(
@@ -126,6 +147,8 @@ MAX_POOL_ATTRS = {
     "2d-same-lower": ((2, 3, 9, 8), dict(kernel_shape=[2, 3], strides=[2, 2], auto_pad="SAME_LOWER")),
     "1d": ((2, 3, 11), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
     "3d": ((1, 2, 6, 5, 6), dict(kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[0, 1, 1, 0, 1, 0])),
+    "2d-tiled": ((2, 3, 9, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),  # the last row is read by no window
+    "3d-tiled": ((1, 2, 4, 6, 5), dict(kernel_shape=[2, 3, 2], strides=[2, 3, 2])),
 }
 
 AVG_POOL_ATTRS = {
@@ -137,6 +160,7 @@ AVG_POOL_ATTRS = {
     "2d-same-upper": ((2, 3, 9, 8), dict(kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_UPPER")),
     "1d": ((2, 3, 11), dict(kernel_shape=[3], strides=[2], pads=[1, 1], count_include_pad=1)),
     "3d": ((1, 2, 6, 5, 6), dict(kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[1, 1, 1, 1, 1, 1])),
+    "2d-tiled": ((2, 3, 9, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
 }
 
 rng = np.random.default_rng(5)

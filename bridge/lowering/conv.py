@@ -27,6 +27,10 @@ reshape/permute, ``add`` and ``flip``:
     transpose of the weight.
   - ``taps`` (groups 1): the same windows, one MatMul ``grad_output [Cout, N*O] @ window
     [N*O, Cin]`` per kernel offset, the ``K`` products stacked: no columns Concat.
+  - ``gemm_channel_first`` (groups 1, few input channels, stride 1): the windows of the
+    batch-transposed input ``[Cin, N, L...]`` (each slice copies whole rows, not ``Cin`` floats
+    at a time) stacked channel-major into columns ``[Cin*K, N*O]``, one MatMul with
+    ``grad_output`` channels-last ``[N*O, Cout]``, the ``[Cin*K, Cout]`` product transposed.
 * ``grad_bias``: a sum over batch and spatial dims.
 """
 from __future__ import annotations
@@ -246,7 +250,8 @@ def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outpu
     return "conv"
 
 
-def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
+def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
+                     stride: Sequence[int] = ()) -> str:
     """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement per shape class
     (single-op graphs in onnxruntime; the table is in docs/lowerings/conv_pool.md).
 
@@ -256,14 +261,15 @@ def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outpu
     wins while the output plane is large (``O >= 64``); below it the ``K`` weight-sized products
     cost more, and one im2col MatMul wins: offset-major stacking is the cheaper Concat,
     channel-major needs no transpose of the weight afterwards (the weight dominates at ``O <= 4``).
-    Grouped (depthwise) Convs keep ``conv``.
+    Grouped (depthwise) Convs keep ``conv``. With few input channels (an RGB stem) at stride 1,
+    ``gemm_channel_first``'s row-wise slices beat the Conv over the batch; strided, they do not.
     """
     if groups != 1:
         return "conv"
     if math.prod(kernel) == 1:
         return "gemm"
     if in_channels < 16:
-        return "conv"
+        return "gemm_channel_first" if all(s == 1 for s in stride) else "conv"
     if math.prod(outputs) >= 64:
         return "taps"
     return "gemm" if math.prod(outputs) <= 4 else "gemm_offset_major"
@@ -272,11 +278,13 @@ def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outpu
 def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None) -> torch.Tensor:
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: ``weight_grad_form``'s choice)
-    is ``conv``, ``taps``, ``gemm`` or ``gemm_offset_major`` (see the module docstring)."""
+    is ``conv``, ``taps``, ``gemm``, ``gemm_offset_major`` or ``gemm_channel_first`` (see the module docstring)."""
     kernel = list(weight_size[2:])
-    form = form or weight_grad_form(x.shape[1], groups, kernel, _spatial(grad_output))
+    form = form or weight_grad_form(x.shape[1], groups, kernel, _spatial(grad_output), stride)
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
+    if form == "gemm_channel_first":
+        return _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation)
     if form == "taps":
         return _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation)
     return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, form == "gemm_offset_major")
@@ -312,6 +320,18 @@ def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, of
     if offset_major and count > 1:
         product = aten.permute.default(aten.reshape.default(product, [out_channels, count, in_channels]), [0, 2, 1])
     return aten.reshape.default(product, list(weight_size))
+
+
+def _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    """im2col from the batch-transposed input (groups 1): columns ``[Cin*K, N*O]``, one MatMul."""
+    in_channels, out_channels = x.shape[1], grad_output.shape[1]
+    kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
+    xt = aten.permute.default(x, [1, 0] + list(range(2, x.dim())))  # [Cin, N, L...]
+    windows = window_slices(xt, kernel, stride, padding, dilation, outputs)
+    cols = aten.cat.default([aten.unsqueeze.default(w, 1) for w in windows], 1)  # [Cin, K, N, O...]
+    cols = aten.reshape.default(cols, [in_channels * math.prod(kernel), -1])
+    rows = aten.reshape.default(_channels_last(grad_output), [-1, out_channels])
+    return aten.reshape.default(aten.permute.default(aten.mm.default(cols, rows), [1, 0]), list(weight_size))
 
 
 def _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
