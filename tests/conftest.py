@@ -67,6 +67,28 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.nodeid not in grouped))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the ids to the scheduler
+def pytest_collection_finish(session):
+    """Make ``--dist loadgroup`` group again: pytest-xdist (3.8) names a test's group by appending
+    ``@group`` to ``item._nodeid``, which pytest 9.2 no longer reads (a node's id is ``item._id``),
+    so every test became a work unit of its own: both workers spawned the 2 ranks of
+    test_distributed.py and built every shared fixture (measured: two spawns in one run)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in session.items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and not _grouped_id(item.nodeid):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def _grouped_id(nodeid: str) -> bool:
+    """Whether ``nodeid`` ends in xdist's ``@group`` suffix (as xdist's scheduler reads it)."""
+    return nodeid.rfind("@") > nodeid.rfind("]")
+
+
 def seed_of(node: pytest.Item) -> int:
     """The seed of ``node``'s module-level generators: a function of its module and name only."""
     return zlib.crc32(f"{node.module.__name__}::{node.name}".encode())
