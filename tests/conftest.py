@@ -5,7 +5,8 @@ The Makefile runs ``pytest -n 2 --dist loadgroup``: each test is its own work un
 whichever worker is free, in the order collected here (``slow`` tests first, then the groups
 below, so that the longest work units start early instead of ending up serial at the tail),
 except tests that share an expensive module-scoped fixture (``SHARED_FIXTURES``): those form one
-``xdist_group`` and run on one worker, so the fixture is built once rather than once per worker.
+``xdist_group`` and run on one worker, so the fixture is built once rather than once per worker
+(as do tests marked with an ``xdist_group`` of their own: the ONNX node suite).
 """
 import os
 import re
