@@ -11,6 +11,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast test-all venv clean system-deps
 
+# pip byte-compiles all it installs (~50 s of CPU, 15,000 files). Kept: `--no-compile` saved those 50 s
+# (measured 2026-11-30), but this machine's environment sets PYTHONDONTWRITEBYTECODE=1, so every later
+# Python process would compile what it imports (torch + bridge: +8 s of CPU each, two pytest workers,
+# spawned ranks and CLI subprocesses); `compileall -j 0` afterwards took 77 s of CPU and exits 1 on a
+# file that does not compile.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[test,iree]'

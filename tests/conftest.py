@@ -5,7 +5,8 @@ The Makefile runs ``pytest -n 2 --dist loadgroup``: each test is its own work un
 whichever worker is free, in the order collected here (``slow`` tests first, then the groups
 below, so that the longest work units start early instead of ending up serial at the tail),
 except tests that share an expensive module-scoped fixture (``SHARED_FIXTURES``): those form one
-``xdist_group`` and run on one worker, so the fixture is built once rather than once per worker.
+``xdist_group`` and run on one worker, so the fixture is built once rather than once per worker
+(as do tests marked with an ``xdist_group`` of their own: the ONNX node suite).
 """
 import os
 import re
@@ -65,6 +66,28 @@ def pytest_collection_modifyitems(config, items):
             grouped.add(item.nodeid)
     # stable: modules stay contiguous
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.nodeid not in grouped))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the ids to the scheduler
+def pytest_collection_finish(session):
+    """Make ``--dist loadgroup`` group again: pytest-xdist (3.8) names a test's group by appending
+    ``@group`` to ``item._nodeid``, which pytest 9.2 no longer reads (a node's id is ``item._id``),
+    so every test became a work unit of its own: both workers spawned the 2 ranks of
+    test_distributed.py and built every shared fixture (measured: two spawns in one run)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in session.items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and not _grouped_id(item.nodeid):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def _grouped_id(nodeid: str) -> bool:
+    """Whether ``nodeid`` ends in xdist's ``@group`` suffix (as xdist's scheduler reads it)."""
+    return nodeid.rfind("@") > nodeid.rfind("]")
 
 
 def seed_of(node: pytest.Item) -> int:

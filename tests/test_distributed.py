@@ -336,10 +336,12 @@ def test_a_dead_or_silent_rank_fails_the_others_within_the_timeout(ranks):
     assert "rank 0 of 2: the gradient all-reduce failed" in dead and dead_seconds < 30
 
 
-def test_outside_a_process_group_is_a_clear_error(models):
-    directory, _ = models
+def test_outside_a_process_group_is_a_clear_error(tmp_path):
+    # a model of its own, not the module's ``models``: this test may run on the other pytest-xdist
+    # worker, which would then convert all of them again
+    bridge.to_training_onnx(small_mlp()[1], loss="ce", optim="sgd").save(tmp_path / "mlp-sgd.onnx")
     with pytest.raises(DistributedError, match="init_process_group"):
-        DataParallelTrainer(directory / "mlp-sgd.onnx")
+        DataParallelTrainer(tmp_path / "mlp-sgd.onnx")
 
 
 # -- launchers and IREE (their own processes) ----------------------------------------------------------

@@ -19,6 +19,10 @@ import pytest
 import onnx_node_suite as suite
 from generated_docs import assert_generated_block_current
 
+# One pytest-xdist work unit (tests/conftest.py): every process that runs one of these tests first
+# builds the suite's cases (``suite.cases()``, ~8 s of CPU); grouped, one worker builds them.
+pytestmark = pytest.mark.xdist_group("onnx_node_suite")
+
 UPDATE = os.environ.get("BRIDGE_UPDATE_EXPECTATIONS") == "1"
 EXPECTED = suite.load_expectations()
 NAMES = sorted(EXPECTED)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -21,3 +23,24 @@ def test_no_test_module_imports_a_private_helper_of_another():
     assert len(paths) > 40, "the glob is anchored on this file's folder"
     found = [hit for path in paths for hit in _private_imports_from_test_modules(path)]
     assert found == [], f"move these into tests/helpers/: {found}"
+
+
+def test_an_xdist_group_is_in_the_node_id_the_scheduler_reads(request):
+    """``--dist loadgroup`` keeps a group on one worker only if the group is in the test's node id
+    (``...@group``): pytest-xdist 3.8 writes ``item._nodeid``, which pytest 9.2 ignores, so
+    tests/conftest.py names it (without it both workers spawned test_distributed.py's ranks)."""
+    from types import SimpleNamespace
+
+    from xdist.scheduler.loadgroup import LoadGroupScheduling
+
+    import conftest
+
+    item, before = request.node, request.node.nodeid
+    item.add_marker(pytest.mark.xdist_group("probe"))
+    session = SimpleNamespace(config=SimpleNamespace(option=SimpleNamespace(loadgroup=True)), items=[item])
+    try:
+        conftest.pytest_collection_finish(session)
+        assert item.nodeid.startswith(before) and LoadGroupScheduling._split_scope(None, item.nodeid) == "probe"
+    finally:
+        item.own_markers.pop()
+        item._id = type(item._id).parse(before)
