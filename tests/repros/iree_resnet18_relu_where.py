@@ -58,7 +58,7 @@ def main() -> None:
 
     with TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        case, tm, _ = _torch_case("vision", "resnet18", "static", Path(tmp))
+        case, tm = _torch_case("vision", "resnet18", "static", Path(tmp))
     session, feed = tm.session(seed=0), {}
     run = session._run
     session._run = lambda f: (feed.update(f), run(f))[1]  # the exact feed of the first step
