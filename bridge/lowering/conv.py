@@ -251,7 +251,7 @@ def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outpu
 
 
 def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
-                     stride: Sequence[int] = ()) -> str:
+                     stride: Sequence[int]) -> str:
     """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement per shape class
     (single-op graphs in onnxruntime; the table is in docs/lowerings/conv_pool.md).
 
