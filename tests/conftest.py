@@ -34,6 +34,25 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(1)
+        _one_onnxruntime_thread()
+
+
+def _one_onnxruntime_thread() -> None:
+    """Every onnxruntime session of this process runs one intra-op thread unless its options set a
+    count: onnxruntime's default (a spinning thread per core) makes two workers' sessions fight
+    for the two cores. Measured (efficientnet_b0's training step, one process, load ~4): session
+    creation 5.7 -> 1.1 s of CPU, a step 0.72 -> 0.47 s of CPU."""
+    import onnxruntime as ort
+
+    init = ort.InferenceSession.__init__
+
+    def one_thread(self, path_or_bytes, sess_options=None, *args, **kwargs):
+        options = sess_options if sess_options is not None else ort.SessionOptions()
+        if options.intra_op_num_threads == 0:
+            options.intra_op_num_threads = 1
+        init(self, path_or_bytes, options, *args, **kwargs)
+
+    ort.InferenceSession.__init__ = one_thread
 
 
 def _iree_installed() -> bool:
