@@ -1,11 +1,11 @@
 """The zoo's comparison cannot pass a wrong first step: NaN never matches, and elements allowed to
-miss the tolerance are still bounded."""
+miss the tolerance are still bounded; a loss that does not fall fails."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from zoo.harness import MISMATCH_BOUND, Case, assert_first_step, check_batch
+from zoo.harness import LOSS_STEPS, MIN_STEPS, MISMATCH_BOUND, Case, assert_first_step, assert_loss_falls, check_batch
 
 
 def _case(allowed_mismatch: float) -> Case:
@@ -65,3 +65,22 @@ def test_a_loose_batch_tolerance_applies_at_its_batch_only():
     check_batch(case, converted, 16)
     with pytest.raises(AssertionError, match="batch3"):
         check_batch(case, converted, 3)
+
+
+class _Losses:
+    """A stand-in session whose steps return the losses given, in turn."""
+
+    def __init__(self, losses):
+        self.losses = iter(losses)
+
+    def step(self, inputs, target):
+        return {"loss": np.float32(next(self.losses))}
+
+
+def test_the_loss_must_fall_by_10_percent_within_its_steps():
+    case = _case(0.0)
+    with pytest.raises(AssertionError, match="did not fall"):
+        assert_loss_falls(case, _Losses([0.95] * LOSS_STEPS), 1.0)  # 5% only
+    assert len(assert_loss_falls(case, _Losses([1.0] * (LOSS_STEPS - 2) + [0.5]), 1.0)) == LOSS_STEPS  # the last step
+    assert len(assert_loss_falls(case, _Losses([0.5] * LOSS_STEPS), 1.0)) == MIN_STEPS  # the state fed back twice
+    assert len(assert_loss_falls(case, _Losses([1.0] * 9 + [0.8] * 30), 1.0)) == 11  # stops once it has fallen

@@ -2,7 +2,7 @@
 step vs the torch module itself (running statistics included), trained set, falling loss.
 
 The ``legacy17`` export of a model has a symbolic batch: converted once, it is checked at the
-export's batch (first step, trained set, onnx-mlir, 30-step loss) and, on the same conversion,
+export's batch (first step, trained set, onnx-mlir, the loss falling within 30 steps) and, on the same conversion,
 its first step at batch 1, 3 and 16 (zoo/torch_models.py: ``symbolic_batches``). CI (``slow``)
 checks each model once, every exporter at least once; the other exports of a model, and models
 whose families the others already exercise, are ``exhaustive`` (make test-all).

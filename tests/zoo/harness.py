@@ -2,7 +2,9 @@
 
 ``check_case`` converts a model with a loss and Adam, asserts the trained set, compares the
 first step (loss, every gradient, every updated weight and running statistic) with the
-oracle's, then runs 30 steps on the same batch and asserts that the loss falls. A model
+oracle's, then steps on the same batch and asserts that the loss falls by 10% within 30 steps
+(at least 3: the updated state is fed back twice; measured, every CI zoo case gets there in 1-4
+steps but conv_transpose, 15; the 30-step curve cost efficientnet_b0 ~12 s of CPU). A model
 exported with a symbolic batch (``Case.batches``) is converted once and its first step also
 compared with the oracle's at each of those batch sizes (one export and one conversion serve
 both the static and the dynamic checks).
@@ -37,7 +39,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import bridge
 from reference import torch_steps
 
-LOSS_STEPS = 30
+LOSS_STEPS = 30  # the most steps the loss may take to fall by LOSS_FALL
+MIN_STEPS = 3
+LOSS_FALL = 0.9
 NOISE = 1e-8  # absolute floor: gradients that are exactly zero in theory (e.g. attention key biases)
 NOISE_FACTOR = 4  # bridge (float32) may be this many times further from float64 than torch's float32 is
 # Where a model allows some elements to miss the tolerance (Case.allowed_mismatch), those may still be
@@ -111,14 +115,24 @@ def check_case(case: Case) -> dict[str, float]:
     first = session.step(case.inputs, case.target)
     want, noise = case.oracle()
     assert_first_step(case, first, want, noise, tm.initial_state())
-    losses = [float(first["loss"])] + [float(session.step(case.inputs, case.target)["loss"]) for _ in range(LOSS_STEPS - 1)]
-    assert losses[-1] < 0.9 * losses[0], f"{case.name}: loss did not fall over {LOSS_STEPS} steps: {losses}"
+    assert_loss_falls(case, session, float(first["loss"]))
     if case.batches:
         assert_symbolic_batch(tm, case)
     for batch in case.batches:
         check_batch(case, tm, batch)
     case.timings.update(convert=convert, total=time.perf_counter() - start)
     return case.timings
+
+
+def assert_loss_falls(case: Case, session, first: float) -> list[float]:
+    """Step ``session`` on the case's batch until its loss is below ``LOSS_FALL`` x ``first`` (the
+    loss before the first update), at least ``MIN_STEPS`` and at most ``LOSS_STEPS`` steps in all;
+    returns the losses."""
+    losses = [first]
+    while len(losses) < LOSS_STEPS and (len(losses) < MIN_STEPS or losses[-1] >= LOSS_FALL * first):
+        losses.append(float(session.step(case.inputs, case.target)["loss"]))
+    assert losses[-1] < LOSS_FALL * first, f"{case.name}: loss did not fall by 10% in {LOSS_STEPS} steps: {losses}"
+    return losses
 
 
 def rows(array: np.ndarray, batch: int, attempt: int = 0) -> np.ndarray:
