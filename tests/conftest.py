@@ -27,8 +27,9 @@ SHARED_FIXTURES = ("spawned", "compiled")
 
 
 def pytest_configure(config):
-    """One torch thread per pytest-xdist worker: the workers already fill the cores, and torch's
-    default (a thread per core in each worker) oversubscribes them. Measured on the 2-core machine,
+    """One torch thread (and one onnxruntime thread, ``_one_onnxruntime_thread``) per pytest-xdist
+    worker: the workers already fill the cores, and torch's default (a thread per core in each
+    worker) oversubscribes them. Measured on the 2-core machine,
     test_conv.py's 252 lowering tests in one process: 7.6 s of CPU with one thread, 19.4 s with two."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch

@@ -44,3 +44,25 @@ def test_an_xdist_group_is_in_the_node_id_the_scheduler_reads(request):
     finally:
         item.own_markers.pop()
         item._id = type(item._id).parse(before)
+
+
+def test_onnxruntime_sessions_run_one_thread_unless_told(monkeypatch):
+    """tests/conftest.py gives each xdist worker's onnxruntime sessions one intra-op thread, as its
+    torch, but leaves a count a test sets."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    import conftest
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", ort.InferenceSession.__init__)  # restored after
+    conftest._one_onnxruntime_thread()
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    onnx.checker.check_model(model)
+    assert ort.InferenceSession(model).get_session_options().intra_op_num_threads == 1
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    assert ort.InferenceSession(model, options).get_session_options().intra_op_num_threads == 2
