@@ -16,9 +16,9 @@ STAMP := $(VENV)/.installed
 # Python process would compile what it imports (torch + bridge: +8 s of CPU each, two pytest workers,
 # spawned ranks and CLI subprocesses); `compileall -j 0` afterwards took 77 s of CPU and exits 1 on a
 # file that does not compile.
-# No constraints file either: `pip install --dry-run` of '.[test,iree]' in a fresh venv (2026-12-01, load 3-8)
-# took 22.6 and 28.1 s of CPU (45.7 and 200.1 s wall) as it is, 25.2 and 27.4 s (75.7 and 202.2 s wall) with
-# `-c` of the 91 resolved `==` pins: the resolver does not backtrack; its wall time is fetching index pages.
+# No constraints file either: `pip install --dry-run` of '.[test,iree]' in a fresh venv (2026-12-01, load 3-10,
+# three runs each, alternating) took 22.6-28.1 s of CPU as it is and 25.2-27.4 s with `-c` of the 91 resolved `==`
+# pins (wall 46-296 s vs 76-202 s, set by the load): the resolver does not backtrack; its time is fetching indexes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[test,iree]'
