@@ -272,7 +272,7 @@ class WideCNN(torch.nn.Module):
     """Channels and sizes for which the form rules pick every backward form (checked below)."""
 
     SHAPES = [  # (Cin, Cout, kernel, stride, input size) of each Conv
-        (3, 16, 3, 1, 8), (16, 16, 3, 1, 8), (16, 32, 3, 2, 8), (32, 64, 3, 2, 4), (64, 64, 1, 1, 2),
+        (3, 16, 3, 1, 8), (16, 16, 3, 1, 8), (16, 32, 3, 2, 8), (32, 64, 3, 2, 4), (64, 64, 3, 1, 2), (64, 64, 1, 1, 2),
     ]
 
     def __init__(self):
