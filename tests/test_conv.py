@@ -66,7 +66,7 @@ def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size)
     args = ([stride] * rank, [padding] * rank, [dilation] * rank)
     gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0] * rank, 1))
     want_x, want_w, _ = aten.convolution_backward(gy, x, w, None, *args, False, [0] * rank, 1, [True, True, False])
-    for form in ("conv", "gemm"):
+    for form in ("conv", "gemm", "gemm_select"):
         _close(lowering.input_grad(gy, w, x.shape[2:], *args, 1, form=form), want_x)
     for form in ("conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first"):
         _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
@@ -272,7 +272,7 @@ class WideCNN(torch.nn.Module):
     """Channels and sizes for which the form rules pick every backward form (checked below)."""
 
     SHAPES = [  # (Cin, Cout, kernel, stride, input size) of each Conv
-        (3, 16, 3, 1, 8), (16, 16, 3, 1, 8), (16, 32, 3, 2, 8), (32, 64, 3, 2, 4), (64, 64, 1, 1, 2),
+        (3, 16, 3, 1, 8), (16, 16, 3, 1, 8), (16, 32, 3, 2, 8), (32, 64, 3, 2, 4), (64, 64, 3, 1, 2), (64, 64, 1, 1, 2),
     ]
 
     def __init__(self):
@@ -292,8 +292,9 @@ def test_every_backward_form_trains_like_torch(tmp_path):
     picked = set()
     for ci, co, k, s, size in WideCNN.SHAPES:
         out = [(size + 2 * (k // 2) - k) // s + 1] * 2
-        picked |= {lowering.weight_grad_form(ci, 1, [k, k], out, [s, s]), lowering.input_grad_form(co, 1, [k, k], out, [s, s])}
-    assert picked == {"conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first"}
+        picked |= {lowering.weight_grad_form(ci, 1, [k, k], out, [s, s]),
+                   lowering.input_grad_form(co, 1, [k, k], out, [s, s], [size, size])}
+    assert picked == {"conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first", "gemm_select"}
     torch.manual_seed(0)
     module = WideCNN()
     path = tmp_path / "wide.onnx"

@@ -15,6 +15,9 @@ reshape/permute, ``add`` and ``flip``:
     ``[Cin, N, O]`` part per kernel offset, added back onto the input positions by
     ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose to ``[N, Cin, L]``:
     no flip or transpose of the weight as a Conv's, which dominate deep layers.
+  - ``gemm_select`` (groups 1, an input plane small against ``Cout``): the columns
+    ``grad_output^T @ weight`` (the weight as it is) as ``[N*Cin, O*K]``, col2im as one MatMul with
+    a constant 0/1 ``[O*K, L]`` (``scatter_matrix``).
 * ``weight_grad``, forms picked by ``weight_grad_form``:
   - ``conv``: a Conv whose batch and channel roles are swapped: the input, as
     ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
@@ -39,6 +42,7 @@ import itertools
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..geometry import per_dim, torch_pad
@@ -175,10 +179,14 @@ def input_grad(
     form: str | None = None,
 ) -> torch.Tensor:
     """d(conv(x, weight))/dx applied to ``grad_output``; ``input_size`` is x's spatial size.
-    ``form`` (default: ``input_grad_form``'s choice) is ``conv`` or ``gemm`` (module docstring)."""
-    form = form or input_grad_form(weight.shape[0], groups, list(weight.shape[2:]), _spatial(grad_output), stride)
+    ``form`` (default: ``input_grad_form``'s choice) is ``conv``, ``gemm`` or ``gemm_select`` (module
+    docstring)."""
+    form = form or input_grad_form(weight.shape[0], groups, list(weight.shape[2:]), _spatial(grad_output), stride,
+                                   input_size)
     if form == "gemm":
         return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
+    if form == "gemm_select":
+        return _input_grad_select(grad_output, weight, input_size, stride, padding, dilation)
     return _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups)
 
 
@@ -234,19 +242,62 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     return aten.permute.default(swapped, [1, 0] + list(range(2, 2 + rank)))
 
 
+def _input_grad_select(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+    """col2im as one MatMul (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``
+    (the weight as it is), as ``[N*Cin, O*K]``, times the constant ``[O*K, L]`` of
+    ``scatter_matrix``: no per-offset Slice, Pad and Add (onnxruntime runs those on a 2-wide
+    innermost axis element by element) and no weight-sized Transpose."""
+    n, out_channels, in_channels = grad_output.shape[0], weight.shape[0], weight.shape[1]
+    kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
+    positions, count = math.prod(outputs), math.prod(kernel)
+    rows = aten.reshape.default(_channels_last(grad_output), [-1, out_channels])
+    cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))  # [N*O, Cin*K]
+    cols = aten.permute.default(aten.reshape.default(cols, [n, positions, in_channels, count]), [0, 2, 1, 3])
+    cols = aten.reshape.default(cols, [-1, positions * count])  # [N*Cin, O*K]
+    select = constant(scatter_matrix(input_size, kernel, stride, padding, dilation, outputs), weight)
+    return aten.reshape.default(aten.mm.default(cols, select), [n, in_channels] + list(input_size))
+
+
+def constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A numpy array as a constant tensor of ``like``'s dtype."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(like.dtype)
+
+
+def scatter_matrix(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                   dilation: Sequence[int], outputs: Sequence[int]) -> np.ndarray:
+    """``[O*K, L]`` (output position major, kernel offset minor): 1 where output ``o``'s window
+    reads input position ``l`` at offset ``k`` (``l = o*s + k*d - p``), else 0 (offsets reading
+    padding have no 1). Columns ``[.., O*K]`` times it are col2im."""
+    matrix = np.zeros((math.prod(outputs), math.prod(kernel), math.prod(sizes)))
+    strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    for i, o in enumerate(itertools.product(*[range(n) for n in outputs])):
+        for j, k in enumerate(itertools.product(*[range(n) for n in kernel])):
+            at = [oo * s + kk * d - p for oo, kk, s, d, p in zip(o, k, stride, dilation, padding)]
+            if all(0 <= a < n for a, n in zip(at, sizes)):
+                matrix[i, j, sum(a * st for a, st in zip(at, strides))] = 1.0
+    return matrix.reshape(-1, math.prod(sizes))
+
+
+def _select_is_cheap(out_channels: int, sizes: Sequence[int]) -> bool:
+    """A selection-matrix MatMul (``scatter_matrix``) costs ``L / Cout`` of the gradient's own MatMul:
+    worth it while the input plane is small against the channels (resnet18's layer3 and layer4)."""
+    return math.prod(sizes) * 8 <= out_channels
+
+
 def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
-                    stride: Sequence[int]) -> str:
+                    stride: Sequence[int], sizes: Sequence[int]) -> str:
     """How ``input_grad`` computes a Conv's input gradient, chosen by measurement per shape class
     (single-op graphs in onnxruntime; the table is in docs/lowerings/conv_pool.md).
 
     ``conv`` flips and transposes the whole weight and, when strided, convolves a zero-inserted
     gradient (most products are with zeros); ``gemm`` pays a per-offset scatter of input size.
     The weight dominates once ``Cout >= 16 * O``; a strided 1x1 Conv gains from skipping the zeros.
+    There, while ``8 * L <= Cout``, ``gemm_select`` does the scatter as one MatMul instead.
     """
     if groups != 1:
         return "conv"
     if out_channels >= 16 * math.prod(outputs) or (math.prod(kernel) == 1 and max(stride) > 1):
-        return "gemm"
+        return "gemm_select" if _select_is_cheap(out_channels, sizes) else "gemm"
     return "conv"
 
 

@@ -44,7 +44,7 @@ import torch
 
 from ..geometry import avg_pool_divisor, per_dim, pooled_size
 from . import lowers
-from .conv import fit_spatial, input_grad, scatter_windows, window_slices
+from .conv import constant, fit_spatial, input_grad, scatter_windows, window_slices
 
 aten = torch.ops.aten
 
@@ -68,10 +68,6 @@ def _pool_args(rank: int, kernel_size, stride, padding, dilation=(1,)) -> tuple[
 def _channels_first(x: torch.Tensor, rank: int) -> torch.Tensor:
     """``[*, C, L...]`` (batched or not) as ``[N, C, L...]``."""
     return x if x.dim() == rank + 2 else aten.unsqueeze.default(x, 0)
-
-
-def _constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).to(like.dtype)
 
 
 _MAX_POOL = {2: aten.max_pool2d_with_indices.default, 3: aten.max_pool3d_with_indices.default}
@@ -119,7 +115,7 @@ def _upsample(t: torch.Tensor, kernel: Sequence[int]) -> torch.Tensor:
     channels, outputs, rank = t.shape[1], list(t.shape[2:]), len(kernel)
     rows = kernel[-2] if rank > 1 else 1
     matrix = np.tile(np.repeat(np.eye(outputs[-1]), kernel[-1], axis=1), (1, rows))
-    spread = aten.mm.default(aten.reshape.default(t, [-1, outputs[-1]]), _constant(matrix, t))
+    spread = aten.mm.default(aten.reshape.default(t, [-1, outputs[-1]]), constant(matrix, t))
     sizes = outputs[:-2] + [o * k for o, k in zip(outputs[-2:], kernel[-2:])]
     for axis in reversed(range(rank - 2)):
         later = math.prod(sizes[axis + 1:])
@@ -137,7 +133,7 @@ def _max_pool_backward_tiled(grad_output: torch.Tensor, x: torch.Tensor, kernel:
     scale = float(2 ** count.bit_length())  # a power of two > count: every step below is exact
     pooled = pool(x, list(kernel), list(kernel))[0]
     miss = aten.ceil.default(aten.sub.Tensor(_upsample(pooled, kernel), x))
-    key = aten.sub.Tensor(_constant(_priority(kernel, list(x.shape[2:])) / scale, x), miss)
+    key = aten.sub.Tensor(constant(_priority(kernel, list(x.shape[2:])) / scale, x), miss)
     best = aten.sub.Tensor(pool(key, list(kernel), list(kernel))[0], 1.0 / scale)
     first = aten.relu.default(aten.sub.Tensor(key, _upsample(best, kernel)))
     return aten.mul.Tensor(first, _upsample(aten.mul.Tensor(grad_output, scale), kernel))
@@ -166,7 +162,7 @@ def _route_to_first_max(windows: list[torch.Tensor], grad_output: torch.Tensor) 
     real sizes, and whose results were wrong upstream of resnet18's max pool).
     """
     pooled = functools.reduce(aten.maximum.default, windows)
-    zero = _constant(np.zeros(()), grad_output)
+    zero = constant(np.zeros(()), grad_output)
     seen, routed = None, []
     for window in windows:
         is_max = aten.eq.Tensor(window, pooled)
@@ -181,7 +177,7 @@ def _route_to_first_max(windows: list[torch.Tensor], grad_output: torch.Tensor) 
 
 
 def _ones_weight(channels: int, kernel: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    return _constant(np.ones([channels, 1] + list(kernel)), like)
+    return constant(np.ones([channels, 1] + list(kernel)), like)
 
 
 @_per_rank({2: aten.avg_pool2d.default, 3: aten.avg_pool3d.default})
@@ -207,7 +203,7 @@ def lower_avg_pool(rank, x, kernel_size, stride=(), padding=(0,), ceil_mode=Fals
         padded, _ones_weight(channels, kernel, x), None, stride, [0] * rank, [1] * rank, False, [0] * rank, channels
     )
     divisor = avg_pool_divisor(sizes, outputs, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    y = aten.div.Tensor(sums, _constant(divisor, x))
+    y = aten.div.Tensor(sums, constant(divisor, x))
     return aten.squeeze.dims(y, [0]) if unbatched else y
 
 
@@ -218,7 +214,7 @@ def avg_pool_backward(rank, grad_output, x, kernel_size, stride, padding, ceil_m
     x, grad_output = _channels_first(x, rank), _channels_first(grad_output, rank)
     sizes, outputs = list(x.shape[2:]), list(grad_output.shape[2:])
     divisor = avg_pool_divisor(sizes, outputs, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    scaled = aten.div.Tensor(grad_output, _constant(divisor, grad_output))
+    scaled = aten.div.Tensor(grad_output, constant(divisor, grad_output))
     channels = x.shape[1]
     if _tiled(kernel, stride, padding, [1] * rank, sizes, outputs):
         grad_input = fit_spatial(_upsample(scaled, kernel), sizes)
@@ -243,7 +239,7 @@ def _apply_per_dim(x: torch.Tensor, matrices: Sequence[np.ndarray]) -> torch.Ten
         dim = x.dim() - rank + axis
         order = [d for d in range(x.dim()) if d != dim] + [dim]
         moved = aten.permute.default(x, order)
-        product = aten.matmul.default(moved, _constant(matrix.T, x))
+        product = aten.matmul.default(moved, constant(matrix.T, x))
         inverse = [order.index(d) for d in range(x.dim())]
         x = aten.permute.default(product, inverse)
     return x
