@@ -310,20 +310,19 @@ class _UpdateReplay:
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, slots: dict[str, torch.Tensor], step: torch.Tensor,
                lr: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        key = (tuple(param.shape), param.dtype, tuple((slot, tuple(v.shape), v.dtype) for slot, v in slots.items()))
+        key = (_key(param), tuple((slot, _key(value)) for slot, value in slots.items()))
         return self._replay.run(key, [param, grad, *slots.values(), step, lr],
                                 lambda: self.optimizer.update(param, grad, slots, step, lr))
 
 
 class _LoweringReplay:
     """bridge's lowerings (``bridge.lowering``) traced once per call signature (op, argument values, tensor
-    shapes, strides and dtypes) and replayed for the other calls with that signature (``_Replay``): resnet18's
-    20 convolution backwards are 11 signatures, each lowered into tens of ops. Symbolic sizes are keyed by
-    their expression."""
+    shapes, strides and dtypes: ``_key``) and replayed for the other calls with that signature (``_Replay``):
+    resnet18's 20 convolution backwards are 11 signatures, each lowered into tens of ops. A call with an argument
+    ``_key`` does not know is traced."""
 
     def __init__(self):
         self._replay = _Replay()
-        self.traced = 0  # lowering calls traced (not replayed), for tests
 
     def table(self) -> dict:
         """``decomposition_table()`` with each of bridge's lowerings replayed."""
@@ -334,28 +333,37 @@ class _LoweringReplay:
 
     def _lower(self, op: torch._ops.OpOverload, lowering: Callable, *args, **kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        signature = [_signature(leaf) for leaf in leaves]
-
-        def traced():
-            self.traced += 1
+        try:
+            signature = tuple(_key(leaf) for leaf in leaves)
+        except _Unkeyable:
             return lowering(*args, **kwargs)
+        return self._replay.run((op, spec, signature), [x for x in leaves if isinstance(x, torch.Tensor)],
+                                lambda: lowering(*args, **kwargs))
 
-        return self._replay.run((op, spec, tuple(signature)), [x for x in leaves if isinstance(x, torch.Tensor)],
-                                traced)
+
+class _Unkeyable(Exception):
+    """An argument ``_key`` cannot tell from others by its value (the call is traced, not replayed)."""
 
 
-def _signature(value) -> tuple:
-    """What a lowering's result may depend on of one argument (a symbolic size by its expression)."""
+_VALUE_TYPES = (type(None), bool, int, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _key(value) -> tuple:
+    """What a traced result may depend on of one value (a pytree leaf: lists and tuples are flattened, their
+    structure keyed by the tree spec), as a typed, hashable key: a symbolic size by its expression, a tensor by
+    its sizes, strides, storage offset, dtype and device, a float by its bits (``-0.0`` is not ``0.0``), None,
+    bools, ints, strings, dtypes, devices, layouts and memory formats by their value (typed: ``True`` is not
+    ``1``). Anything else raises ``_Unkeyable``."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return (type(value).__name__, value.node.expr)
     if isinstance(value, torch.Tensor):
         sizes = (*value.shape, *value.stride(), value.storage_offset())
-        return ("tensor", tuple(_size_key(size) for size in sizes), value.dim(), value.dtype, value.device)
-    return (type(value).__name__, repr(value))
-
-
-def _size_key(size: int | torch.SymInt) -> int | sympy.Expr:
-    return size.node.expr if isinstance(size, torch.SymInt) else size
+        return ("tensor", tuple(_key(size) for size in sizes), value.dtype, value.device)
+    if type(value) is float:
+        return ("float", value.hex())
+    if type(value) in _VALUE_TYPES:
+        return (type(value).__name__, value)
+    raise _Unkeyable(type(value).__name__)
 
 
 def _extra_outputs(program: OnnxProgram, signature: StepSignature, outputs: list) -> dict[str, torch.Tensor]:

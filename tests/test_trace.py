@@ -2,8 +2,11 @@
 lowerings traced once per call signature and replayed, the eval step traced only when its graph is asked for."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
 import bridge.api
@@ -90,3 +93,29 @@ def test_conversion_traces_the_step_once(mlp_path, monkeypatch, tmp_path):
     assert tm.eval_model.graph.name == "bridge_eval_step"
     tm.save(tmp_path / "mlp.onnx")
     assert calls == [1]
+
+
+def test_lowering_replay_keys_arguments_by_typed_value():
+    """A lowering call is replayed only for arguments equal in type and value (``0.0`` is not ``-0.0``, ``True`` is
+    not ``1``, a list is not a tuple); an argument of another kind (here an object) is traced at every call."""
+    seen = []
+
+    def lowering(x, value):
+        seen.append(value)
+        return torch.ops.aten.mul.Tensor(x, 2.0)
+
+    marker = object()
+    values = [0.0, 0.0, -0.0, 1, 1, True, [1, 2], [1, 2], (1, 2), torch.float32, torch.float32, torch.float64,
+              marker, marker, None, None]
+    replay = bridge.trace._LoweringReplay()
+
+    def f(x):
+        for value in values:
+            x = replay._lower(torch.ops.aten.add.Tensor, lowering, x, value)
+        return x
+
+    graph = make_fx(f, tracing_mode="fake")(torch.randn(3))
+    assert seen == [0.0, -0.0, 1, True, [1, 2], (1, 2), torch.float32, torch.float64, marker, marker, None]
+    assert [math.copysign(1.0, seen[0]), math.copysign(1.0, seen[1])] == [1.0, -1.0]
+    muls = [n for n in graph.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+    assert len(muls) == len(values), "a replayed call still adds its ops to the graph"
