@@ -26,8 +26,7 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
-from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot,
-                                               make_fx, track_tensor_tree)
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from .contract import (DIM_BOUNDS, DIM_NAMES, LOSS, LOSS_LAYER, LR, STEP, TARGET, Phase, StepSignature, output_name,
@@ -38,6 +37,7 @@ from .importer.program import OnnxProgram
 from .losses import Loss
 from .lowering import LOWERINGS, decomposition_table
 from .optimizers import Optimizer, clip_grad_norm
+from .replay import Replay, Unkeyable, key as replay_key
 
 
 class _LayerTags:
@@ -233,97 +233,30 @@ def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict
     return results
 
 
-class _Replay:
-    """Regions of a ``make_fx`` trace recorded once per key and replayed for later calls with that key: the
-    recorded nodes are copied with the call's own inputs and tags (names as tracing gives them), so the graph is
-    the one tracing every call records, without tracing each op again. Outside tracing, and for a region that
-    reads a value it was not given or makes a non-op node (a constant), ``fn`` simply runs."""
-
-    def __init__(self):
-        self._recorded: dict[object, tuple[list[torch.fx.Node], list[torch.fx.Node], list, object]] = {}
-
-    def run(self, key: object, tensors: Sequence[torch.Tensor], fn: Callable[[], object]) -> object:
-        """``fn()``, a function of ``tensors`` whose result is a pytree of tensors (None leaves allowed),
-        traced the first time ``key`` is seen and replayed for ``tensors`` after that."""
-        mode = get_proxy_mode()
-        inputs = [] if mode is None else [_node_of(t, mode.tracer) for t in tensors]
-        if mode is None or None in inputs or len(set(inputs)) < len(inputs):
-            return fn()
-        if key in self._recorded:
-            return self._replay(mode.tracer, self._recorded[key], dict(zip(inputs, tensors)), inputs)
-        graph = mode.tracer.graph
-        last = graph._root.prev
-        result = fn()
-        nodes, node = [], last.next
-        while node is not graph._root:
-            nodes.append(node)
-            node = node.next
-        leaves, spec = pytree.tree_flatten(result)
-        if all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves):
-            outputs = [None if leaf is None else _node_of(leaf, mode.tracer) for leaf in leaves]
-            if (all(out is None or out in nodes or out in inputs for out in outputs)
-                    and all(n.op == "call_function" for n in nodes)):
-                self._recorded[key] = (inputs, nodes, outputs, spec)
-        return result
-
-    @staticmethod
-    def _replay(tracer, recorded: tuple, values: dict[torch.fx.Node, torch.Tensor],
-                inputs: list[torch.fx.Node]) -> object:
-        """Copy the ``recorded`` nodes reading ``inputs``; the copies of its outputs as tracked fake tensors."""
-        template_inputs, nodes, outputs, spec = recorded
-        env = dict(zip(template_inputs, inputs))
-        custom = dict(fx_traceback.current_meta.get("custom") or {})
-        graph = tracer.graph
-        for node in nodes:
-            target = node.target
-            name = getattr(getattr(target, "overloadpacket", None), "__name__", None) or node.name
-            copy = graph.create_node(node.op, target, *torch.fx.node.map_arg((node.args, node.kwargs),
-                                                                            lambda n: env.get(n, n)),
-                                     name=graph._target_to_str(name))
-            copy.meta = {**node.meta, "custom": custom}
-            env[node] = copy
-        results = []
-        for out in outputs:
-            if out is None or out in template_inputs:
-                results.append(None if out is None else values[env[out]])
-                continue
-            with disable_proxy_modes_tracing():
-                result = torch.empty_like(out.meta["val"])
-            track_tensor_tree(result, torch.fx.Proxy(env[out], tracer), constant=None, tracer=tracer)
-            results.append(result)
-        return pytree.tree_unflatten(results, spec)
-
-
-def _node_of(tensor: torch.Tensor, tracer) -> torch.fx.Node | None:
-    """The FX node a tracked tensor is the value of (None for an untracked one)."""
-    return get_proxy_slot(tensor, tracer, None, lambda p: p.proxy.node)
-
-
 class _UpdateReplay:
     """``optimizer.update`` traced once per kind of weight (shape, dtype and state slots) and replayed for the
-    other weights of that kind (``_Replay``: an update is ~20 ops per weight; resnet18's 62 weights are 17
-    kinds). Outside tracing it is ``optimizer.update``."""
+    other weights of that kind (``bridge.replay.Replay``: an update is ~20 ops per weight; resnet18's 62 weights
+    are 17 kinds). Outside tracing it is ``optimizer.update``."""
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
-        self._replay = _Replay()
+        self._replay = Replay()
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, slots: dict[str, torch.Tensor], step: torch.Tensor,
                lr: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        key = (tuple(param.shape), param.dtype, tuple((slot, tuple(v.shape), v.dtype) for slot, v in slots.items()))
-        return self._replay.run(key, [param, grad, *slots.values(), step, lr],
+        kind = (replay_key(param), tuple((slot, replay_key(value)) for slot, value in slots.items()))
+        return self._replay.run(kind, [param, grad, *slots.values(), step, lr],
                                 lambda: self.optimizer.update(param, grad, slots, step, lr))
 
 
 class _LoweringReplay:
     """bridge's lowerings (``bridge.lowering``) traced once per call signature (op, argument values, tensor
-    shapes, strides and dtypes) and replayed for the other calls with that signature (``_Replay``): resnet18's
-    20 convolution backwards are 11 signatures, each lowered into tens of ops. Symbolic sizes are keyed by
-    their expression."""
+    shapes, strides and dtypes: ``bridge.replay.key``) and replayed for the other calls with that signature
+    (``bridge.replay.Replay``): resnet18's 20 convolution backwards are 11 signatures, each lowered into tens of
+    ops. A call with an argument ``bridge.replay.key`` does not know is traced."""
 
     def __init__(self):
-        self._replay = _Replay()
-        self.traced = 0  # lowering calls traced (not replayed), for tests
+        self._replay = Replay()
 
     def table(self) -> dict:
         """``decomposition_table()`` with each of bridge's lowerings replayed."""
@@ -334,28 +267,12 @@ class _LoweringReplay:
 
     def _lower(self, op: torch._ops.OpOverload, lowering: Callable, *args, **kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        signature = [_signature(leaf) for leaf in leaves]
-
-        def traced():
-            self.traced += 1
+        try:
+            signature = tuple(replay_key(leaf) for leaf in leaves)
+        except Unkeyable:
             return lowering(*args, **kwargs)
-
-        return self._replay.run((op, spec, tuple(signature)), [x for x in leaves if isinstance(x, torch.Tensor)],
-                                traced)
-
-
-def _signature(value) -> tuple:
-    """What a lowering's result may depend on of one argument (a symbolic size by its expression)."""
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return (type(value).__name__, value.node.expr)
-    if isinstance(value, torch.Tensor):
-        sizes = (*value.shape, *value.stride(), value.storage_offset())
-        return ("tensor", tuple(_size_key(size) for size in sizes), value.dim(), value.dtype, value.device)
-    return (type(value).__name__, repr(value))
-
-
-def _size_key(size: int | torch.SymInt) -> int | sympy.Expr:
-    return size.node.expr if isinstance(size, torch.SymInt) else size
+        return self._replay.run((op, spec, signature), [x for x in leaves if isinstance(x, torch.Tensor)],
+                                lambda: lowering(*args, **kwargs))
 
 
 def _extra_outputs(program: OnnxProgram, signature: StepSignature, outputs: list) -> dict[str, torch.Tensor]:

@@ -1,12 +1,17 @@
 """The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight and replayed, bridge's
-lowerings traced once per call signature and replayed, the eval step traced only when its graph is asked for."""
+lowerings traced once per call signature and replayed (arguments keyed by type and value), BatchNorm's forward and
+backward traced once per shape and replayed, the eval step traced only when its graph is asked for."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
 import bridge.api
+import bridge.importer.ops.normalization
 import bridge.lowering
 import bridge.optimizers
 import bridge.trace
@@ -90,3 +95,73 @@ def test_conversion_traces_the_step_once(mlp_path, monkeypatch, tmp_path):
     assert tm.eval_model.graph.name == "bridge_eval_step"
     tm.save(tmp_path / "mlp.onnx")
     assert calls == [1]
+
+
+def test_lowering_replay_keys_arguments_by_typed_value():
+    """A lowering call is replayed only for arguments equal in type and value (``0.0`` is not ``-0.0``, ``True`` is
+    not ``1``, a list is not a tuple); an argument of another kind (here an object) is traced at every call."""
+    seen = []
+
+    def lowering(x, value):
+        seen.append(value)
+        return torch.ops.aten.mul.Tensor(x, 2.0)
+
+    marker = object()
+    values = [0.0, 0.0, -0.0, 1, 1, True, [1, 2], [1, 2], (1, 2), torch.float32, torch.float32, torch.float64,
+              marker, marker, None, None]
+    replay = bridge.trace._LoweringReplay()
+
+    def f(x):
+        for value in values:
+            x = replay._lower(torch.ops.aten.add.Tensor, lowering, x, value)
+        return x
+
+    graph = make_fx(f, tracing_mode="fake")(torch.randn(3))
+    assert seen == [0.0, -0.0, 1, True, [1, 2], (1, 2), torch.float32, torch.float64, marker, marker, None]
+    assert [math.copysign(1.0, seen[0]), math.copysign(1.0, seen[1])] == [1.0, -1.0]
+    muls = [n for n in graph.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+    assert len(muls) == len(values), "a replayed call still adds its ops to the graph"
+
+
+@pytest.fixture(scope="module")
+def bn_path(tmp_path_factory) -> str:
+    """Three BatchNorms: the last two on one shape, the first on another."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                 torch.nn.Linear(16, 3))
+    for norm in (m for m in module if isinstance(m, torch.nn.BatchNorm2d)):
+        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)  # distinct: the exporter de-duplicates equal initializers
+        torch.nn.init.uniform_(norm.bias, -0.5, 0.5)
+    path = tmp_path_factory.mktemp("bn") / "bn.onnx"
+    torch.onnx.export(module.eval(), (torch.randn(3, 2, 4, 4),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    return str(path)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_batch_norm_traced_once_per_shape_same_graph(bn_path, monkeypatch, dynamic):
+    """BatchNorm's forward and backward are traced once per shape and replayed (bridge.replay.replayed), at a
+    static batch; at a symbolic batch every call is traced."""
+    norm = bridge.importer.ops.normalization
+
+    def convert(replay: bool) -> tuple[bridge.TrainingModel, dict[str, int]]:
+        calls = {"forward": 0, "backward": 0}
+        with monkeypatch.context() as patch:
+            for part in calls:
+                fn = getattr(norm, f"_batch_norm_{part}")
+                patch.setattr(norm, f"_batch_norm_{part}",
+                              lambda *args, _fn=fn, _part=part: calls.__setitem__(_part, calls[_part] + 1) or _fn(*args))
+            if not replay:
+                patch.setattr(norm, "replayed", lambda fn, *args: fn(*args))
+            tm = bridge.to_training_onnx(bn_path, loss="ce", optim="adam", dynamic_batch=dynamic)
+        return tm, calls
+
+    replayed, calls = convert(replay=True)
+    every, every_calls = convert(replay=False)
+    assert every_calls["backward"] == 3
+    assert calls["backward"] == (3 if dynamic else 2), "the backward is traced once per shape"
+    assert calls["forward"] == every_calls["forward"] - (0 if dynamic else 1)  # the example run calls it too
+    for part in ("model", "gradient_model", "eval_model"):
+        assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
