@@ -180,7 +180,8 @@ XFAIL: dict[str, str] = {
     # in IREE): on this batch-3 draw onnxruntime matches torch float64 on every gradient, and
     # denselayer4.relu2 (just after that conv1 and norm2) has one input 1.5e-6 from 0 (float32 error
     # 1.7e-6), 13 other ReLUs one each; none of 20 draws at batch 3 keeps off every decision
-    # (zoo.harness.safe_attempt finds none: torch_models.DRAWS records None), so drawing off decisions cannot cover it.
+    # (zoo.harness.safe_attempt finds none: torch_models.DRAWS records None; none of 100 at batch 2 or 3 either,
+    # searched 2026-12-01), so drawing off decisions cannot cover it.
     "densenet121-dynamic": "IREE's weight gradient of denseblock2.denselayer4.conv1 (1x1 Conv) is 21% of its scale "
                            "off onnxruntime's at batch 3, where onnxruntime matches float64 and that layer's relu2 has "
                            "an input within float32 rounding of 0 (probably a decision; no draw at 3 keeps off them)",

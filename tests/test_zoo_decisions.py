@@ -68,6 +68,28 @@ def test_safe_attempt_keeps_a_draw_whose_flips_do_not_matter_and_says_when_none_
     assert safe_attempt(_Net(True), lambda attempt: draws[0], "mse") is None
 
 
+class _TwoKinks(torch.nn.Module):
+    """relu(y + b) + relu(y + c) of ``_Net``'s y (w = 1): two decision calls at the same kink."""
+
+    def __init__(self):
+        super().__init__()
+        self.b, self.c = torch.nn.Parameter(torch.zeros(())), torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        y = x[:, 0] + x[:, 1] + x[:, 2]
+        return F.relu(y + self.b) + F.relu(y + self.c)
+
+
+def test_a_limit_stops_the_flip_effects_once_they_sum_to_it():
+    """Row 0 sits at both ReLUs' kink: each flip moves b's or c's gradient far past its tolerance.
+    With ``limit`` the first call's effect is exact and the second is not computed (inf)."""
+    full = near_decisions(_TwoKinks(), {"x": AT_KINK}, TARGET, "mse")
+    stopped = near_decisions(_TwoKinks(), {"x": AT_KINK}, TARGET, "mse", limit=1.0)
+    assert [count for _, count, *_ in full] == [1, 1] and all(1 < effect < np.inf for *_, effect in full)
+    assert stopped[0] == full[0] and stopped[1][:4] == full[1][:4] and stopped[1][4] == np.inf
+    assert near_decisions(_TwoKinks(), {"x": AT_KINK}, TARGET, "mse", limit=np.inf) == full
+
+
 @pytest.mark.exhaustive  # searches draws: float64 and float32 steps of each zoo vision model, minutes
 @pytest.mark.parametrize("name", sorted(VISION))
 def test_the_recorded_draws_are_the_first_whose_decision_flips_stay_within_tolerance(name):

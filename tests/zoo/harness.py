@@ -508,19 +508,26 @@ def _forward(module: torch.nn.Module, inputs: dict[str, np.ndarray], dtype, sing
     return model, out, mode.calls
 
 
-def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray, loss: str, calls: list[_Call]) -> None:
+def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray, loss: str, calls: list[_Call],
+                  limit: float = torch.inf) -> None:
     """Set each near call's ``effect``: the most any parameter gradient can move if its near
     elements flip (each flip's exact float64 change of every gradient, summed in absolute value
     over the call's elements), as a fraction of that gradient's zoo tolerance ``DECISION_RTOL``
     x its scale + ``NOISE``. The backward is linear in the cotangent, so a flip changes the
-    gradients by the backward of its cotangent change alone. inf: the call is not linked, its
-    input changed in place later, or more than ``MAX_FLIPS`` elements are near."""
+    gradients by the backward of its cotangent change alone (one partial backward per flip; a
+    vmapped backward of the stacked changes measured no faster on CPU). inf: the call is not
+    linked, its input changed in place later, or more than ``MAX_FLIPS`` elements are near.
+    Calls go in forward order (the shortest backwards first) and stop once their effects sum to
+    ``limit``: the calls left keep inf (every call does, with no backward, where one is inf)."""
     params = [p for p in model.parameters() if p.requires_grad]
     near = [c for c in calls if c.count]
     linked = [c for c in near if c.link and c.count <= MAX_FLIPS and c.link[0]._version == c.link[2]]
+    if len(linked) < len(near) and limit < torch.inf:
+        return
     value = torch_loss(loss)(out, torch.from_numpy(target))
     grads = torch.autograd.grad(value, [*params, *(c.link[1] for c in linked)], retain_graph=True, allow_unused=True)
     allowed = [DECISION_RTOL * float(g.abs().max()) + NOISE if g is not None else NOISE for g in grads[:len(params)]]
+    total = 0.0
     for call, cotangent in zip(linked, grads[len(params):]):
         bound = [torch.zeros_like(p) for p in params]
         for inputs, output in call.flips if cotangent is not None else ():
@@ -531,10 +538,13 @@ def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray,
                                         retain_graph=True, allow_unused=True)
             bound = [b + m.abs() if m is not None else b for b, m in zip(bound, moved)]
         call.effect = max(float(b.max()) / a for b, a in zip(bound, allowed))
+        total += call.effect
+        if total >= limit:
+            return
 
 
 def near_decisions(module: torch.nn.Module, inputs: dict[str, np.ndarray], target: np.ndarray | None = None,
-                   loss: str = "ce") -> list[tuple[str, int, float, float, float]]:
+                   loss: str = "ce", limit: float = torch.inf) -> list[tuple[str, int, float, float, float]]:
     """Where ``module``'s float64 training-mode forward on ``inputs`` is at a decision: for each
     kinked activation (``KINKS``) and max pool (``MAX_POOLS``) call, (module and op, elements
     closer to a kink, or windows whose two largest inputs are closer to each other, than
@@ -542,7 +552,8 @@ def near_decisions(module: torch.nn.Module, inputs: dict[str, np.ndarray], targe
     flips' effect), listing only calls with such elements. The float32 error is measured: the
     RMS of |float32 - float64| over the input tensor in the same forward in float32. The effect
     (given the ``target`` of ``loss``; else inf) is the most those elements' flips can move a
-    parameter gradient, as a fraction of the zoo's tolerance on it (``_flip_effects``).
+    parameter gradient, as a fraction of the zoo's tolerance on it (``_flip_effects``); given a
+    ``limit``, effects are computed only until they sum to it (the calls left: inf).
 
     There the gradient is not defined by the model, only by rounding: a float32 runtime may
     route it to either side, so comparing two of them (or one with float64) tests luck, where
@@ -551,7 +562,7 @@ def near_decisions(module: torch.nn.Module, inputs: dict[str, np.ndarray], targe
     model, out, wide = _forward(module, inputs, torch.float64, single, grad=target is not None)
     assert len(wide) == len(single), f"float32 and float64 forwards differ: {len(single)} vs {len(wide)} decisions"
     if target is not None and any(c.count for c in wide):
-        _flip_effects(model, out, target, loss, wide)
+        _flip_effects(model, out, target, loss, wide, limit)
     return [(c.where, c.count, c.closest, c.error, c.effect) for c in wide if c.count]
 
 
@@ -572,7 +583,7 @@ def safe_attempt(module: torch.nn.Module, draw: Callable[[int], tuple[dict[str, 
         inputs, target = draw(attempt)
         if not any(v.dtype.kind == "f" for v in inputs.values()):
             return attempt
-        if flip_effect(near_decisions(module, inputs, target, loss)) < 1:
+        if flip_effect(near_decisions(module, inputs, target, loss, limit=1.0)) < 1:
             return attempt
     return None
 
