@@ -118,8 +118,8 @@ def _torch_records(module, args, target, loss, noise, dtype, optim) -> list[dict
     modules = dict(model.named_modules())
     for name in (noise[0] if noise else {}):
         dropout = modules[_dropout_module(name)]
-        dropout.register_forward_hook(lambda m, inputs, out, name=name: inputs[0] * torch.from_numpy(
-            current[name] >= m.p).to(dtype) / (1 - m.p))
+        # replaces forward (not a forward hook): an inplace Dropout has already masked a hook's input
+        dropout.forward = lambda x, m=dropout, name=name: x * torch.from_numpy(current[name] >= m.p).to(dtype) / (1 - m.p)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     stats = {n: b for n, b in model.named_buffers() if b.is_floating_point()}
     opt = TORCH_OPTIMIZERS[optim[0]](params.values(), **optim[1])
@@ -191,6 +191,18 @@ def test_mlp_with_dropout_trains_like_torch_at_any_batch():
     assert features.type.tensor_type.shape.dim[0].dim_param == "batch"
     out = tm.session().step({"features": np.ones((3, 6), np.float32)}, _target(3))
     assert np.isfinite(out["loss"]) and out["updated_bn.running_mean"].shape == (16,)
+
+
+def test_inplace_dropout_module_trains_like_torch():
+    """An inplace Dropout (as torchvision's classifiers have) gets bridge's mask once in the oracle
+    too: a forward hook would see its input already masked by torch's own draw."""
+    torch.manual_seed(0)
+    module = perturb(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Hardswish(),
+                                         torch.nn.Dropout(0.25, inplace=True), torch.nn.Linear(16, CLASSES)), 0)
+    args = (torch.randn(4, 6, generator=torch.Generator().manual_seed(1)),)
+    tm = _convert(module, args)
+    assert tm.signature.random, "Dropout became no noise input"
+    assert_trains_like_torch(tm, module, args, _target(4))
 
 
 def test_cnn_module_and_its_export_for_training_file_train_identically(tmp_path):
