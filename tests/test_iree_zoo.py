@@ -182,6 +182,16 @@ XFAIL: dict[str, str] = {
     # 1.7e-6), 13 other ReLUs one each; none of 20 draws at batch 3 keeps off every decision
     # (zoo.harness.safe_attempt finds none: torch_models.DRAWS records None; none of 100 at batch 2 or 3 either,
     # searched 2026-12-01), so drawing off decisions cannot cover it.
+    # densenet121-static (batch 2; no draw of 100 at batch 2 keeps off decisions: DRAWS None), measured
+    # 2026-12-01 with the merged forms (545b211), key by key against torch float64 at the zoo's tolerance:
+    # onnxruntime (2 intra-op threads) is off on 50 of 365 gradient keys (up to 28x the tolerance, on up to
+    # 92% of a BatchNorm parameter's elements: what one flipped decision downstream does to every gradient
+    # upstream); IREE on 2 (denseblock1.denselayer4.norm1.bias: 0.62% of its elements past, at most 2.3x,
+    # densenet's allowance being 0.5%; denselayer1.conv2.weight: one element at 1.1x). Probably
+    # decisions rounded differently, not proven (no flip fit of IREE's step yet).
+    "densenet121-static": "IREE vs onnxruntime differ on 10 gradient keys, onnxruntime being off float64 on 50 "
+                          "(up to 28x the tolerance) and IREE on 2 (0.62% of one key's elements, allowance 0.5%): "
+                          "probably float32 decisions (no safe draw at batch 2), not proven",
     "densenet121-dynamic": "IREE's weight gradient of denseblock2.denselayer4.conv1 (1x1 Conv) is 21% of its scale "
                            "off onnxruntime's at batch 3, where onnxruntime matches float64 and that layer's relu2 has "
                            "an input within float32 rounding of 0 (probably a decision; no draw at 3 keeps off them)",
