@@ -101,8 +101,8 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
         phase = tuple(shift % s for shift, s in zip(shifts, stride))
         grid = [-(-(size - r) // s) for size, r, s in zip(sizes, phase, stride)]  # positions m*s + r < size
         begins = [shift // s for shift, s in zip(shifts, stride)]
-        if any(b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid)):
-            continue  # this offset reads padding only (and an empty Slice is what IREE rejects)
+        if any(m <= 0 or b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid)):
+            continue  # this offset reads padding only or its phase holds no position (an empty Slice is what IREE rejects)
         placed = aten.constant_pad_nd.default(
             part, torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
         phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
@@ -119,33 +119,73 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
 
 def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[int]) -> torch.Tensor:
     """Every stride phase, each ``[N, C, M...]``, as one ``[N, C, M*s...]`` (element ``m`` of phase
-    ``r`` at ``m*s + r``): one Concat and one Transpose instead of a spread and an Add per phase."""
+    ``r`` at ``m*s + r``): the last dim by ``_interleave_last``, then one Concat and one Transpose
+    (whose innermost block is a whole row) instead of a spread and an Add per phase."""
     rank = len(stride)
+    if stride[-1] > 1:
+        phases = {prefix + (0,): _interleave_last([phases[prefix + (r,)] for r in range(stride[-1])])
+                  for prefix in itertools.product(*[range(s) for s in stride[:-1]])}
+        stride = list(stride[:-1]) + [1]
     order = list(itertools.product(*[range(s) for s in stride]))
     first = phases[order[0]]
+    if len(order) == 1:
+        return first
     channels, grid = first.shape[1], list(first.shape[2:])
+    strided = [i for i in range(rank) if stride[i] > 1]  # a size-1 axis would make the Transpose element-wise
+    lead = len(strided)
     stacked = aten.cat.default([aten.unsqueeze.default(phases[r], 0) for r in order], 0)
-    stacked = aten.reshape.default(stacked, list(stride) + [-1, channels] + grid)
-    perm = [rank, rank + 1] + [axis for i in range(rank) for axis in (rank + 2 + i, i)]
+    stacked = aten.reshape.default(stacked, [stride[i] for i in strided] + [-1, channels] + grid)
+    perm = [lead, lead + 1]
+    for i in range(rank):
+        perm += [lead + 2 + i] + ([strided.index(i)] if i in strided else [])
     return aten.reshape.default(aten.permute.default(stacked, perm), [-1, channels] + [m * s for m, s in zip(grid, stride)])
+
+
+def _interleave_last(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``s`` tensors ``[..., M]`` as one ``[..., M*s]``, element ``m`` of part ``r`` at ``m*s + r``:
+    a Concat and one MatMul with a constant ``[s*M, M*s]`` permutation (onnxruntime interleaves or
+    pads an innermost axis of ``s`` elements element by element). Exact for finite values; an
+    infinity makes its row NaN."""
+    size, count = parts[0].shape[-1], len(parts)
+    matrix = np.zeros((count * size, size * count))
+    for r in range(count):
+        matrix[r * size + np.arange(size), np.arange(size) * count + r] = 1.0
+    return _times(aten.cat.default(list(parts), -1) if count > 1 else parts[0], matrix)
+
+
+def _times(x: torch.Tensor, matrix: np.ndarray) -> torch.Tensor:
+    """``x [..., A] @ matrix [A, B]`` (a constant) as ``[..., B]``, through one 2-D MatMul."""
+    rows = aten.reshape.default(x, [-1, matrix.shape[0]])
+    return aten.reshape.default(aten.mm.default(rows, constant(matrix, x)), list(x.shape[:-1]) + [matrix.shape[1]])
 
 
 def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | None = None) -> torch.Tensor:
     """Spread each spatial element over ``stride`` positions, zeros around it: ``[N, C, O]`` ->
-    ``[N, C, O * s]``, element ``o`` at ``o * s + phase`` (default phase 0: zeros after it)."""
+    ``[N, C, O * s]``, element ``o`` at ``o * s + phase`` (default phase 0: zeros after it).
+
+    The last dim by a MatMul with a constant 0/1 ``[O, O*s]`` (``_interleave_last``'s caveat:
+    an infinity makes its row NaN), the others by a reshape and a Pad whose innermost block is a
+    whole row: onnxruntime pads an innermost axis of ``s`` elements element by element."""
     phase = phase or [0] * len(stride)
     if all(s == 1 for s in stride):
         return x
+    if stride[-1] > 1:
+        size, s, r = x.shape[-1], stride[-1], phase[-1]
+        matrix = np.zeros((size, size * s))
+        matrix[np.arange(size), np.arange(size) * s + r] = 1.0
+        x = _times(x, matrix)
+    if all(s == 1 for s in stride[:-1]):
+        return x
     n, c, sizes = x.shape[0], x.shape[1], _spatial(x)
     interleaved = [n, c]
-    for size in sizes:
+    for size in sizes[:-1]:
         interleaved += [size, 1]
-    y = aten.reshape.default(x, interleaved)
-    pad = []
-    for s, r in reversed(list(zip(stride, phase))):
+    y = aten.reshape.default(x, interleaved + sizes[-1:])
+    pad = [0, 0]
+    for s, r in reversed(list(zip(stride[:-1], phase[:-1]))):
         pad += [r, s - 1 - r, 0, 0]
     y = aten.constant_pad_nd.default(y, pad[:-2], 0.0)
-    return aten.reshape.default(y, [n, c] + [size * s for size, s in zip(sizes, stride)])
+    return aten.reshape.default(y, [n, c] + [size * s for size, s in zip(sizes[:-1], stride[:-1])] + sizes[-1:])
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
