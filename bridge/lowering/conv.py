@@ -51,16 +51,22 @@ from . import lowers
 aten = torch.ops.aten
 
 
-def _spatial(x: torch.Tensor) -> list[int]:
-    return list(x.shape[2:])
+def _spatial(x: torch.Tensor, channels_last: bool = False) -> list[int]:
+    return list(x.shape[1:-1]) if channels_last else list(x.shape[2:])
 
 
-def fit_spatial(x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
-    """Crop (or zero-pad) the end of each spatial dim of ``x`` to ``sizes``."""
-    have = _spatial(x)
+def fit_spatial(x: torch.Tensor, sizes: Sequence[int], channels_last: bool = False) -> torch.Tensor:
+    """Crop (or zero-pad) the end of each spatial dim of ``x`` (``[N, C, L...]``, or ``[N, L..., C]``
+    when ``channels_last``) to ``sizes``."""
+    have = _spatial(x, channels_last)
     if have == list(sizes):
         return x
-    return aten.constant_pad_nd.default(x, torch_pad([0] * len(have), [s - h for s, h in zip(sizes, have)]), 0.0)
+    return _pad_spatial(x, [0] * len(have), [s - h for s, h in zip(sizes, have)], channels_last)
+
+
+def _pad_spatial(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], channels_last: bool) -> torch.Tensor:
+    """Zero-pad (negative: crop) the spatial dims of ``x``."""
+    return aten.constant_pad_nd.default(x, [0, 0] * channels_last + torch_pad(begins, ends), 0.0)
 
 
 def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
@@ -85,16 +91,18 @@ def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int],
 
 
 def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel: Sequence[int],
-                    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
-    """The adjoint of ``window_slices`` (col2im): ``parts[j]`` ``[N, C, O...]`` (kernel offset ``j``)
-    added onto ``[N, C, sizes...]``, output ``o`` of offset ``j`` at ``o*s + j*d - p``.
+                    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                    channels_last: bool = False) -> torch.Tensor:
+    """The adjoint of ``window_slices`` (col2im): ``parts[j]`` ``[N, C, O...]`` (kernel offset ``j``;
+    ``[N, O..., C]`` when ``channels_last``) added onto ``[N, C, sizes...]`` (``[N, sizes..., C]``),
+    output ``o`` of offset ``j`` at ``o*s + j*d - p``.
 
     Offsets that land on the same stride phase ``(j*d - p) mod s`` are shifted and added on the
     small output grid; the phases are then interleaved when all are there on one grid, else each
     is spread once at its phase: at most ``s**rank`` spreads of the input size instead of one per
     offset (or a Conv over a zero-inserted stack).
     """
-    outputs = list(parts[0].shape[2:])
+    outputs = _spatial(parts[0], channels_last)
     phases: dict[tuple[int, ...], torch.Tensor] = {}
     for offset, part in zip(itertools.product(*[range(k) for k in kernel]), parts):
         shifts = [j * d - p for j, d, p in zip(offset, dilation, padding)]
@@ -103,26 +111,28 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
         begins = [shift // s for shift, s in zip(shifts, stride)]
         if any(m <= 0 or b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid)):
             continue  # this offset reads padding only or its phase holds no position (an empty Slice is what IREE rejects)
-        placed = aten.constant_pad_nd.default(
-            part, torch_pad(begins, [m - o - b for m, o, b in zip(grid, outputs, begins)]), 0.0)
+        placed = _pad_spatial(part, begins, [m - o - b for m, o, b in zip(grid, outputs, begins)], channels_last)
         phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
-    if len(phases) == math.prod(stride) > 1 and len({tuple(p.shape[2:]) for p in phases.values()}) == 1:
-        return fit_spatial(_interleave(phases, stride), sizes)
+    if len(phases) == math.prod(stride) > 1 and len({tuple(_spatial(p, channels_last)) for p in phases.values()}) == 1:
+        return fit_spatial(_interleave(phases, stride, channels_last), sizes, channels_last)
     total = None
     for phase, summed in phases.items():
-        spread = fit_spatial(zero_insert(summed, stride, phase), sizes)
+        spread = fit_spatial(zero_insert(summed, stride, phase, channels_last), sizes, channels_last)
         total = spread if total is None else aten.add.Tensor(total, spread)
     if total is None:  # every window reads padding only
-        return aten.new_zeros.default(parts[0], list(parts[0].shape[:2]) + list(sizes))
+        n, c = parts[0].shape[0], parts[0].shape[-1 if channels_last else 1]
+        return aten.new_zeros.default(parts[0], [n] + list(sizes) + [c] if channels_last else [n, c] + list(sizes))
     return total
 
 
-def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[int]) -> torch.Tensor:
-    """Every stride phase, each ``[N, C, M...]``, as one ``[N, C, M*s...]`` (element ``m`` of phase
-    ``r`` at ``m*s + r``): the last dim by ``_interleave_last``, then one Concat and one Transpose
-    (whose innermost block is a whole row) instead of a spread and an Add per phase."""
+def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[int], channels_last: bool = False
+                ) -> torch.Tensor:
+    """Every stride phase, each ``[N, C, M...]`` (or ``[N, M..., C]``), as one ``[N, C, M*s...]``
+    (``[N, M*s..., C]``), element ``m`` of phase ``r`` at ``m*s + r``: channels first, the last dim
+    by ``_interleave_last``; then one Concat and one Transpose (whose innermost block is a whole
+    row, or the channels) instead of a spread and an Add per phase."""
     rank = len(stride)
-    if stride[-1] > 1:
+    if stride[-1] > 1 and not channels_last:
         phases = {prefix + (0,): _interleave_last([phases[prefix + (r,)] for r in range(stride[-1])])
                   for prefix in itertools.product(*[range(s) for s in stride[:-1]])}
         stride = list(stride[:-1]) + [1]
@@ -130,15 +140,17 @@ def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[in
     first = phases[order[0]]
     if len(order) == 1:
         return first
-    channels, grid = first.shape[1], list(first.shape[2:])
+    grid = _spatial(first, channels_last)
+    lead, trail = ([-1], [first.shape[-1]]) if channels_last else ([-1, first.shape[1]], [])
     strided = [i for i in range(rank) if stride[i] > 1]  # a size-1 axis would make the Transpose element-wise
-    lead = len(strided)
+    at = len(strided) + len(lead)  # the first grid axis of the stack
     stacked = aten.cat.default([aten.unsqueeze.default(phases[r], 0) for r in order], 0)
-    stacked = aten.reshape.default(stacked, [stride[i] for i in strided] + [-1, channels] + grid)
-    perm = [lead, lead + 1]
+    stacked = aten.reshape.default(stacked, [stride[i] for i in strided] + lead + grid + trail)
+    perm = list(range(len(strided), at))
     for i in range(rank):
-        perm += [lead + 2 + i] + ([strided.index(i)] if i in strided else [])
-    return aten.reshape.default(aten.permute.default(stacked, perm), [-1, channels] + [m * s for m, s in zip(grid, stride)])
+        perm += [at + i] + ([strided.index(i)] if i in strided else [])
+    perm += list(range(at + rank, at + rank + len(trail)))
+    return aten.reshape.default(aten.permute.default(stacked, perm), lead + [m * s for m, s in zip(grid, stride)] + trail)
 
 
 def _interleave_last(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -159,36 +171,37 @@ def _times(x: torch.Tensor, matrix: np.ndarray) -> torch.Tensor:
     return aten.reshape.default(aten.mm.default(rows, constant(matrix, x)), list(x.shape[:-1]) + [matrix.shape[1]])
 
 
-def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | None = None) -> torch.Tensor:
+def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | None = None,
+                channels_last: bool = False) -> torch.Tensor:
     """Spread each spatial element over ``stride`` positions, zeros around it: ``[N, C, O]`` ->
-    ``[N, C, O * s]``, element ``o`` at ``o * s + phase`` (default phase 0: zeros after it).
+    ``[N, C, O * s]`` (or ``[N, O, C]`` -> ``[N, O * s, C]``), element ``o`` at ``o * s + phase``
+    (default phase 0: zeros after it).
 
-    The last dim by a MatMul with a constant 0/1 ``[O, O*s]`` (``_interleave_last``'s caveat:
-    an infinity makes its row NaN), the others by a reshape and a Pad whose innermost block is a
-    whole row: onnxruntime pads an innermost axis of ``s`` elements element by element."""
-    phase = phase or [0] * len(stride)
-    if all(s == 1 for s in stride):
-        return x
-    if stride[-1] > 1:
+    Channels first, the last dim by a MatMul with a constant 0/1 ``[O, O*s]`` (``_interleave_last``'s
+    caveat: an infinity makes its row NaN); the others by a reshape and a Pad whose innermost
+    block is a whole row (or the channels): onnxruntime pads an innermost axis of ``s`` elements
+    element by element."""
+    phase = list(phase or [0] * len(stride))
+    stride = list(stride)
+    if stride[-1] > 1 and not channels_last:
         size, s, r = x.shape[-1], stride[-1], phase[-1]
         matrix = np.zeros((size, size * s))
         matrix[np.arange(size), np.arange(size) * s + r] = 1.0
-        x = _times(x, matrix)
-    if all(s == 1 for s in stride[:-1]):
+        x, stride[-1] = _times(x, matrix), 1
+    if all(s == 1 for s in stride):
         return x
-    n, c, sizes = x.shape[0], x.shape[1], _spatial(x)
-    interleaved = [n, c]
-    for size in sizes[:-1]:
-        interleaved += [size, 1]
-    y = aten.reshape.default(x, interleaved + sizes[-1:])
-    pad = [0, 0]
-    for s, r in reversed(list(zip(stride[:-1], phase[:-1]))):
-        pad += [r, s - 1 - r, 0, 0]
-    y = aten.constant_pad_nd.default(y, pad[:-2], 0.0)
-    return aten.reshape.default(y, [n, c] + [size * s for size, s in zip(sizes[:-1], stride[:-1])] + sizes[-1:])
+    sizes = _spatial(x, channels_last)
+    lead, trail = ([x.shape[0]], [x.shape[-1]]) if channels_last else ([x.shape[0], x.shape[1]], [])
+    interleaved, pad = list(lead), [0, 0] * len(trail)
+    for size, s in zip(sizes, stride):
+        interleaved += [size, 1] if s > 1 else [size]
+    for s, r in reversed(list(zip(stride, phase))):
+        pad += [r, s - 1 - r, 0, 0] if s > 1 else [0, 0]
+    y = aten.constant_pad_nd.default(aten.reshape.default(x, interleaved + trail), pad, 0.0)
+    return aten.reshape.default(y, lead + [size * s for size, s in zip(sizes, stride)] + trail)
 
 
-def _channels_last(x: torch.Tensor) -> torch.Tensor:
+def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     """``[N, C, L...]`` -> ``[N, L..., C]``."""
     return aten.permute.default(x, [0] + list(range(2, x.dim())) + [1])
 
@@ -199,13 +212,22 @@ def _channel_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _swapped_flipped_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[g*Co, Ci, k...]`` -> ``[g*Ci, Co, k...]`` flipped spatially (the transposed kernel)."""
+    """``[g*Co, Ci, k...]`` -> ``[g*Ci, Co, k...]`` flipped spatially (the transposed kernel).
+
+    The flip of every spatial dim reverses the flattened kernel: a MatMul with the constant
+    ``[K, K]`` reversal (exact for finite weights; an infinity makes its row NaN) instead of a
+    Slice with negative steps, which onnxruntime runs element by element over 3-wide axes; the
+    swap a Transpose whose innermost block is the kernel (no size-1 group axis when ``g == 1``)."""
     out_channels, in_per_group, kernel = weight.shape[0], weight.shape[1], list(weight.shape[2:])
-    per_group = out_channels // groups
-    w = aten.reshape.default(weight, [groups, per_group, in_per_group] + kernel)
-    w = aten.permute.default(w, [0, 2, 1] + list(range(3, 3 + len(kernel))))
-    w = aten.reshape.default(w, [groups * in_per_group, per_group] + kernel)
-    return aten.flip.default(w, list(range(2, 2 + len(kernel))))
+    per_group, count = out_channels // groups, math.prod(kernel)
+    if groups == 1:
+        w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_per_group, count]), [1, 0, 2])
+    else:
+        w = aten.reshape.default(weight, [groups, per_group, in_per_group, count])
+        w = aten.permute.default(w, [0, 2, 1, 3])
+    if count > 1:
+        w = _times(w, np.eye(count)[::-1])
+    return aten.reshape.default(w, [groups * in_per_group, per_group] + kernel)
 
 
 def input_grad(
@@ -273,7 +295,7 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    rows = aten.reshape.default(_channels_last(grad_output), [-1, out_channels])
+    rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
     w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_channels, count]), [0, 2, 1])
     cols = aten.mm.default(rows, aten.reshape.default(w, [out_channels, count * in_channels]))
     cols = aten.reshape.default(aten.permute.default(cols, [1, 0]), [count, in_channels, -1] + outputs)  # [K, Cin, N, O...]
@@ -290,7 +312,7 @@ def _input_grad_select(grad_output, weight, input_size, stride, padding, dilatio
     n, out_channels, in_channels = grad_output.shape[0], weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     positions, count = math.prod(outputs), math.prod(kernel)
-    rows = aten.reshape.default(_channels_last(grad_output), [-1, out_channels])
+    rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
     cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))  # [N*O, Cin*K]
     cols = aten.permute.default(aten.reshape.default(cols, [n, positions, in_channels, count]), [0, 2, 1, 3])
     cols = aten.reshape.default(cols, [-1, positions * count])  # [N*Cin, O*K]
@@ -403,7 +425,7 @@ def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, of
     rank, in_channels, out_channels = x.dim() - 2, x.shape[1], grad_output.shape[1]
     kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    windows = window_slices(_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
+    windows = window_slices(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
     axis = rank + 1 if offset_major else rank + 2  # stack before Cin (offset-major) or after it
     cols = windows[0] if count == 1 else aten.cat.default([aten.unsqueeze.default(w, axis) for w in windows], axis)
     cols = aten.reshape.default(cols, [-1, in_channels * count])
@@ -421,7 +443,7 @@ def _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding
     windows = window_slices(xt, kernel, stride, padding, dilation, outputs)
     cols = aten.cat.default([aten.unsqueeze.default(w, 1) for w in windows], 1)  # [Cin, K, N, O...]
     cols = aten.reshape.default(cols, [in_channels * math.prod(kernel), -1])
-    rows = aten.reshape.default(_channels_last(grad_output), [-1, out_channels])
+    rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
     return aten.reshape.default(aten.permute.default(aten.mm.default(cols, rows), [1, 0]), list(weight_size))
 
 
@@ -430,7 +452,7 @@ def _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation) ->
     products ``[Cout, Cin]`` stacked into the weight's layout; no ``[N*O, Cin*K]`` columns."""
     in_channels, kernel, outputs = x.shape[1], list(weight_size[2:]), _spatial(grad_output)
     gs = _channel_rows(grad_output)
-    windows = window_slices(_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
+    windows = window_slices(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
     products = [aten.unsqueeze.default(aten.mm.default(gs, aten.reshape.default(w, [-1, in_channels])), 2) for w in windows]
     return aten.reshape.default(aten.cat.default(products, 2), list(weight_size))
 

@@ -44,7 +44,7 @@ import torch
 
 from ..geometry import avg_pool_divisor, per_dim, pooled_size
 from . import lowers
-from .conv import constant, fit_spatial, input_grad, scatter_windows, window_slices
+from .conv import constant, fit_spatial, input_grad, scatter_windows, to_channels_last, window_slices
 
 aten = torch.ops.aten
 
@@ -83,9 +83,11 @@ def max_pool_backward(rank, grad_output, x, kernel_size, stride, padding, dilati
     if _tiled(kernel, stride, padding, dilation, sizes, outputs):
         grad_input = fit_spatial(_max_pool_backward_tiled(grad_output, _crop(x, kernel, outputs), kernel), sizes)
     else:
-        windows = window_slices(x, kernel, stride, padding, dilation, outputs, float("-inf"))  # torch's window order
-        routed = _route_to_first_max(windows, grad_output)
-        grad_input = scatter_windows(routed, sizes, kernel, stride, padding, dilation)
+        # channels-last: each window's strided slices copy whole channel vectors, not single floats
+        windows = window_slices(to_channels_last(x), kernel, stride, padding, dilation, outputs, float("-inf"), first=1)
+        routed = _route_to_first_max(windows, to_channels_last(grad_output))
+        grad_input = scatter_windows(routed, sizes, kernel, stride, padding, dilation, channels_last=True)
+        grad_input = aten.permute.default(grad_input, [0, rank + 1] + list(range(1, rank + 1)))
     return aten.squeeze.dims(grad_input, [0]) if unbatched else grad_input
 
 
