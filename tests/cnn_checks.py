@@ -6,6 +6,7 @@ from typing import Mapping
 
 import numpy as np
 import onnx
+import torch
 
 import bridge
 from helpers.importer import importer_and_onnxruntime
@@ -15,6 +16,15 @@ def assert_forward_matches_onnxruntime(model: onnx.ModelProto, feed: Mapping[str
     """bridge's interpretation of the inference model equals onnxruntime's (ONNX semantics)."""
     ((got, want),) = importer_and_onnxruntime(model, feed)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.abs(want).max()))
+
+
+def innermost_moves(graph: torch.fx.GraphModule) -> list[tuple]:
+    """(op, output shape) of each copy in a traced lowering whose innermost axis holds fewer than
+    8 elements: onnxruntime runs such a Transpose, Pad, Slice or Concat element by element."""
+    aten = torch.ops.aten
+    moves = {aten.permute.default, aten.constant_pad_nd.default, aten.slice.Tensor, aten.cat.default}
+    return [(node.target, tuple(node.meta["val"].shape)) for node in graph.graph.nodes
+            if node.target in moves and node.meta["val"].shape[-1] < 8]
 
 
 def assert_onnx_mlir_clean(model: onnx.ModelProto) -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import bridge
 from bridge.lowering import conv as lowering
-from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
+from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
 from helpers.training import assert_trains_like, module_weights
 from reference import random_batches
 from single_op import batches_for, one_node_model, train_and_compare
@@ -70,6 +70,21 @@ def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size)
         _close(lowering.input_grad(gy, w, x.shape[2:], *args, 1, form=form), want_x)
     for form in ("conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first"):
         _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
+
+
+@pytest.mark.parametrize("form", ["conv", "gemm"])
+def test_strided_input_grad_moves_no_innermost_axis_of_stride_elements(form):
+    """A 3x3 stride-2 input gradient (resnet18's layer2.0.conv1 and, at 1x1, its downsample):
+    the zero insertion and the phase interleave of the last spatial dim are MatMuls with constant
+    0/1 matrices, the kernel's flip a MatMul, so no copy has a 1-2 element innermost axis."""
+    x, w = torch.randn(2, 8, 16, 16, dtype=torch.float64), torch.randn(16, 8, 3, 3, dtype=torch.float64)
+    args = ([2, 2], [1, 1], [1, 1])
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0, 0], 1))
+    want = aten.convolution_backward(gy, x, w, None, *args, False, [0, 0], 1, [True, False, False])[0]
+    graph = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda g, w: lowering.input_grad(g, w, [16, 16], *args, 1, form=form))(gy, w)
+    _close(graph(gy, w), want)
+    assert not innermost_moves(graph)
 
 
 def test_input_grad_of_windows_reading_only_padding_is_zero():

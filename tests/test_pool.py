@@ -16,7 +16,7 @@ from bridge.export.builder import GraphBuilder, Value
 from bridge.export.ops.nn import emit_max_pool
 from bridge.importer.program import OnnxProgram
 from bridge.lowering import LOWERINGS, import_all_lowerings
-from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean
+from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
 from helpers.importer import run_onnxruntime
 from single_op import batches_for, one_node_model, train_and_compare
 
@@ -88,6 +88,19 @@ def test_tiled_max_pool_backward_is_arithmetic_and_routes_ties_to_the_first_max(
     ops = {n.target for n in traced.graph.nodes if n.op == "call_function"}
     assert {aten.mm.default, aten.ceil.default, forward} <= ops
     assert not ops & {aten.eq.Tensor, aten.where.self, aten.logical_xor.default}
+
+
+def test_overlapping_max_pool_backward_moves_whole_channel_vectors():
+    """resnet18's max pool (3x3, stride 2, padding 1) runs channels-last: its window slices, the
+    routing and the col2im copy channel vectors, never 1-2 elements at a time."""
+    forward, backward = MAX_POOL[2]
+    args = ([3, 3], [2, 2], [1, 1], [1, 1], False)
+    x = torch.round(torch.randn(2, 8, 16, 16, dtype=torch.float64) * 2) / 2
+    y, indices = forward(x, *args)
+    gy = torch.randn_like(y)
+    graph = make_fx(lambda g, t: LOWERINGS[backward](g, t, *args, indices))(gy, x)
+    _close(graph(gy, x), backward(gy, x, *args, indices))
+    assert not innermost_moves(graph)
 
 
 def _avg_cases():
