@@ -7,10 +7,11 @@ reshape/permute, ``add`` and ``flip``:
 
 * ``input_grad`` (the transposed convolution), two forms (``input_grad_form`` picks one by
   measurement):
-  - ``conv``: zero-insert ``grad_output`` by the stride (unsqueeze, pad, reshape), pad it so
-    that a stride-1 Conv with the spatially flipped, in/out-swapped weight (per group) and the
-    forward dilation lands exactly on the input positions, padding with zeros where the
-    forward output floored.
+  - ``conv``: zero-insert ``grad_output`` by the stride (``zero_insert``: the last dim by a
+    constant 0/1 MatMul, the others by unsqueeze, pad, reshape), pad it so that a stride-1 Conv
+    with the spatially flipped (a MatMul with the reversal of the flattened kernel),
+    in/out-swapped weight (per group) and the forward dilation lands exactly on the input
+    positions, padding with zeros where the forward output floored.
   - ``gemm`` (groups 1): the columns ``(grad_output^T [N*O, Cout] @ weight [Cout, K*Cin])^T``, one
     ``[Cin, N, O]`` part per kernel offset, added back onto the input positions by
     ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose to ``[N, Cin, L]``:

@@ -6,7 +6,8 @@ grid, then the stride phases interleaved), average pooling's the input gradient 
 a constant ones weight (``conv.input_grad``; measured 2.6x faster than the scatter for a 2x2
 average pool's backward, [16, 32, 16, 16], in onnxruntime):
 
-* max pooling: the window elements are strided slices of the ``-inf``-padded forward
+* max pooling, channels-last (so that each strided slice copies channel vectors, not single
+  floats): the window elements are strided slices of the ``-inf``-padded forward
   input, one per kernel offset (``conv.window_slices``); their elementwise Max is the pooled
   value; offset by offset, ``where(window == max, remaining, 0)`` routes the gradient not yet
   taken, so only the FIRST maximum of a window gets it, as torch does (no ArgMax, no
