@@ -160,10 +160,15 @@ def _interleave_last(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     pads an innermost axis of ``s`` elements element by element). Exact for finite values; an
     infinity makes its row NaN."""
     size, count = parts[0].shape[-1], len(parts)
-    matrix = np.zeros((count * size, size * count))
-    for r in range(count):
-        matrix[r * size + np.arange(size), np.arange(size) * count + r] = 1.0
+    matrix = np.concatenate([_spread_matrix(size, count, r) for r in range(count)])
     return _times(aten.cat.default(list(parts), -1) if count > 1 else parts[0], matrix)
+
+
+def _spread_matrix(size: int, stride: int, phase: int) -> np.ndarray:
+    """``[O, O*s]``: 1 at ``[o, o*s + phase]``, else 0."""
+    matrix = np.zeros((size, size * stride))
+    matrix[np.arange(size), np.arange(size) * stride + phase] = 1.0
+    return matrix
 
 
 def _times(x: torch.Tensor, matrix: np.ndarray) -> torch.Tensor:
@@ -185,10 +190,7 @@ def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | N
     phase = list(phase or [0] * len(stride))
     stride = list(stride)
     if stride[-1] > 1 and not channels_last:
-        size, s, r = x.shape[-1], stride[-1], phase[-1]
-        matrix = np.zeros((size, size * s))
-        matrix[np.arange(size), np.arange(size) * s + r] = 1.0
-        x, stride[-1] = _times(x, matrix), 1
+        x, stride[-1] = _times(x, _spread_matrix(x.shape[-1], stride[-1], phase[-1])), 1
     if all(s == 1 for s in stride):
         return x
     sizes = _spatial(x, channels_last)
