@@ -25,6 +25,7 @@ import bridge
 import bridge.load
 import bridge.training_model
 from bridge.atomic import TAG
+from bridge.checks import nonfinite_outputs
 from bridge.cli import main
 from bridge.errors import InvalidModelError, OutputPathError
 
@@ -117,6 +118,32 @@ def test_nonfinite_update_refused_state_unchanged():
     with pytest.raises(bridge.NonFiniteError, match="state is unchanged"):
         session.step({"x": X * 1e3}, np.full((2, 3), 1e3, np.float32))
     _assert_state_equal(session, before)
+
+
+def test_overflow_of_adams_second_moment_alone_refused():
+    """g ~ 5e21: exp_avg_sq = 0.001 * g * g overflows to inf while the weight stays finite (m / inf = 0),
+    so only checking the weights would miss it; the step is refused naming that slot."""
+    session = bridge.to_training_onnx(_linear(), "mse", optim="adam").session()
+    before = _state_copy(session)
+    with pytest.raises(bridge.NonFiniteError, match=r"in \['updated_W.exp_avg_sq'\]"):
+        session.step({"x": X * 1e11}, np.full((2, 3), 1e11, np.float32))
+    _assert_state_equal(session, before)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [1, 17, 100_003])
+def test_nonfinite_outputs_finds_each_kind_anywhere(dtype, size):
+    """Every NaN/inf at the start, middle and end of a tensor is found; finite values whose squares
+    overflow (the fast path's sum of squares) are not reported."""
+    rng = np.random.default_rng(size)
+    finite = rng.standard_normal(size).astype(dtype)
+    huge = np.full(size, np.finfo(dtype).max, dtype)
+    assert nonfinite_outputs({"a": finite, "huge": huge, "ints": np.arange(3)}, ["a", "huge", "ints"]) == []
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in {0, size // 2, size - 1}:
+            value = finite.copy()
+            value[where] = bad
+            assert nonfinite_outputs({"a": finite, "b": value.reshape(1, size)}, ["a", "b"]) == ["b"], (bad, where)
 
 
 def test_mse_target_of_batch_one_refused():
