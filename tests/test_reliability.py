@@ -123,11 +123,15 @@ def test_nonfinite_update_refused_state_unchanged():
 def test_overflow_of_adams_second_moment_alone_refused():
     """g ~ 5e21: exp_avg_sq = 0.001 * g * g overflows to inf while the weight stays finite (m / inf = 0),
     so only checking the weights would miss it; the step is refused naming that slot."""
-    session = bridge.to_training_onnx(_linear(), "mse", optim="adam").session()
+    tm = bridge.to_training_onnx(_linear(), "mse", optim="adam")
+    batch = ({"x": X * 1e11}, np.full((2, 3), 1e11, np.float32))
+    session = tm.session()
     before = _state_copy(session)
     with pytest.raises(bridge.NonFiniteError, match=r"in \['updated_W.exp_avg_sq'\]"):
-        session.step({"x": X * 1e11}, np.full((2, 3), 1e11, np.float32))
+        session.step(*batch)
     _assert_state_equal(session, before)
+    kept = tm.session(on_nonfinite="ignore").step(*batch)
+    assert np.isfinite(kept["updated_W"]).all() and np.isinf(kept["updated_W.exp_avg_sq"]).any()
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
