@@ -14,7 +14,8 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from .contract import DATA_ROLES, ROLE, TARGET_CLASSES, Role, props
+from .contract import (DATA_ROLES, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, ROLE, TARGET_CLASSES, UPDATED_PREFIX, Role,
+                       props)
 from .errors import BridgeError, InvalidOptionError
 
 NONFINITE_POLICIES = ("raise", "skip", "ignore")
@@ -124,6 +125,27 @@ def _finite(value: np.ndarray) -> bool:
 
 
 _DOT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # BLAS's: a float16 dot is numpy's slow loop
+
+
+# Adam/AdamW without amsgrad update a weight as p + s * exp_avg / (sqrt(exp_avg_sq) + eps') (bridge.optimizers
+# ._adam). Over a finite exp_avg_sq the denominator is finite and >= 0, so a NaN/inf exp_avg makes the weight
+# NaN/inf (s * inf is +-inf, or NaN for s = 0; +-inf / d is +-inf, or NaN), and checking the weight and
+# exp_avg_sq covers exp_avg. Not the reverse: an inf exp_avg_sq gives exp_avg / inf = 0 and a finite weight.
+_COVERED_SLOT = {"adam": "exp_avg", "adamw": "exp_avg"}
+
+
+def covered_outputs(model: onnx.ModelProto) -> frozenset[str]:
+    """The ``updated_*`` outputs of a training graph that are non-finite only where another checked
+    output is (so the non-finite check need not read them): ``updated_<weight>.exp_avg`` under Adam/AdamW
+    without amsgrad, where ``updated_<weight>`` and ``updated_<weight>.exp_avg_sq`` are outputs."""
+    meta = props(model.metadata_props)
+    slot = _COVERED_SLOT.get(meta.get(OPTIMIZER_NAME, ""))
+    if slot is None or json.loads(meta.get(OPTIMIZER_OPTIONS, "{}")).get("amsgrad", True):
+        return frozenset()
+    outputs = {value.name for value in model.graph.output}
+    suffix = f".{slot}"
+    return frozenset(name for name in outputs if name.startswith(UPDATED_PREFIX) and name.endswith(suffix)
+                     and {name[:-len(suffix)], f"{name[:-len(suffix)]}.exp_avg_sq"} <= outputs)
 
 
 def check_policy(on_nonfinite: str) -> str:

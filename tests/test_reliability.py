@@ -25,7 +25,7 @@ import bridge
 import bridge.load
 import bridge.training_model
 from bridge.atomic import TAG
-from bridge.checks import nonfinite_outputs
+from bridge.checks import covered_outputs, nonfinite_outputs
 from bridge.cli import main
 from bridge.errors import InvalidModelError, OutputPathError
 
@@ -132,6 +132,29 @@ def test_overflow_of_adams_second_moment_alone_refused():
     _assert_state_equal(session, before)
     kept = tm.session(on_nonfinite="ignore").step(*batch)
     assert np.isfinite(kept["updated_W"]).all() and np.isinf(kept["updated_W.exp_avg_sq"]).any()
+
+
+@pytest.mark.parametrize("optim, options, covered", [
+    ("adam", {}, {"updated_W.exp_avg"}), ("adamw", {"weight_decay": 0.1}, {"updated_W.exp_avg"}),
+    ("adam", {"amsgrad": True}, set()), ("sgd", {"momentum": 0.9}, set()),
+])
+def test_covered_outputs(optim, options, covered):
+    assert covered_outputs(bridge.to_training_onnx(_linear(), optim=optim, optim_options=options).model) == covered
+
+
+@pytest.mark.parametrize("optim", ["adam", "adamw"])
+@pytest.mark.parametrize("lr", [1e-3, 0.0])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_exp_avg_reaches_the_weight(optim, lr, bad):
+    """The non-finite check does not read Adam's exp_avg (checks.covered_outputs): a NaN/inf there, over
+    a finite exp_avg_sq, makes the updated weight non-finite, so the step is still refused."""
+    session = bridge.to_training_onnx(_linear(), "ce", optim=optim, optim_options={"lr": lr}).session()
+    assert "updated_W.exp_avg" in session.covered_outputs
+    session.state["W.exp_avg"] = np.where(np.arange(9).reshape(3, 3) == 4, bad, 0.5).astype(np.float32)
+    before = _state_copy(session)
+    with pytest.raises(bridge.NonFiniteError, match=r"in \['updated_W'\]"):
+        session.step({"x": X}, np.array([0, 1]))
+    _assert_state_equal(session, before)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
