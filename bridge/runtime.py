@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import onnx
 
-from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, nonfinite_outputs
+from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
 from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs,
                        props, strip_prefix, updated_name)
 from .errors import BridgeError
@@ -49,6 +49,7 @@ class StepSession(ABC):
         self.graph_hash = graph_hash
         self.eval_graph = None if eval_model is None else EvalGraph(eval_model)
         self.split_step: SplitStep | None = None
+        self.covered_outputs: frozenset[str] = frozenset()  # skipped by the non-finite check (checks.covered_outputs)
 
     @property
     def lr(self) -> float:
@@ -144,7 +145,8 @@ class StepSession(ABC):
         """Feed ``updated_*`` back into the state, unless the loss or an update is not finite
         (then as ``on_nonfinite`` says)."""
         updated = [name for name in results if name.startswith(UPDATED_PREFIX)]
-        bad = nonfinite_outputs(results, ["loss"] + updated) if self.on_nonfinite != "ignore" else []
+        checked = ["loss"] + [name for name in updated if name not in self.covered_outputs]
+        bad = nonfinite_outputs(results, checked) if self.on_nonfinite != "ignore" else []
         if bad:
             if self.on_nonfinite == "raise":
                 raise NonFiniteError(f"step {int(self.state.get('step', 0))} produced NaN/inf in {bad}; the state "
@@ -284,6 +286,7 @@ class TrainingSession(StepSession):
         self.output_names = self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))
         self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
+        self.covered_outputs = covered_outputs(model)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._graph(feed)

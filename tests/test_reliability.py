@@ -25,6 +25,7 @@ import bridge
 import bridge.load
 import bridge.training_model
 from bridge.atomic import TAG
+from bridge.checks import covered_outputs, nonfinite_outputs
 from bridge.cli import main
 from bridge.errors import InvalidModelError, OutputPathError
 
@@ -117,6 +118,59 @@ def test_nonfinite_update_refused_state_unchanged():
     with pytest.raises(bridge.NonFiniteError, match="state is unchanged"):
         session.step({"x": X * 1e3}, np.full((2, 3), 1e3, np.float32))
     _assert_state_equal(session, before)
+
+
+def test_overflow_of_adams_second_moment_alone_refused():
+    """g ~ 5e21: exp_avg_sq = 0.001 * g * g overflows to inf while the weight stays finite (m / inf = 0),
+    so only checking the weights would miss it; the step is refused naming that slot."""
+    tm = bridge.to_training_onnx(_linear(), "mse", optim="adam")
+    batch = ({"x": X * 1e11}, np.full((2, 3), 1e11, np.float32))
+    session = tm.session()
+    before = _state_copy(session)
+    with pytest.raises(bridge.NonFiniteError, match=r"in \['updated_W.exp_avg_sq'\]"):
+        session.step(*batch)
+    _assert_state_equal(session, before)
+    kept = tm.session(on_nonfinite="ignore").step(*batch)
+    assert np.isfinite(kept["updated_W"]).all() and np.isinf(kept["updated_W.exp_avg_sq"]).any()
+
+
+@pytest.mark.parametrize("optim, options, covered", [
+    ("adam", {}, {"updated_W.exp_avg"}), ("adamw", {"weight_decay": 0.1}, {"updated_W.exp_avg"}),
+    ("adam", {"amsgrad": True}, set()), ("sgd", {"momentum": 0.9}, set()),
+])
+def test_covered_outputs(optim, options, covered):
+    assert covered_outputs(bridge.to_training_onnx(_linear(), optim=optim, optim_options=options).model) == covered
+
+
+@pytest.mark.parametrize("optim", ["adam", "adamw"])
+@pytest.mark.parametrize("lr", [1e-3, 0.0])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_exp_avg_reaches_the_weight(optim, lr, bad):
+    """The non-finite check does not read Adam's exp_avg (checks.covered_outputs): a NaN/inf there, over
+    a finite exp_avg_sq, makes the updated weight non-finite, so the step is still refused."""
+    session = bridge.to_training_onnx(_linear(), "ce", optim=optim, optim_options={"lr": lr}).session()
+    assert "updated_W.exp_avg" in session.covered_outputs
+    session.state["W.exp_avg"] = np.where(np.arange(9).reshape(3, 3) == 4, bad, 0.5).astype(np.float32)
+    before = _state_copy(session)
+    with pytest.raises(bridge.NonFiniteError, match=r"in \['updated_W'\]"):
+        session.step({"x": X}, np.array([0, 1]))
+    _assert_state_equal(session, before)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [1, 17, 100_003])
+def test_nonfinite_outputs_finds_each_kind_anywhere(dtype, size):
+    """Every NaN/inf at the start, middle and end of a tensor is found; finite values whose squares
+    overflow (the fast path's sum of squares) are not reported."""
+    rng = np.random.default_rng(size)
+    finite = rng.standard_normal(size).astype(dtype)
+    huge = np.full(size, np.finfo(dtype).max, dtype)
+    assert nonfinite_outputs({"a": finite, "huge": huge, "ints": np.arange(3)}, ["a", "huge", "ints"]) == []
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in {0, size // 2, size - 1}:
+            value = finite.copy()
+            value[where] = bad
+            assert nonfinite_outputs({"a": finite, "b": value.reshape(1, size)}, ["a", "b"]) == ["b"], (bad, where)
 
 
 def test_mse_target_of_batch_one_refused():
