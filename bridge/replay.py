@@ -15,14 +15,16 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot,
                                                track_tensor_tree)
 
 
 class Replay:
     """Regions of a ``make_fx`` trace recorded once per key and replayed for later calls with that key (module
-    docstring). Outside tracing, and for a region that reads a value it was not given or makes a non-op node (a
-    constant), ``fn`` simply runs."""
+    docstring). A constant the region captured (a ``get_attr`` node, e.g. a lowering's selection matrix) is captured
+    again by each replay, under a fresh attribute as tracing gives it. Outside tracing, and for a region that reads a
+    value it was not given, ``fn`` simply runs."""
 
     def __init__(self):
         self._recorded: dict[object, tuple[list[torch.fx.Node], list[torch.fx.Node], list, object]] = {}
@@ -47,7 +49,7 @@ class Replay:
         if all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves):
             outputs = [None if leaf is None else _node_of(leaf, mode.tracer) for leaf in leaves]
             if (all(out is None or out in nodes or out in inputs for out in outputs)
-                    and all(n.op == "call_function" for n in nodes)):
+                    and all(n.op in ("call_function", "get_attr") for n in nodes)):
                 self._recorded[key] = (inputs, nodes, outputs, spec)
         return result
 
@@ -60,6 +62,11 @@ class Replay:
         custom = dict(fx_traceback.current_meta.get("custom") or {})
         graph = tracer.graph
         for node in nodes:
+            if node.op == "get_attr":  # the same value under a fresh attribute, as tracing the region again makes it
+                with unset_fake_temporarily(), disable_proxy_modes_tracing():
+                    value = getattr(tracer.root, node.target).detach()
+                env[node] = tracer.create_arg(value)
+                continue
             target = node.target
             name = getattr(getattr(target, "overloadpacket", None), "__name__", None) or node.name
             copy = graph.create_node(node.op, target, *torch.fx.node.map_arg((node.args, node.kwargs),
