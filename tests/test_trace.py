@@ -1,5 +1,6 @@
 """The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight and replayed, bridge's
-lowerings traced once per call signature and replayed (arguments keyed by type and value), BatchNorm's forward and
+lowerings traced once per call signature and replayed (arguments keyed by type and value; constants they capture
+captured again), BatchNorm's forward and
 backward traced once per shape and replayed, the eval step traced only when its graph is asked for."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import bridge
 import bridge.api
 import bridge.importer.ops.normalization
 import bridge.lowering
+import bridge.lowering.conv
 import bridge.optimizers
 import bridge.trace
 
@@ -81,6 +83,46 @@ def test_lowering_traced_once_per_signature_same_graph(cnn_path, monkeypatch):
     assert traced == 2, "the convolution backward is traced once per signature, not once per convolution"
     every, traced = convert(replay=False)
     assert traced == 3
+    for part in ("model", "gradient_model"):
+        assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+@pytest.fixture(scope="module")
+def select_cnn_path(tmp_path_factory) -> str:
+    """Three convolutions on a 2x2 plane; the last two have one signature, and their input gradient is the
+    ``gemm_select`` form, whose lowering captures a constant (the selection matrix)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 64, 3, padding=1), torch.nn.Tanh(),
+                                 torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Tanh(),
+                                 torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(256, 3))
+    path = tmp_path_factory.mktemp("select_cnn") / "select_cnn.onnx"
+    torch.onnx.export(module, (torch.randn(2, 2, 2, 2),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"])
+    return str(path)
+
+
+def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypatch):
+    """A lowering region that captures a constant is replayed too, each replay capturing it under its own
+    attribute, as tracing the call again would: the same graph, initializers included."""
+    assert bridge.lowering.conv.input_grad_form(64, 1, [3, 3], [2, 2], [1, 1], [2, 2]) == "gemm_select"
+    backward = torch.ops.aten.convolution_backward.default
+    bridge.lowering.import_all_lowerings()
+    lowering = bridge.trace.LOWERINGS[backward]
+
+    def convert(replay: bool) -> tuple[bridge.TrainingModel, int]:
+        calls = []
+        with monkeypatch.context() as patch:
+            patch.setitem(bridge.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
+            if not replay:
+                patch.setattr(bridge.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
+            return bridge.to_training_onnx(select_cnn_path, loss="ce", optim="adam"), len(calls)
+
+    replayed, traced = convert(replay=True)
+    assert traced == 2, "a lowering that captures a constant is still traced once per signature"
+    every, traced = convert(replay=False)
+    assert traced == 3
+    constants = [t.name for t in every.model.graph.initializer if t.name.startswith("_tensor_constant")]
+    assert len(constants) == 2, constants  # one selection matrix per input gradient
     for part in ("model", "gradient_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
 
