@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
@@ -17,6 +18,7 @@ import bridge.lowering
 import bridge.lowering.conv
 import bridge.optimizers
 import bridge.trace
+from bridge.replay import replayed
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +206,37 @@ def test_batch_norm_traced_once_per_shape_same_graph(bn_path, monkeypatch, dynam
     every, every_calls = convert(replay=False)
     assert every_calls["backward"] == 3
     assert calls["backward"] == (3 if dynamic else 2), "the backward is traced once per shape"
-    assert calls["forward"] == every_calls["forward"] - (0 if dynamic else 1)  # the example run calls it too
+    # the example run (fake tensors, no trace) calls it once per shape too (bridge.replay._fake_run); the trace
+    # once per shape at a static batch, every time at a symbolic one
+    assert calls["forward"] == every_calls["forward"] - (1 if dynamic else 2)
     for part in ("model", "gradient_model", "eval_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+def test_replayed_in_a_fake_run_reuses_the_result_layout():
+    """Outside tracing, in a fake-tensor run (the conversion's example run), ``replayed`` runs ``fn`` once per key
+    and gives later calls fresh tensors of its result's layout; a result sharing an argument's storage is not
+    reused, and outside a fake run ``fn`` always runs."""
+    calls = []
+
+    def fn(x, y):
+        calls.append("fn")
+        return (x * y).t(), None  # a view of a new tensor: its strides are kept
+
+    def alias(x, y):
+        calls.append("alias")
+        return x[1:]
+
+    with FakeTensorMode():
+        x, y = torch.empty(2, 3), torch.empty(2, 3)
+        first, second = replayed(fn, x, y), replayed(fn, x, y)
+        replayed(fn, torch.empty(3, 3), torch.empty(3, 3))
+        assert calls == ["fn", "fn"], "fn runs once per key"
+        assert second[1] is None and second[0] is not first[0]
+        assert isinstance(second[0], FakeTensor)
+        assert (second[0].shape, second[0].stride(), second[0].dtype) == (first[0].shape, first[0].stride(),
+                                                                           first[0].dtype)
+        assert replayed(alias, x, y)._base is x and replayed(alias, x, y)._base is x
+        assert calls.count("alias") == 2
+    replayed(fn, torch.ones(2, 3), torch.ones(2, 3))
+    assert calls.count("fn") == 3
