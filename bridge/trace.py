@@ -31,7 +31,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from .contract import (DIM_BOUNDS, DIM_NAMES, LOSS, LOSS_LAYER, LR, STEP, TARGET, Phase, StepSignature, output_name,
                        slot_name, updated_name)
-from .cse import eliminate_common_subexpressions
+from .cse import eliminate_common_subexpressions, eliminate_dead_code
 from .errors import LoweringError, ShapeError
 from .importer.program import OnnxProgram
 from .losses import Loss
@@ -370,7 +370,7 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     with fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True):
         graph_module = make_fx(step, decomposition_table=_LoweringReplay().table(), tracing_mode=mode)(*flat_args)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
-    graph_module.graph.eliminate_dead_code()
+    eliminate_dead_code(graph_module.graph)
     eliminate_common_subexpressions(graph_module.graph)
     graph_module.recompile()
     graph_module.meta[DIM_NAMES] = dim_names

@@ -1,4 +1,4 @@
-"""Common-subexpression elimination on the traced step (bridge/cse.py): fewer nodes, same numbers."""
+"""Dead-code and common-subexpression elimination on the traced step (bridge/cse.py): fewer nodes, same numbers."""
 from __future__ import annotations
 
 from collections import Counter
@@ -6,10 +6,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
 import bridge.trace
-from bridge.cse import eliminate_common_subexpressions
+from bridge.cse import eliminate_common_subexpressions, eliminate_dead_code
 from helpers.models import matmul_add_mlp
 
 aten = torch.ops.aten
@@ -68,3 +69,23 @@ def test_signed_zeros_and_written_temporaries_are_not_merged():
     assert eliminate_common_subexpressions(graph) == 1
     (output,) = [n for n in graph.nodes if n.op == "output"]
     assert output.args[0][0] is output.args[0][1]
+
+
+def test_dead_code_removes_what_torch_removes():
+    """``eliminate_dead_code`` (each op's purity looked up once) removes the nodes torch's
+    ``Graph.eliminate_dead_code`` removes: dead pure nodes, chains of them, a dead constant; never an in-place or
+    random op, the inputs or the output."""
+
+    def f(x, y):
+        dead = torch.ops.aten.exp.default(torch.ops.aten.mul.Tensor(x, y))  # a dead chain
+        torch.ops.aten.add.Tensor(dead, torch.ones(3))  # reads a constant, dead
+        torch.ops.aten.add_.Tensor(torch.ops.aten.clone.default(x), 1.0)  # in place: kept, with its input
+        torch.ops.aten.bernoulli.default(y)  # random: kept
+        return torch.ops.aten.mul.Tensor(x, 2.0)
+
+    ours, torchs = (make_fx(f)(torch.randn(3), torch.rand(3)) for _ in range(2))
+    removed = eliminate_dead_code(ours.graph)
+    torchs.graph.eliminate_dead_code()
+    assert removed >= 4
+    assert [(n.op, n.target) for n in ours.graph.nodes] == [(n.op, n.target) for n in torchs.graph.nodes]
+    assert {torch.ops.aten.add_.Tensor, torch.ops.aten.bernoulli.default} <= {n.target for n in ours.graph.nodes}

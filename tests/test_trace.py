@@ -1,5 +1,6 @@
 """The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight and replayed, bridge's
-lowerings traced once per call signature and replayed (arguments keyed by type and value), BatchNorm's forward and
+lowerings traced once per call signature and replayed (arguments keyed by type and value; constants they capture
+captured again), BatchNorm's forward and
 backward traced once per shape and replayed, the eval step traced only when its graph is asked for."""
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import math
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
 import bridge.api
 import bridge.importer.ops.normalization
 import bridge.lowering
+import bridge.lowering.conv
 import bridge.optimizers
 import bridge.trace
+from bridge.replay import replayed
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +85,46 @@ def test_lowering_traced_once_per_signature_same_graph(cnn_path, monkeypatch):
     assert traced == 2, "the convolution backward is traced once per signature, not once per convolution"
     every, traced = convert(replay=False)
     assert traced == 3
+    for part in ("model", "gradient_model"):
+        assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+@pytest.fixture(scope="module")
+def select_cnn_path(tmp_path_factory) -> str:
+    """Three convolutions on a 2x2 plane; the last two have one signature, and their input gradient is the
+    ``gemm_select`` form, whose lowering captures a constant (the selection matrix)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 64, 3, padding=1), torch.nn.Tanh(),
+                                 torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Tanh(),
+                                 torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(256, 3))
+    path = tmp_path_factory.mktemp("select_cnn") / "select_cnn.onnx"
+    torch.onnx.export(module, (torch.randn(2, 2, 2, 2),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"])
+    return str(path)
+
+
+def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypatch):
+    """A lowering region that captures a constant is replayed too, each replay capturing it under its own
+    attribute, as tracing the call again would: the same graph, initializers included."""
+    assert bridge.lowering.conv.input_grad_form(64, 1, [3, 3], [2, 2], [1, 1], [2, 2]) == "gemm_select"
+    backward = torch.ops.aten.convolution_backward.default
+    bridge.lowering.import_all_lowerings()
+    lowering = bridge.trace.LOWERINGS[backward]
+
+    def convert(replay: bool) -> tuple[bridge.TrainingModel, int]:
+        calls = []
+        with monkeypatch.context() as patch:
+            patch.setitem(bridge.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
+            if not replay:
+                patch.setattr(bridge.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
+            return bridge.to_training_onnx(select_cnn_path, loss="ce", optim="adam"), len(calls)
+
+    replayed, traced = convert(replay=True)
+    assert traced == 2, "a lowering that captures a constant is still traced once per signature"
+    every, traced = convert(replay=False)
+    assert traced == 3
+    constants = [t.name for t in every.model.graph.initializer if t.name.startswith("_tensor_constant")]
+    assert len(constants) == 2, constants  # one selection matrix per input gradient
     for part in ("model", "gradient_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
 
@@ -162,6 +206,37 @@ def test_batch_norm_traced_once_per_shape_same_graph(bn_path, monkeypatch, dynam
     every, every_calls = convert(replay=False)
     assert every_calls["backward"] == 3
     assert calls["backward"] == (3 if dynamic else 2), "the backward is traced once per shape"
-    assert calls["forward"] == every_calls["forward"] - (0 if dynamic else 1)  # the example run calls it too
+    # the example run (fake tensors, no trace) calls it once per shape too (bridge.replay._fake_run); the trace
+    # once per shape at a static batch, every time at a symbolic one
+    assert calls["forward"] == every_calls["forward"] - (1 if dynamic else 2)
     for part in ("model", "gradient_model", "eval_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+def test_replayed_in_a_fake_run_reuses_the_result_layout():
+    """Outside tracing, in a fake-tensor run (the conversion's example run), ``replayed`` runs ``fn`` once per key
+    and gives later calls fresh tensors of its result's layout; a result sharing an argument's storage is not
+    reused, and outside a fake run ``fn`` always runs."""
+    calls = []
+
+    def fn(x, y):
+        calls.append("fn")
+        return (x * y).t(), None  # a view of a new tensor: its strides are kept
+
+    def alias(x, y):
+        calls.append("alias")
+        return x[1:]
+
+    with FakeTensorMode():
+        x, y = torch.empty(2, 3), torch.empty(2, 3)
+        first, second = replayed(fn, x, y), replayed(fn, x, y)
+        replayed(fn, torch.empty(3, 3), torch.empty(3, 3))
+        assert calls == ["fn", "fn"], "fn runs once per key"
+        assert second[1] is None and second[0] is not first[0]
+        assert isinstance(second[0], FakeTensor)
+        assert (second[0].shape, second[0].stride(), second[0].dtype) == (first[0].shape, first[0].stride(),
+                                                                           first[0].dtype)
+        assert replayed(alias, x, y)._base is x and replayed(alias, x, y)._base is x
+        assert calls.count("alias") == 2
+    replayed(fn, torch.ones(2, 3), torch.ones(2, 3))
+    assert calls.count("fn") == 3
