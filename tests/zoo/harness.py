@@ -541,7 +541,10 @@ def _linked(near: list[_Call]) -> list[_Call]:
     return [c for c in near if c.link and c.count <= MAX_FLIPS and c.link[0]._version == c.link[2]]
 
 
-def _flip_change(call: _Call, cotangent: torch.Tensor, flip: tuple[tuple[int, ...], tuple[float, ...], int]) -> torch.Tensor:
+Flip = tuple[tuple[int, ...], tuple[float, ...], int]  # one of ``_Call.flips``
+
+
+def _flip_change(call: _Call, cotangent: torch.Tensor, flip: Flip) -> torch.Tensor:
     """A scalar whose float64 gradient with respect to the parameters is the exact change of their
     gradients if ``flip`` (one of ``call.flips``) went the other way: the backward is linear in the
     cotangent, so that is the backward of the cotangent change at the call's input alone."""
@@ -634,7 +637,8 @@ class FlipFit:
         """The runtime's step IS float64's with at most ``MAX_FITTED_FLIPS`` near decisions
         flipped: every fitted coefficient within ``FLIP_ROUNDING`` of 0 or 1, and every gradient
         within the tolerance of the flipped float64 step."""
-        return not self.unsettled and len(self.flipped) <= MAX_FITTED_FLIPS and max(self.residual.values()) <= 1
+        return (not self.unsettled and len(self.flipped) <= MAX_FITTED_FLIPS
+                and max(self.residual.values(), default=0.0) <= 1)
 
     def __str__(self) -> str:
         worst = lambda errors: "%.3gx (%s)" % max((v, k) for k, v in errors.items())  # noqa: E731
@@ -727,7 +731,8 @@ def _backward(value: torch.Tensor, params: list[torch.Tensor], flipped=()) -> tu
         def move(cotangent, flips=flips, arrived=arrived):
             change = torch.zeros_like(cotangent).flatten()
             for inputs, fractions, output in flips:
-                change[list(inputs)] += arrived["output"].flatten()[output] * torch.tensor(fractions, dtype=change.dtype)
+                moved = arrived["output"].flatten()[output]
+                change[list(inputs)] += moved * torch.tensor(fractions, dtype=change.dtype)
             return cotangent + change.reshape(cotangent.shape)
 
         handles += [call.link[1].register_hook(keep), call.link[0].register_hook(move)]
