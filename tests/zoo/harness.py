@@ -622,7 +622,7 @@ class FlipFit:
     within ``FLIP_ROUNDING`` of 0 or 1 (``unsettled``); per gradient key, the worst error past
     rtol x |float64| in units of the tolerance, before and after the flips; the float64 step with
     those flips (loss, every gradient, Adam's update from those gradients, running statistics);
-    near elements found and flips fitted (visible, linked ones)."""
+    near elements found and decisions fitted (visible, linked ones)."""
 
     flipped: list[tuple[str, tuple[int, ...], float]]
     unsettled: list[tuple[str, tuple[int, ...], float]]
@@ -644,7 +644,7 @@ class FlipFit:
         worst = lambda errors: "%.3gx (%s)" % max((v, k) for k, v in errors.items())  # noqa: E731
         flips = "; ".join(f"{where} {at} s={s:.3f}" for where, at, s in self.flipped) or "none"
         unsettled = "; ".join(f"{where} {at} s={s:.3f}" for where, at, s in self.unsettled)
-        return (f"{self.near} elements near a decision, {self.fitted} flips fitted; worst {worst(self.before)} -> "
+        return (f"{self.near} elements near a decision, {self.fitted} decisions fitted; worst {worst(self.before)} -> "
                 f"{worst(self.residual)} with {len(self.flipped)} flipped: {flips}"
                 + (f"; NOT 0 or 1: {unsettled}" if unsettled else ""))
 
@@ -655,8 +655,9 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
     """Which near decisions a float32 runtime's first step ``got`` flipped against ``module``'s
     float64 step ``want`` (``module_oracle``, torch's float32 ``noise``), and what is left.
 
-    Each element within float32 rounding of a decision (``near_decisions``: only those may flip)
-    has an exact float64 change of every gradient if it went the other way (``_flip_change``). Fit
+    Each decision within float32 rounding (``near_decisions``: only those may flip; a ReLU input,
+    or a max-pool pair of inputs with every window whose two largest they are) has an exact float64
+    change of every gradient if it went the other way (``_flip_change``). Fit
     got - want ~ sum_k s_k change_k by least squares over the gradient elements (``FIT_SAMPLE``
     drawn per tensor plus its ``FIT_WORST`` furthest off, each in units of its tolerance: ``rtol``
     of the scale + ``NOISE_FACTOR`` x noise), over the flips that move some gradient element by
@@ -672,8 +673,12 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
     value = torch_loss(loss)(out, torch.from_numpy(target))
     cotangents = (torch.autograd.grad(value, [c.link[1] for c in linked], retain_graph=True, allow_unused=True)
                   if linked else ())
-    flips = [(call, cotangent, flip) for call, cotangent in zip(linked, cotangents) if cotangent is not None
-             for flip in call.flips]
+    # one decision per ReLU element, one per max-pool input pair (every window whose two largest
+    # inputs they are, e.g. overlapping windows sharing them, flips with their order)
+    decisions: dict[tuple[int, tuple[int, ...]], list] = {}
+    for call, cotangent in zip(linked, cotangents):
+        for flip in call.flips if cotangent is not None else ():
+            decisions.setdefault((id(call), flip[0]), []).append((call, cotangent, flip))
     keys = [k for k in want if k.startswith("grad_") and k in got]
     allowed = {k: tolerance(rtol, want[k], noise.get(k, 0.0)) for k in keys}
 
@@ -696,16 +701,16 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
     sample = {k: np.union1d(rng.choice(off[k].size, min(off[k].size, FIT_SAMPLE), replace=False),
                             np.argsort(off[k])[-FIT_WORST:]) for k in keys}
     columns, visible = [], []
-    for call, cotangent, flip in flips:
-        changes = gradients(_flip_change(call, cotangent, flip))
+    for flips in decisions.values():
+        changes = gradients(sum(_flip_change(*flip) for flip in flips))
         if max(float(np.abs(changes[k]).max(initial=0.0)) / allowed[k] for k in keys) >= FLIP_VISIBLE:
-            visible.append((call, cotangent, flip))
+            visible.append(flips)
             columns.append(np.concatenate([changes[k].flatten()[sample[k]] / allowed[k] for k in keys]))
     residual = np.concatenate([(got[k] - want[k]).flatten()[sample[k]] / allowed[k] for k in keys])
     fitted = np.linalg.lstsq(np.stack(columns, 1), residual, rcond=None)[0] if columns else np.zeros(0)
-    named = [(call.where, flip[0], float(s)) for (call, _, flip), s in zip(visible, fitted)]
+    named = [(flips[0][0].where, flips[0][2][0], float(s)) for flips, s in zip(visible, fitted)]
     unsettled = [n for n in named if abs(n[2] - round(n[2])) >= FLIP_ROUNDING or round(n[2]) not in (0, 1)]
-    chosen = [f for f, s in zip(visible, fitted) if round(s) == 1]
+    chosen = [flip for flips, s in zip(visible, fitted) if round(s) == 1 for flip in flips]
     record = dict(want)
     if chosen:
         plain, flipped = gradients(value), gradients(value, chosen)
