@@ -6,7 +6,9 @@ float64, and one small CNN with both against onnxruntime. Exhaustive tier: every
 (hand-built, text, vision; static and symbolic batch where the model has one) plus torchvision
 resnet18 and mobilenet_v3_small at 32x32 and 64x64, batch 8: IREE's first step (loss, every
 gradient, every update) matches onnxruntime's at the zoo's tolerance and, for torch modules,
-the module's own float64 step as the zoo checks it.
+the module's own float64 step as the zoo checks it; where a model's data sits at float32 decisions
+(ReLU kinks, max-pool ties) that comparison falls back to each runtime against float64 up to
+proven near-decision flips (``zoo.harness.flip_fit``; the zoo test's docstring says what exactly).
 """
 from __future__ import annotations
 
@@ -170,31 +172,18 @@ XFAIL: dict[str, str] = {
     # tolerance (zoo.harness.safe_attempt, torch_models.DRAWS; docs/onnx-mlir.md section 7): there IREE
     # and onnxruntime routed one element's gradient differently (resnet18d at batch 3: onnxruntime
     # flipped layer4.0.act2's ReLU input [0, 450, 0, 0], -1.9e-6 in float64; IREE matched float64).
-    # Measured once (2026-11-30, loaded machine, GEMM/scatter forms), not yet localized: IREE's
-    # grad_features.denseblock2.denselayer4.conv1.weight (a 1x1 Conv, 224 -> 128 channels at 8x8;
-    # the first mismatching key reported) has an element 20.9% of the tensor's scale off
-    # onnxruntime's at batch 3. Not reproduced alone: that Conv after BatchNorm+ReLU, and a
-    # 4-layer dense block (128 channels at 8x8), both at the symbolic batch, match onnxruntime to 5e-7;
-    # transition1 + the whole 12-layer denseblock2 (256 channels in, 16x16) to 2.1e-6.
-    # Probably a ReLU decision (2026-11-30 18:40-19:08, torch and onnxruntime only, not yet confirmed
-    # in IREE): on this batch-3 draw onnxruntime matches torch float64 on every gradient, and
-    # denselayer4.relu2 (just after that conv1 and norm2) has one input 1.5e-6 from 0 (float32 error
-    # 1.7e-6), 13 other ReLUs one each; none of 20 draws at batch 3 keeps off every decision
-    # (zoo.harness.safe_attempt finds none: torch_models.DRAWS records None; none of 100 at batch 2 or 3 either,
-    # searched 2026-12-01), so drawing off decisions cannot cover it.
-    # densenet121-static (batch 2; no draw of 100 at batch 2 keeps off decisions: DRAWS None), measured
-    # 2026-12-01 with the merged forms (545b211), key by key against torch float64 at the zoo's tolerance:
-    # onnxruntime (2 intra-op threads) is off on 50 of 365 gradient keys (up to 28x the tolerance, on up to
-    # 92% of a BatchNorm parameter's elements: what one flipped decision downstream does to every gradient
-    # upstream); IREE on 2 (denseblock1.denselayer4.norm1.bias: 0.62% of its elements past, at most 2.3x,
-    # densenet's allowance being 0.5%; denselayer1.conv2.weight: one element at 1.1x). Probably
-    # decisions rounded differently, not proven (no flip fit of IREE's step yet).
-    "densenet121-static": "IREE vs onnxruntime differ on 10 gradient keys, onnxruntime being off float64 on 50 "
-                          "(up to 28x the tolerance) and IREE on 2 (0.62% of one key's elements, allowance 0.5%): "
-                          "probably float32 decisions (no safe draw at batch 2), not proven",
-    "densenet121-dynamic": "IREE's weight gradient of denseblock2.denselayer4.conv1 (1x1 Conv) is 21% of its scale "
-                           "off onnxruntime's at batch 3, where onnxruntime matches float64 and that layer's relu2 has "
-                           "an input within float32 rounding of 0 (probably a decision; no draw at 3 keeps off them)",
+    # densenet121-static and -dynamic were strict xfails (2026-11-30/12-01): no draw of 100 at batch 2 or 3
+    # keeps off ReLU decisions within float32 rounding (DRAWS None), and IREE and onnxruntime round a
+    # different few of them (static: IREE vs onnxruntime 0.62% of denselayer4.norm1.bias's elements past,
+    # densenet's allowance 0.5%). Since the test falls back to each runtime vs torch float64 up to proven
+    # near-decision flips (zoo.harness.flip_fit), measured 2026-12-01 (this tree; worst gradient in
+    # multiples of rtol 1e-4 of the scale + 4x torch's float32 noise): static (batch 2), 17 near elements,
+    # all fitted: IREE flipped denseblock1.denselayer4.relu1 [58150] (s 1.001) and denseblock2.denselayer9.
+    # relu1 [34073] (s 1.000), 4.66x -> 0.24x; onnxruntime only the latter, 4.66x -> 0.26x; the steps saved
+    # by a script doing what the test does, fit and checked by the test's own fallback function. dynamic
+    # (batch 3): the test itself passes on the direct comparison (its rtol there is 0.1, BATCH_RTOL); at
+    # rtol 1e-4 IREE flipped denseblock3.denselayer7.relu2 [2057] and denselayer24.relu2 [4855], 3.54x ->
+    # 0.15x; onnxruntime one (0.26x, within tolerance either way).
 }
 
 # shufflenet_v2_x0_5-dynamic was a strict xfail on its plain batch-3 draw (2026-11-30, final forms, one
@@ -217,10 +206,11 @@ def _float32_noise(float64: dict, torch_noise: dict, onnxruntime: dict) -> dict[
 
 
 def _torch_case(kind: str, name: str, mode: str, tmp_path):
-    """(case, training model) for a torch zoo module exported with a symbolic batch."""
+    """(case, training model, flip fit) for a torch zoo module exported with a symbolic batch; the
+    fit takes a runtime's first step and the float64 oracle's (step, noise) (``zoo.harness.flip_fit``)."""
     from test_zoo_vision import ALLOWED_MISMATCH, BATCH_RTOL
     from zoo.exporters import SYMBOLIC_BATCH, export
-    from zoo.harness import Case, batch_rows, module_oracle, name_map
+    from zoo.harness import Case, batch_rows, flip_fit, module_oracle, name_map
     from zoo.torch_models import TEXT, VISION, drawn_attempt
 
     module, inputs, target, loss = {**TEXT, **VISION, **TORCHVISION}[name]()
@@ -237,7 +227,21 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
     oracle = module_oracle(module, mapping, inputs, target, loss, 1e-3)
     case = Case(f"{name}/{mode}", path, inputs, target, loss, set(tm.weights), oracle, lr=1e-3, rtol=rtol,
                 allowed_mismatch=ALLOWED_MISMATCH.get(name, 0.0))
-    return case, tm
+    return case, tm, functools.partial(flip_fit, module, mapping, inputs, target, loss, 1e-3)
+
+
+def _assert_float64_up_to_flips(case, runtime: str, got: dict, fit, noise: dict, initial: dict,
+                                direct: AssertionError) -> None:
+    """``got`` is torch float64's first step with at most ``MAX_FITTED_FLIPS`` near decisions flipped
+    (``FlipFit.explains``), and matches that flipped step (loss, every gradient, every update and
+    running statistic) at rtol ``DECISION_RTOL`` + ``NOISE_FACTOR`` x torch's float32 noise, no
+    element allowed to miss; else the ``direct`` comparison's failure stands."""
+    from zoo.harness import DECISION_RTOL, assert_first_step
+
+    print(f"\nIREE-ZOO {case.name}: {runtime} vs torch float64 up to near-decision flips: {fit}")
+    assert fit.explains, f"{direct}\n{runtime} is not torch float64's step up to near-decision flips: {fit}"
+    assert_first_step(replace(case, name=f"{case.name} {runtime} vs float64 with its flips", rtol=DECISION_RTOL,
+                              allowed_mismatch=0.0), got, fit.record, noise, initial)
 
 
 def _median_step_seconds(session, inputs, target, repeats: int = 3) -> float:
@@ -252,6 +256,19 @@ def _median_step_seconds(session, inputs, target, repeats: int = 3) -> float:
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("kind, name, mode", list(_zoo_params()))
 def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, request):
+    """IREE's first step (loss, every gradient, every update) matches onnxruntime's at the zoo's
+    tolerance (twice torch's float32 noise) and, for a torch module, the module's own float64 step
+    (``NOISE_FACTOR`` x the worse of torch's and onnxruntime's float32 noise).
+
+    Where that fails on a torch module, what is compared instead is each runtime with torch
+    float64 up to proven near-decision flips: ``zoo.harness.flip_fit`` must explain IREE's step
+    AND onnxruntime's as float64's with at most ``MAX_FITTED_FLIPS`` decisions within float32
+    rounding (ReLU inputs at their kink, max-pool windows whose two largest inputs are that close)
+    flipped, each fitted coefficient within 0.1 of 0 or 1, and each runtime's step must match the
+    float64 step with its own flips at rtol 1e-4 of the scale + 4x torch's float32 noise on every
+    element (loss, gradients, updates, running statistics). The two runtimes may flip different
+    decisions, so they are not compared with each other there; a gradient off by anything else
+    (a wrong graph, a miscompile) is not explained and fails (tests/test_zoo_decisions.py)."""
     from zoo.handbuilt import CASES
     from zoo.harness import assert_first_step
 
@@ -266,7 +283,7 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            case, tm = _torch_case(kind, name, mode, tmp_path)
+            case, tm, fit = _torch_case(kind, name, mode, tmp_path)
         expected = case.oracle()
     convert = time.perf_counter() - start
     try:
@@ -279,10 +296,18 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
         noise = {k: 2 * v for k, v in expected[1].items()} if expected is not None else {}
         if expected is not None:  # the zoo's keys; Adam's moments after one step are 0.1 g and 0.001 g^2
             want = {k: want[k] for k in expected[0]}
-        assert_first_step(replace(case, name=f"{case.name} IREE vs onnxruntime"), got, want, noise, tm.initial_state())
-        if expected is not None:
-            assert_first_step(replace(case, name=f"{case.name} IREE vs torch float64"), got, expected[0],
-                              _float32_noise(*expected, want), tm.initial_state())
+        try:
+            assert_first_step(replace(case, name=f"{case.name} IREE vs onnxruntime"), got, want, noise,
+                              tm.initial_state())
+            if expected is not None:
+                assert_first_step(replace(case, name=f"{case.name} IREE vs torch float64"), got, expected[0],
+                                  _float32_noise(*expected, want), tm.initial_state())
+        except AssertionError as direct:
+            if expected is None:
+                raise
+            for runtime, step in (("IREE", got), ("onnxruntime", want)):
+                _assert_float64_up_to_flips(case, runtime, step, fit(step, *expected), expected[1],
+                                            tm.initial_state(), direct)
     except (AssertionError, bridge.BridgeError) as exc:  # reported at once: the whole tier runs for hours
         print(f"\nIREE-ZOO FAILED {request.node.callspec.id}: {type(exc).__name__}: {str(exc)[:1500]}")
         raise

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.harness import _window_top2, flip_effect, near_decisions, safe_attempt, window_gaps
+import bridge
+from zoo.harness import _window_top2, flip_effect, flip_fit, near_decisions, safe_attempt, window_gaps
 from zoo.torch_models import BATCH, DRAWS, VISION, search_draw, symbolic_batches
 
 
@@ -99,3 +100,84 @@ def test_the_recorded_draws_are_the_first_whose_decision_flips_stay_within_toler
     found = {batch: search_draw(name, batch) for batch in (BATCH, *symbolic_batches(module))}
     recorded = {batch: DRAWS.get((name, batch), 0) for batch in found}  # None: no draw is safe
     assert found == recorded, f"{name}: DRAWS should hold {{(name, batch): attempt}} for {found}"
+
+
+class _KinkCNN(torch.nn.Module):
+    """relu(conv1(x0) + x1 + x2) (a 1x1 Conv, weight 1: its output is x0 exactly in float32 and
+    float64; the adds in that order), then a 3x3 Conv, ReLU, mean pool and a Linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 1, 1, bias=False)
+        self.conv2 = torch.nn.Conv2d(1, 2, 3, padding=1)
+        self.head = torch.nn.Linear(2, 3)
+        with torch.no_grad():
+            self.conv1.weight.fill_(1.0)
+
+    def forward(self, x):
+        pre = self.conv1(x[:, :1]) + x[:, 1:2] + x[:, 2:3]
+        return self.head(F.relu(self.conv2(F.relu(pre))).mean((2, 3)))
+
+
+def _kink_case(tmp_path, at_kink: bool):
+    """(module, ONNX name map, inputs, target, float64 step, onnxruntime's step through bridge):
+    ``at_kink`` puts row 0's first pre-activation at 1 + 1e-8 - 1 (1e-8 in float64, 0 in float32:
+    the ReLU decides differently), else at 0.5."""
+    from zoo.exporters import SYMBOLIC_BATCH, export
+    from zoo.harness import module_oracle, name_map
+
+    torch.manual_seed(0)
+    module = _KinkCNN()
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.0, (2, 3, 4, 4)).astype(np.float32)  # every other pre-activation >= 1.5
+    x[0, :, 0, 0] = AT_KINK[0] if at_kink else [0.25, 0.125, 0.125]
+    inputs, target = {"x": x}, np.array([0, 2])
+    path = export(module, inputs, SYMBOLIC_BATCH, tmp_path / "kink.onnx")
+    mapping, _ = name_map(module, path)
+    want, _ = module_oracle(module, mapping, inputs, target, "ce", 1e-3)()
+    tm = bridge.to_training_onnx(path, loss="ce", optim="adam", optim_options={"lr": 1e-3})
+    return module, mapping, inputs, target, want, tm.session().step(inputs, target)
+
+
+def _fit(case, got):
+    module, mapping, inputs, target, want, _ = case
+    # zero float32 noise: this net's float32 arithmetic error is far below 1e-4 of every gradient's scale
+    return flip_fit(module, mapping, inputs, target, "ce", 1e-3, got, want, {})
+
+
+def test_flip_fit_accepts_a_real_float32_decision_flip(tmp_path):
+    """onnxruntime's float32 ReLU takes row 0's first input as 0 (inactive), float64 as 1e-8: conv1's
+    gradient is off by that element's cotangent, past the tolerance; the fit finds that one flip
+    (s = 1) and float64's step with it flipped matches onnxruntime's on every gradient and update."""
+    case = _kink_case(tmp_path, at_kink=True)
+    want, got = case[4], case[5]
+    fit = _fit(case, got)
+    assert fit.before["grad_conv1.weight"] > 10, fit
+    assert fit.explains, fit
+    assert [(where, at) for where, at, _ in fit.flipped] == [(" (relu)", (0,))] and abs(fit.flipped[0][2] - 1) < 1e-3
+    for key in want:
+        np.testing.assert_allclose(got[key], fit.record[key], rtol=1e-4, atol=1e-7, err_msg=key)
+    assert not np.allclose(fit.record["updated_conv1.weight"], want["updated_conv1.weight"], rtol=1e-4, atol=0)
+
+
+def test_flip_fit_rejects_a_wrong_gradient_away_from_any_decision(tmp_path):
+    """With no decision near (row 0 at 0.5), onnxruntime matches float64 and nothing flips; a
+    gradient element the decisions cannot move (the head's), off by 10 tolerances, or a whole
+    gradient 1% off, is NOT explained (no flip may absorb it); at the kink, the real flip plus
+    such an error is not explained either."""
+    case = _kink_case(tmp_path, at_kink=False)
+    clean = _fit(case, case[5])
+    assert clean.explains and clean.flipped == [] and clean.near == 0, clean
+    for wrong in ({"grad_head.weight": (0, 1), "factor": None}, {"grad_conv2.weight": None, "factor": 1.01}):
+        got = {k: v.copy() for k, v in case[5].items()}
+        key = next(k for k in wrong if k.startswith("grad_"))
+        if wrong["factor"] is None:
+            got[key][wrong[key]] += 10 * (1e-4 * np.abs(case[4][key]).max())
+        else:
+            got[key] *= wrong["factor"]
+        assert not _fit(case, got).explains
+    kink = _kink_case(tmp_path, at_kink=True)
+    got = {k: v.copy() for k, v in kink[5].items()}
+    got["grad_head.weight"][0, 1] += 10 * (1e-4 * np.abs(kink[4]["grad_head.weight"]).max())
+    fit = _fit(kink, got)
+    assert not fit.explains and fit.residual["grad_head.weight"] > 5, fit

@@ -57,6 +57,16 @@ DECISION_RTOL = 1e-4
 # Elements of one decision call whose flips are computed (one partial float64 backward each); a call
 # with more counts as mattering.
 MAX_FLIPS = 64
+# ``flip_fit``: the most decisions a runtime's step may have flipped to count as explained (googlenet's
+# onnxruntime step at batch 16, the most measured, flipped 10), how far from 0 or 1 a fitted flip's
+# coefficient may be, and the least effect (fraction of the tolerance, on some gradient element) a
+# flip must have to be fitted at all (below it its coefficient is not determined; the residual check
+# still sees it).
+MAX_FITTED_FLIPS = 16
+FLIP_ROUNDING = 0.1
+FLIP_VISIBLE = 0.1
+# gradient elements per tensor in the fit's least squares: this many drawn, plus the ones furthest off
+FIT_SAMPLE, FIT_WORST = 256, 32
 
 
 def torch_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -185,7 +195,7 @@ def assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: d
     tolerances = {}
     for key, expected in want.items():
         assert key in got, f"{case.name}: output {key} missing"
-        tolerances[key] = tolerance(case, expected, noise.get(key, 0.0))
+        tolerances[key] = tolerance(case.rtol, expected, noise.get(key, 0.0))
     for key, expected in want.items():
         actual = got[key]
         grad_key = "grad_" + key[len("updated_"):]
@@ -212,10 +222,10 @@ def scale_of(expected: np.ndarray) -> float:
     return float(np.max(np.abs(expected))) if expected.size else 0.0
 
 
-def tolerance(case: Case, expected: np.ndarray, noise: float) -> float:
+def tolerance(rtol: float, expected: np.ndarray, noise: float) -> float:
     """The absolute error allowed on ``expected``: ``rtol`` of its scale, the floor ``NOISE``, and
     ``NOISE_FACTOR`` times the oracle's own float32 error ``noise`` on it."""
-    return case.rtol * scale_of(expected) + NOISE + NOISE_FACTOR * noise
+    return rtol * scale_of(expected) + NOISE + NOISE_FACTOR * noise
 
 
 def twin_oracle(twin, weights: dict[str, np.ndarray], inputs, target, loss: str, lr: float):
@@ -393,8 +403,8 @@ def window_gaps(x: torch.Tensor, out: torch.Tensor, kernel_size, stride=(), padd
 class _Call:
     """One decision op call of a forward: where (module and op), and in the float64 forward the
     elements within ``NOISE_FACTOR`` x float32 error of a decision (``flips``: per element the
-    flat indices of the op's input whose cotangent a flip changes, and of its output whose
-    cotangent it moves there), the closest distance, the error, and (linked by ``_Link``) the
+    flat indices of the op's input whose cotangent a flip changes, the signed fraction of the
+    output's cotangent each gains, and the output's flat index; ``_margins``), the closest distance, the error, and (linked by ``_Link``) the
     op's input and output in the autograd graph."""
 
     where: str
@@ -403,28 +413,45 @@ class _Call:
     count: int = 0
     closest: float = torch.inf
     error: float = 0.0
-    flips: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
+    flips: list[tuple[tuple[int, ...], tuple[float, ...], int]] = field(default_factory=list)
     link: tuple[torch.Tensor, torch.Tensor, int] | None = None
     effect: float = torch.inf
 
 
-def _margins(func, args, kwargs) -> tuple[torch.Tensor, list] | None:
-    """Each element's distance from the decision ``func`` takes on it, and per element the
-    (input indices, output index) a flip of it moves the cotangent between (None: ``func``
-    takes no decision). A kink flip adds or drops the output's cotangent at that element (its
-    derivative jumps by at most 1: ReLU, ReLU6, clamp 1, LeakyReLU 1 - slope, Hardswish 1/2,
-    Hardsigmoid 1/6); a max-pool tie flip moves the window's cotangent from one input to the other."""
+def _slope_jump(func, args, kwargs, kink: float, above: bool) -> float:
+    """How much ``func``'s derivative changes when an input just ``above`` (else below) ``kink``
+    crosses it: the other side's slope minus this side's, by float64 differences at the kink
+    (exact for piecewise-linear kinks: ReLU -1 above, +1 below; max(0, x) at 6: +1 above)."""
+    step = 1e-6 * max(1.0, abs(kink))
+    probe = torch.tensor([kink - 2 * step, kink - step, kink + step, kink + 2 * step], dtype=torch.float64)
+    values = func(probe, *args[1:], **kwargs)
+    below_slope, above_slope = float(values[1] - values[0]) / step, float(values[3] - values[2]) / step
+    return below_slope - above_slope if above else above_slope - below_slope
+
+
+def _margins(func, args, kwargs) -> tuple[torch.Tensor, Callable] | None:
+    """Each element's distance from the decision ``func`` takes on it, and per element its flip
+    (None: ``func`` takes no decision): (input indices, the signed fraction of the output's
+    cotangent each of them gains, output index). A kink flip adds or drops the output's cotangent
+    at that element times the derivative's jump there (``_slope_jump``: ReLU, ReLU6, clamp 1,
+    LeakyReLU 1 - slope, Hardswish 1/2, Hardsigmoid 1/6); a max-pool tie flip moves the window's
+    cotangent from its largest input to the runner-up."""
     packet = func.overloadpacket
     if packet in KINKS:
         kinks = KINKS[packet](*args[1:], **kwargs)
         if not kinks:
             return None
-        margins = torch.stack([(args[0] - k).abs() for k in kinks]).amin(0)
-        return margins, lambda flat: ((flat,), flat)
+        margins, nearest = torch.stack([(args[0] - k).abs() for k in kinks]).min(0)
+
+        def kink_flip(flat: int):
+            kink = kinks[int(nearest.flatten()[flat])]
+            return (flat,), (_slope_jump(func, args, kwargs, kink, float(args[0].flatten()[flat]) > kink),), flat
+
+        return margins, kink_flip
     if packet in MAX_POOLS:
         out = func(*args, **kwargs)
         gaps, first, second = _window_top2(args[0], out[0] if isinstance(out, tuple) else out, *args[1:], **kwargs)
-        return gaps, lambda flat: ((int(first.flatten()[flat]), int(second.flatten()[flat])), flat)
+        return gaps, lambda flat: ((int(first.flatten()[flat]), int(second.flatten()[flat])), (-1.0, 1.0), flat)
     return None
 
 
@@ -508,6 +535,25 @@ def _forward(module: torch.nn.Module, inputs: dict[str, np.ndarray], dtype, sing
     return model, out, mode.calls
 
 
+def _linked(near: list[_Call]) -> list[_Call]:
+    """The near calls whose flips can be computed: linked, input not changed in place since, at
+    most ``MAX_FLIPS`` near elements."""
+    return [c for c in near if c.link and c.count <= MAX_FLIPS and c.link[0]._version == c.link[2]]
+
+
+Flip = tuple[tuple[int, ...], tuple[float, ...], int]  # one of ``_Call.flips``
+
+
+def _flip_change(call: _Call, cotangent: torch.Tensor, flip: Flip) -> torch.Tensor:
+    """A scalar whose float64 gradient with respect to the parameters is the exact change of their
+    gradients if ``flip`` (one of ``call.flips``) went the other way: the backward is linear in the
+    cotangent, so that is the backward of the cotangent change at the call's input alone."""
+    inputs, fractions, output = flip
+    change = torch.zeros_like(call.link[0]).flatten()
+    change[list(inputs)] = cotangent.flatten()[output] * torch.tensor(fractions, dtype=change.dtype)
+    return (change.reshape(call.link[0].shape) * call.link[0]).sum()
+
+
 def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray, loss: str, calls: list[_Call],
                   limit: float = torch.inf) -> None:
     """Set each near call's ``effect``: the most any parameter gradient can move if its near
@@ -521,7 +567,7 @@ def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray,
     ``limit``: the calls left keep inf (every call does, with no backward, where one is inf)."""
     params = [p for p in model.parameters() if p.requires_grad]
     near = [c for c in calls if c.count]
-    linked = [c for c in near if c.link and c.count <= MAX_FLIPS and c.link[0]._version == c.link[2]]
+    linked = _linked(near)
     if len(linked) < len(near) and limit < torch.inf:
         return
     value = torch_loss(loss)(out, torch.from_numpy(target))
@@ -530,12 +576,9 @@ def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray,
     total = 0.0
     for call, cotangent in zip(linked, grads[len(params):]):
         bound = [torch.zeros_like(p) for p in params]
-        for inputs, output in call.flips if cotangent is not None else ():
-            change = torch.zeros_like(call.link[0]).flatten()
-            change[list(inputs)] = cotangent.flatten()[output] * torch.tensor([1.0, -1.0][:len(inputs)],
-                                                                              dtype=change.dtype)
-            moved = torch.autograd.grad((change.reshape(call.link[0].shape) * call.link[0]).sum(), params,
-                                        retain_graph=True, allow_unused=True)
+        for flip in call.flips if cotangent is not None else ():
+            moved = torch.autograd.grad(_flip_change(call, cotangent, flip), params, retain_graph=True,
+                                        allow_unused=True)
             bound = [b + m.abs() if m is not None else b for b, m in zip(bound, moved)]
         call.effect = max(float(b.max()) / a for b, a in zip(bound, allowed))
         total += call.effect
@@ -570,6 +613,156 @@ def flip_effect(found: list[tuple[str, int, float, float, float]]) -> float:
     """An upper bound, over every parameter gradient, of the fraction of its tolerance that all
     of ``near_decisions``' flips together can move it (each call's effect, summed)."""
     return sum(effect for *_, effect in found)
+
+
+@dataclass
+class FlipFit:
+    """``flip_fit``'s answer for one runtime's first step: the decisions it flipped, as
+    (module and op, input indices, fitted coefficient); the fitted flips whose coefficient is not
+    within ``FLIP_ROUNDING`` of 0 or 1 (``unsettled``); per gradient key, the worst error past
+    rtol x |float64| in units of the tolerance, before and after the flips; the float64 step with
+    those flips (loss, every gradient, Adam's update from those gradients, running statistics);
+    near elements found and decisions fitted (visible, linked ones)."""
+
+    flipped: list[tuple[str, tuple[int, ...], float]]
+    unsettled: list[tuple[str, tuple[int, ...], float]]
+    before: dict[str, float]
+    residual: dict[str, float]
+    record: dict[str, np.ndarray]
+    near: int
+    fitted: int
+
+    @property
+    def explains(self) -> bool:
+        """The runtime's step IS float64's with at most ``MAX_FITTED_FLIPS`` near decisions
+        flipped: every fitted coefficient within ``FLIP_ROUNDING`` of 0 or 1, and every gradient
+        within the tolerance of the flipped float64 step."""
+        return (not self.unsettled and len(self.flipped) <= MAX_FITTED_FLIPS
+                and max(self.residual.values(), default=0.0) <= 1)
+
+    def __str__(self) -> str:
+        worst = lambda errors: "%.3gx (%s)" % max((v, k) for k, v in errors.items())  # noqa: E731
+        flips = "; ".join(f"{where} {at} s={s:.3f}" for where, at, s in self.flipped) or "none"
+        unsettled = "; ".join(f"{where} {at} s={s:.3f}" for where, at, s in self.unsettled)
+        return (f"{self.near} elements near a decision, {self.fitted} decisions fitted; worst {worst(self.before)} -> "
+                f"{worst(self.residual)} with {len(self.flipped)} flipped: {flips}"
+                + (f"; NOT 0 or 1: {unsettled}" if unsettled else ""))
+
+
+def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inputs: dict[str, np.ndarray],
+             target: np.ndarray, loss: str, lr: float, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
+             noise: dict[str, float], rtol: float = DECISION_RTOL) -> FlipFit:
+    """Which near decisions a float32 runtime's first step ``got`` flipped against ``module``'s
+    float64 step ``want`` (``module_oracle``, torch's float32 ``noise``), and what is left.
+
+    Each decision within float32 rounding (``near_decisions``: only those may flip; a ReLU input,
+    or a max-pool pair of inputs with every window whose two largest they are) has an exact float64
+    change of every gradient if it went the other way (``_flip_change``). Fit
+    got - want ~ sum_k s_k change_k by least squares over the gradient elements (``FIT_SAMPLE``
+    drawn per tensor plus its ``FIT_WORST`` furthest off, each in units of its tolerance: ``rtol``
+    of the scale + ``NOISE_FACTOR`` x noise), over the flips that move some gradient element by
+    ``FLIP_VISIBLE`` of its tolerance. A flip happened where s rounds to 1; then the float64 step
+    with exactly those flips (one backward that applies them all, ``_backward``; Adam's update from
+    the changed gradients) is compared with ``got`` on every element. ``FlipFit.explains`` says
+    whether that proves ``got`` is float64's step with a few decisions rounded the other way."""
+    _, _, single = _forward(module, inputs, torch.float32)
+    model, out, calls = _forward(module, inputs, torch.float64, single, grad=True)
+    params = dict(model.named_parameters())
+    near = [c for c in calls if c.count]
+    linked = _linked(near)
+    value = torch_loss(loss)(out, torch.from_numpy(target))
+    cotangents = (torch.autograd.grad(value, [c.link[1] for c in linked], retain_graph=True, allow_unused=True)
+                  if linked else ())
+    # one decision per ReLU element, one per max-pool input pair (every window whose two largest
+    # inputs they are, e.g. overlapping windows sharing them, flips with their order)
+    decisions: dict[tuple[int, tuple[int, ...]], list] = {}
+    for call, cotangent in zip(linked, cotangents):
+        for flip in call.flips if cotangent is not None else ():
+            decisions.setdefault((id(call), flip[0]), []).append((call, cotangent, flip))
+    keys = [k for k in want if k.startswith("grad_") and k in got]
+    allowed = {k: tolerance(rtol, want[k], noise.get(k, 0.0)) for k in keys}
+
+    def gradients(change: torch.Tensor, flipped=()) -> dict[str, np.ndarray]:
+        """Every gradient key of the float64 backward of a scalar (with ``flipped`` applied)."""
+        moved = dict(zip(params, _backward(change, list(params.values()), flipped)))
+        changes = {}
+        for k in keys:
+            name, transposed = mapping[k[len("grad_"):]]
+            m = moved[name]
+            changes[k] = np.zeros(want[k].shape) if m is None else (m.numpy().T if transposed else m.numpy())
+        return changes
+
+    def errors(record: dict[str, np.ndarray]) -> dict[str, float]:
+        return {k: float((np.abs(got[k] - record[k]) - rtol * np.abs(record[k])).max(initial=0.0)) / allowed[k]
+                for k in keys}
+
+    rng = np.random.default_rng(0)
+    off = {k: np.abs(got[k] - want[k]).flatten() / allowed[k] for k in keys}
+    sample = {k: np.union1d(rng.choice(off[k].size, min(off[k].size, FIT_SAMPLE), replace=False),
+                            np.argsort(off[k])[-FIT_WORST:]) for k in keys}
+    columns, visible = [], []
+    for flips in decisions.values():
+        changes = gradients(sum(_flip_change(*flip) for flip in flips))
+        if max(float(np.abs(changes[k]).max(initial=0.0)) / allowed[k] for k in keys) >= FLIP_VISIBLE:
+            visible.append(flips)
+            columns.append(np.concatenate([changes[k].flatten()[sample[k]] / allowed[k] for k in keys]))
+    residual = np.concatenate([(got[k] - want[k]).flatten()[sample[k]] / allowed[k] for k in keys])
+    fitted = np.linalg.lstsq(np.stack(columns, 1), residual, rcond=None)[0] if columns else np.zeros(0)
+    named = [(flips[0][0].where, flips[0][2][0], float(s)) for flips, s in zip(visible, fitted)]
+    unsettled = [n for n in named if abs(n[2] - round(n[2])) >= FLIP_ROUNDING or round(n[2]) not in (0, 1)]
+    chosen = [flip for flips, s in zip(visible, fitted) if round(s) == 1 for flip in flips]
+    record = dict(want)
+    if chosen:
+        plain, flipped = gradients(value), gradients(value, chosen)
+        record.update({k: want[k] + (flipped[k] - plain[k]) for k in keys})
+        record.update(_adam_update(model, mapping, record, lr))
+    return FlipFit([n for n, s in zip(named, fitted) if round(s) == 1], unsettled, errors(want), errors(record),
+                   record, sum(c.count for c in near), len(columns))
+
+
+def _backward(value: torch.Tensor, params: list[torch.Tensor], flipped=()) -> tuple:
+    """``torch.autograd.grad`` of ``value`` (graph retained) with the ``flipped`` (call, cotangent,
+    flip) decisions going the other way: at each flipped call the output's cotangent as it arrives
+    (every flip downstream already applied) moves to its input as ``_flip_change`` says, so flips
+    that interact (one downstream changes the cotangent one upstream moves) are exact together."""
+    calls = {id(call): (call, [f for c, _, f in flipped if c is call]) for call, _, _ in flipped}
+    handles = []
+    for call, flips in calls.values():
+        arrived = {}
+
+        def keep(cotangent, arrived=arrived):
+            arrived["output"] = cotangent
+
+        def move(cotangent, flips=flips, arrived=arrived):
+            change = torch.zeros_like(cotangent).flatten()
+            for inputs, fractions, output in flips:
+                moved = arrived["output"].flatten()[output]
+                change[list(inputs)] += moved * torch.tensor(fractions, dtype=change.dtype)
+            return cotangent + change.reshape(cotangent.shape)
+
+        handles += [call.link[1].register_hook(keep), call.link[0].register_hook(move)]
+    try:
+        return torch.autograd.grad(value, params, retain_graph=True, allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _adam_update(model: torch.nn.Module, mapping: dict[str, tuple[str, bool]], record: dict[str, np.ndarray],
+                 lr: float) -> dict[str, np.ndarray]:
+    """updated_* of ``model``'s parameters after torch's Adam's first step from ``record``'s grad_*."""
+    params = dict(model.named_parameters())
+    names = {tname: (k, transposed) for k, (tname, transposed) in mapping.items() if f"grad_{k}" in record}
+    stepped = {}
+    copies = {n: p.detach().clone().requires_grad_() for n, p in params.items() if n in names}
+    for n, p in copies.items():
+        grad = record[f"grad_{names[n][0]}"]
+        p.grad = torch.from_numpy(np.ascontiguousarray(grad.T if names[n][1] else grad))
+    torch.optim.Adam(copies.values(), lr=lr).step()
+    for n, p in copies.items():
+        value = p.detach().numpy()
+        stepped[f"updated_{names[n][0]}"] = value.T if names[n][1] else value
+    return stepped
 
 
 def safe_attempt(module: torch.nn.Module, draw: Callable[[int], tuple[dict[str, np.ndarray], np.ndarray]],
