@@ -68,22 +68,24 @@ def cnn_path(tmp_path_factory) -> str:
     return str(path)
 
 
-def test_lowering_traced_once_per_signature_same_graph(cnn_path, monkeypatch):
+def _convert_counting_conv_backward(path: str, monkeypatch, replay: bool) -> tuple[bridge.TrainingModel, int]:
+    """Convert ``path`` (ce + adam), counting the calls of the convolution backward's lowering; without
+    ``replay`` every call is traced."""
     backward = torch.ops.aten.convolution_backward.default
     bridge.lowering.import_all_lowerings()
     lowering = bridge.trace.LOWERINGS[backward]
+    calls = []
+    with monkeypatch.context() as patch:
+        patch.setitem(bridge.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
+        if not replay:
+            patch.setattr(bridge.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
+        return bridge.to_training_onnx(path, loss="ce", optim="adam"), len(calls)
 
-    def convert(replay: bool) -> tuple[bridge.TrainingModel, int]:
-        calls = []
-        with monkeypatch.context() as patch:
-            patch.setitem(bridge.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
-            if not replay:
-                patch.setattr(bridge.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
-            return bridge.to_training_onnx(cnn_path, loss="ce", optim="adam"), len(calls)
 
-    replayed, traced = convert(replay=True)
+def test_lowering_traced_once_per_signature_same_graph(cnn_path, monkeypatch):
+    replayed, traced = _convert_counting_conv_backward(cnn_path, monkeypatch, replay=True)
     assert traced == 2, "the convolution backward is traced once per signature, not once per convolution"
-    every, traced = convert(replay=False)
+    every, traced = _convert_counting_conv_backward(cnn_path, monkeypatch, replay=False)
     assert traced == 3
     for part in ("model", "gradient_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
@@ -107,21 +109,9 @@ def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypat
     """A lowering region that captures a constant is replayed too, each replay capturing it under its own
     attribute, as tracing the call again would: the same graph, initializers included."""
     assert bridge.lowering.conv.input_grad_form(64, 1, [3, 3], [2, 2], [1, 1], [2, 2]) == "gemm_select"
-    backward = torch.ops.aten.convolution_backward.default
-    bridge.lowering.import_all_lowerings()
-    lowering = bridge.trace.LOWERINGS[backward]
-
-    def convert(replay: bool) -> tuple[bridge.TrainingModel, int]:
-        calls = []
-        with monkeypatch.context() as patch:
-            patch.setitem(bridge.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
-            if not replay:
-                patch.setattr(bridge.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
-            return bridge.to_training_onnx(select_cnn_path, loss="ce", optim="adam"), len(calls)
-
-    replayed, traced = convert(replay=True)
+    replayed, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=True)
     assert traced == 2, "a lowering that captures a constant is still traced once per signature"
-    every, traced = convert(replay=False)
+    every, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=False)
     assert traced == 3
     constants = [t.name for t in every.model.graph.initializer if t.name.startswith("_tensor_constant")]
     assert len(constants) == 2, constants  # one selection matrix per input gradient
