@@ -52,11 +52,13 @@ def test_a_step_that_times_itself_is_timed_by_its_own_figure():
 
 
 def test_graph_sizes_show_the_first_landing_next_to_now():
-    result = {"model": "resnet18", "weights_mb": 42.7, "convert_s": 4.0, "peak_rss_mb": 1500, "import_rss_mb": 550,
+    result = {"model": "resnet18", "weights_mb": 42.7, "import_s": 2.5, "convert_s": 4.0, "peak_rss_mb": 1500,
+              "import_rss_mb": 550,
               "nodes": {"forward": 1, "loss": 2, "backward": 3, "optimizer": 4},
               "steps": {"torch": {"median_ms": 1.0, "q1_ms": 1.0, "q3_ms": 1.0, "ratio_to_torch": 1.0}}}
     info = {"date": "d", "cores": 2, "cpu": "x", "threads": 2, "load_before": 0.5, "python": "3", "torch": "t",
             "onnxruntime": "o", "command": "c"}
     text = bench.markdown([result], info, ["resnet18: ort-training skipped: no --ort-training-python"])
     assert f"| 1 / 2 / 3 / 4 | {bench.BEFORE_NODES['resnet18']} |" in text
+    assert "| model | weights MB | import s | convert s |" in text and "| resnet18 | 42.7 | 2.50 | 4.00 |" in text
     assert "- resnet18: ort-training skipped" in text
