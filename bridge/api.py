@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 import os
 from pathlib import Path
@@ -33,6 +34,27 @@ from .source_checks import check_export
 from .trace import StepExample, split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
+def _cyclic_gc_paused(convert: Callable[..., TrainingModel]) -> Callable[..., TrainingModel]:
+    """``convert`` run with Python's cyclic garbage collector paused (as torch's
+    ``distributed.checkpoint.state_dict`` does): tracing makes ~10^5 objects that live until it ends (FX nodes,
+    fake tensors), enough to set off full collections over everything the process holds (torch's modules, ~10^6
+    objects): two, 0.35 s of CPU in a resnet18 conversion. Reference counting frees all else as usual; the few
+    cycles left are collected after it (the first young-generation collection then, ~0.07 s for resnet18)."""
+
+    @functools.wraps(convert)
+    def paused(*args, **kwargs) -> TrainingModel:
+        if not gc.isenabled():
+            return convert(*args, **kwargs)
+        gc.disable()
+        try:
+            return convert(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
+
+
+@_cyclic_gc_paused
 def to_training_onnx(
     model: str | os.PathLike | onnx.ModelProto | torch.nn.Module | torch.export.ExportedProgram,
     loss: str | Callable = "mse",
