@@ -21,17 +21,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .dtypes import TORCH_TO_NUMPY
 from .errors import InvalidOptionError
 
 State = dict[str, torch.Tensor]
 
 
 def _zeros(slot: str, param: torch.Tensor, options: dict) -> torch.Tensor:
-    """Zeros of ``param``'s shape and dtype (contiguous, as the weights are) in numpy's calloc'ed memory, which
-    the OS zero-fills page by page on first touch: ``torch.zeros_like`` writes every byte, 0.1-0.3 s of a
-    resnet18 conversion for Adam's two slots (85 MB), which the trace never reads (it runs on fake tensors)."""
-    return torch.from_numpy(np.zeros(tuple(param.shape), TORCH_TO_NUMPY[param.dtype]))
+    """``torch.zeros_like(param)``; for a contiguous ``param`` (the weights are) numpy's calloc'ed zeros of the
+    unsigned type of its width viewed as its dtype (numpy has no bfloat16), which the OS zero-fills page by page on
+    first touch: ``zeros_like`` writes every byte, 0.1-0.3 s of a resnet18 conversion for Adam's two slots
+    (85 MB), which the trace never reads (it runs on fake tensors)."""
+    if not param.is_contiguous() or not param.numel():  # zeros_like keeps their strides
+        return torch.zeros_like(param)
+    return torch.from_numpy(np.zeros(param.numel(), f"u{param.element_size()}")).view(param.dtype).view(param.shape)
 
 
 @dataclass(frozen=True)
