@@ -34,6 +34,7 @@ from .source_checks import check_export
 from .trace import StepExample, split_step, trace_eval_step, trace_training_step
 from .training_model import TrainingModel
 
+
 def _cyclic_gc_paused(convert: Callable[..., TrainingModel]) -> Callable[..., TrainingModel]:
     """``convert`` run with Python's cyclic garbage collector paused (as torch's
     ``distributed.checkpoint.state_dict`` does): tracing makes ~10^5 objects that live until it ends (FX nodes,
