@@ -230,20 +230,6 @@ def _torch_case(kind: str, name: str, mode: str, tmp_path):
     return case, tm, functools.partial(flip_fit, module, mapping, inputs, target, loss, 1e-3)
 
 
-def _assert_float64_up_to_flips(case, runtime: str, got: dict, fit, noise: dict, initial: dict,
-                                direct: AssertionError) -> None:
-    """``got`` is torch float64's first step with at most ``MAX_FITTED_FLIPS`` near decisions flipped
-    (``FlipFit.explains``), and matches that flipped step (loss, every gradient, every update and
-    running statistic) at rtol ``DECISION_RTOL`` + ``NOISE_FACTOR`` x torch's float32 noise, no
-    element allowed to miss; else the ``direct`` comparison's failure stands."""
-    from zoo.harness import DECISION_RTOL, assert_first_step
-
-    print(f"\nIREE-ZOO {case.name}: {runtime} vs torch float64 up to near-decision flips: {fit}")
-    assert fit.explains, f"{direct}\n{runtime} is not torch float64's step up to near-decision flips: {fit}"
-    assert_first_step(replace(case, name=f"{case.name} {runtime} vs float64 with its flips", rtol=DECISION_RTOL,
-                              allowed_mismatch=0.0), got, fit.record, noise, initial)
-
-
 def _median_step_seconds(session, inputs, target, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
@@ -270,7 +256,7 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
     decisions, so they are not compared with each other there; a gradient off by anything else
     (a wrong graph, a miscompile) is not explained and fails (tests/test_zoo_decisions.py)."""
     from zoo.handbuilt import CASES
-    from zoo.harness import assert_first_step
+    from zoo.harness import assert_first_step, assert_float64_up_to_flips
 
     if request.node.callspec.id in XFAIL:
         request.applymarker(pytest.mark.xfail(reason=XFAIL[request.node.callspec.id], strict=True))
@@ -306,7 +292,7 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
             if expected is None:
                 raise
             for runtime, step in (("IREE", got), ("onnxruntime", want)):
-                _assert_float64_up_to_flips(case, runtime, step, fit(step, *expected), expected[1],
+                assert_float64_up_to_flips(case, runtime, step, fit(step, *expected), expected[1],
                                             tm.initial_state(), direct)
     except (AssertionError, bridge.BridgeError) as exc:  # reported at once: the whole tier runs for hours
         print(f"\nIREE-ZOO FAILED {request.node.callspec.id}: {type(exc).__name__}: {str(exc)[:1500]}")
