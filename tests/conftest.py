@@ -42,7 +42,8 @@ def _one_onnxruntime_thread() -> None:
     """Every onnxruntime session of this process runs one intra-op thread unless its options set a
     count: onnxruntime's default (a spinning thread per core) makes two workers' sessions fight
     for the two cores. Measured (efficientnet_b0's training step, one process, load ~4): session
-    creation 5.7 -> 1.1 s of CPU, a step 0.72 -> 0.47 s of CPU."""
+    creation 5.7 -> 1.1 s of CPU, a step 0.72 -> 0.47 s of CPU. Options given are set in place
+    (onnxruntime's SessionOptions cannot be copied); every caller makes its own per session."""
     import onnxruntime as ort
 
     init = ort.InferenceSession.__init__

@@ -1,11 +1,13 @@
-"""The zoo's comparison cannot pass a wrong first step: NaN never matches, and elements allowed to
-miss the tolerance are still bounded; a loss that does not fall fails."""
+"""The zoo's comparison cannot pass a wrong first step: NaN never matches, elements allowed to miss
+the tolerance are still bounded, a step off the oracle passes only as float64's up to proven
+decision flips; a loss that does not fall fails."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from zoo.harness import LOSS_STEPS, MIN_STEPS, MISMATCH_BOUND, Case, assert_first_step, assert_loss_falls, check_batch
+from zoo.harness import (LOSS_STEPS, MIN_STEPS, MISMATCH_BOUND, Case, FlipFit, assert_first_step, assert_loss_falls,
+                         check_batch)
 
 
 def _case(allowed_mismatch: float) -> Case:
@@ -55,16 +57,44 @@ class _Converted:
         return {}
 
 
-def test_a_loose_batch_tolerance_applies_at_its_batch_only():
-    """``batch_rtol`` (measured drift at one batch size) does not loosen the other batch sizes."""
+def _fit(explains: bool, record: dict) -> FlipFit:
+    """A ``flip_fit`` answer: one settled flip (or one unsettled), the flipped float64 step ``record``."""
+    flip = [("layer (relu)", (0,), 1.0 if explains else 0.5)]
+    return FlipFit(flip if explains else [], [] if explains else flip, {"grad_w": 50.0}, {"grad_w": 0.0}, record, 1, 1)
+
+
+def _batch_case(explain) -> Case:
     want = {"grad_w": np.arange(1.0, 101.0, dtype=np.float32)}
-    converted = _Converted({"grad_w": want["grad_w"] * np.float32(1.01)})  # 1% off everywhere
-    case = Case("probe", "unused.onnx", {"x": np.zeros((2, 3), np.float32)}, np.zeros(2, np.int64), "ce", set(),
-                oracle=lambda: ({}, {}), rtol=1e-4, rebatch=lambda inputs, target: lambda: (want, {}),
-                batch_rtol={16: 0.02})
-    check_batch(case, converted, 16)
-    with pytest.raises(AssertionError, match="batch3"):
-        check_batch(case, converted, 3)
+    return Case("probe", "unused.onnx", {"x": np.zeros((2, 3), np.float32)}, np.zeros(2, np.int64), "ce", set(),
+                oracle=lambda: ({}, {}), rtol=1e-4, rebatch=lambda inputs, target: lambda: (want, {}), explain=explain)
+
+
+def test_a_failing_batch_passes_only_as_float64_up_to_proven_flips():
+    """Off the oracle at a batch size: ``check_batch`` asks ``flip_fit`` and passes only where the fit
+    settles (coefficients 0 or 1) and the step matches the flipped float64 step exactly as tightly."""
+    got = {"grad_w": np.arange(1.0, 101.0, dtype=np.float32)}
+    got["grad_w"][7] += 5  # one element far off: a flipped decision, or a defect
+    asked = []
+
+    def explains(inputs, target, step, want, noise):
+        asked.append(len(target))
+        return _fit(True, {"grad_w": got["grad_w"].copy()})
+
+    check_batch(_batch_case(explains), _Converted(got), 16)
+    assert asked == [16]
+    unsettled = _batch_case(lambda *args: _fit(False, {"grad_w": got["grad_w"].copy()}))
+    with pytest.raises(AssertionError, match="not torch float64's step up to near-decision flips"):
+        check_batch(unsettled, _Converted(got), 16)
+    elsewhere = {"grad_w": got["grad_w"].copy()}
+    elsewhere["grad_w"][9] += 5  # the flipped step explains element 7 but not this one
+    with pytest.raises(AssertionError, match="vs float64 with its flips"):
+        check_batch(_batch_case(lambda *args: _fit(True, {"grad_w": got["grad_w"].copy()})), _Converted(elsewhere), 16)
+
+
+def test_without_an_explanation_a_failing_batch_fails():
+    got = {"grad_w": np.arange(1.0, 101.0, dtype=np.float32) * np.float32(1.01)}  # 1% off everywhere
+    with pytest.raises(AssertionError, match="batch16"):
+        check_batch(_batch_case(None), _Converted(got), 16)
 
 
 class _Losses:
