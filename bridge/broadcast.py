@@ -14,6 +14,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from .load import skeleton
+
 # binary ops with multidirectional (numpy) broadcasting that onnxruntime runs through its Broadcaster
 _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "LessOrEqual", "Greater",
            "GreaterOrEqual", "And", "Or", "Xor", "PRelu", "BitShift"}
@@ -22,7 +24,7 @@ _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Les
 def match_scalar_ranks(model: onnx.ModelProto) -> int:
     """Rewrite ``model``'s main graph in place (see the module docstring); returns how many operands changed."""
     graph = model.graph
-    shapes = _static_shapes(graph)
+    shapes = _static_shapes(model)
     constants = {tensor.name: tensor for tensor in graph.initializer}
     names = {name for node in graph.node for name in [*node.input, *node.output]} | set(constants)
     made: dict[tuple[str, int], str] = {}  # (operand, rank) -> its value of that rank
@@ -79,10 +81,13 @@ def _add_ranked(graph: onnx.GraphProto, nodes: list, reader: onnx.NodeProto, key
     nodes.append(reshape)
 
 
-def _static_shapes(graph: onnx.GraphProto) -> dict[str, list]:
-    """Value name -> shape (a symbolic dim as None), from the graph's inputs, outputs, value_info and initializers."""
+def _static_shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """Value name -> shape (a symbolic dim as None): the graph's inputs, outputs and initializers, and
+    every value whose shape ONNX shape inference finds (the exported graph has no value_info yet)."""
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(skeleton(model)).graph.value_info  # no copy of the weights
     shapes: dict[str, list] = {}
-    for info in [*graph.input, *graph.value_info, *graph.output]:
+    for info in [*graph.input, *inferred, *graph.output]:
         tensor = info.type.tensor_type
         if tensor.HasField("shape"):
             shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]

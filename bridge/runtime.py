@@ -207,8 +207,9 @@ def session_options(threads: int | None = None):
     """bridge's onnxruntime session options: BASIC graph optimizations; ``threads`` intra-op threads
     (default: onnxruntime's own, one per physical core) that block instead of spinning between the
     parallel parts of a step. A spinning worker holds its core for the whole step (a step's CPU time
-    was twice its wall time) and, where another process shares the cores, the worker and the thread
-    that waits on it fight for them (resnet18's step, 2 threads, benchmarks at load 2-5: 0.55 -> 0.30 s)."""
+    was twice its wall time) and, where other processes share the cores, the worker and the thread
+    waiting on it take turns with them (resnet18's step, 2 threads, 2 shared cores at load 4-6, the
+    two settings alternating in one process: 0.56 -> 0.32 s wall, 0.37 -> 0.20 s CPU)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

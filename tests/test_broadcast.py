@@ -64,3 +64,20 @@ def test_left_alone_where_onnxruntime_broadcasts_fast(x_shape, scale_shape):
     rewritten, count = _rewritten(_model(x_shape, scale_shape))
     assert count == 0
     assert [list(t.dims) for t in rewritten.graph.initializer] == [scale_shape]
+
+
+def test_a_converted_step_leaves_none(tmp_path):
+    """A 1x1 conv's weight under Adam and a BatchNorm's ``var + eps`` ([1, C, 1, 1] + 0-d) in a converted
+    step: the conversion has given every such operand its rank (running the rewrite again finds nothing)."""
+    import torch
+
+    import bridge
+
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                 torch.nn.Linear(36, 3))
+    path = tmp_path / "conv1x1.onnx"
+    torch.onnx.export(module.eval(), (torch.randn(2, 2, 3, 3),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    step = bridge.to_training_onnx(str(path), loss="ce", optim="adam").model
+    assert match_scalar_ranks(step) == 0
+    assert any(node.name.endswith("/rank") for node in step.graph.node)  # Adam's computed bias corrections
