@@ -14,6 +14,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from .cleanup import subgraph_reads
 from .load import skeleton
 
 # binary ops with multidirectional (numpy) broadcasting that onnxruntime runs through its Broadcaster
@@ -26,7 +27,8 @@ def match_scalar_ranks(model: onnx.ModelProto) -> int:
     graph = model.graph
     shapes = _static_shapes(model)
     constants = {tensor.name: tensor for tensor in graph.initializer}
-    names = {name for node in graph.node for name in [*node.input, *node.output]} | set(constants)
+    outer = subgraph_reads(graph)  # values a subgraph reads: never dropped
+    names = {name for node in graph.node for name in [*node.input, *node.output]} | set(constants) | outer
     made: dict[tuple[str, int], str] = {}  # (operand, rank) -> its value of that rank
     nodes, changed = [], 0
     for node in graph.node:
@@ -42,7 +44,7 @@ def match_scalar_ranks(model: onnx.ModelProto) -> int:
     if changed:
         del graph.node[:]
         graph.node.extend(nodes)
-        read = {name for node in graph.node for name in node.input} | {output.name for output in graph.output}
+        read = {name for node in graph.node for name in node.input} | {output.name for output in graph.output} | outer
         orphans = {source for source, _ in made if source in constants and source not in read}
         for index in reversed(range(len(graph.initializer))):
             if graph.initializer[index].name in orphans:

@@ -47,6 +47,18 @@ def test_a_constant_gets_the_rank_of_a_tensor_ending_in_ones(scale_shape):
     assert list(rewritten.graph.node[0].input) == ["x", "scale_rank4"]
 
 
+def test_a_constant_a_subgraph_reads_is_kept():
+    model = _model([3, 2, 1, 1], [])
+    branch = helper.make_graph([helper.make_node("Identity", ["scale"], ["s"])], "branch", [],
+                               [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(True), "c"))
+    model.graph.node.append(helper.make_node("If", ["c"], ["z"], then_branch=branch, else_branch=branch))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, []))
+    rewritten, count = _rewritten(model)
+    assert count == 1
+    assert [t.name for t in rewritten.graph.initializer] == ["scale", "c", "scale_rank4"]
+
+
 def test_a_computed_value_is_reshaped_before_its_reader():
     rewritten, count = _rewritten(_model([3, 2, 1], [], computed=True))
     assert count == 1
