@@ -43,9 +43,9 @@ def kernel_times(model: onnx.ModelProto, state: dict[str, np.ndarray], feed: dic
     """Microseconds of kernel time per node name, summed over ``steps`` steps after ``warmup``."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # as bridge.runtime
-    options.intra_op_num_threads = threads
+    from bridge.runtime import session_options
+
+    options = session_options(threads)  # as bridge.runtime runs a step
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = str(Path(tmp) / "profile")

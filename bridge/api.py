@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from . import __version__
 from .annotate import annotate_model
 from .atomic import check_output_path
+from .broadcast import match_scalar_ranks
 from .cleanup import clean_up
 from .contract import LOSS, LOSS_OUTPUT, LR, STEP, TARGET, TARGET_CLASSES as CLASSES, StepSignature, slot_name
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
@@ -215,6 +216,7 @@ def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, sou
     with phase(f"exporting {len(graph_module.graph.nodes)} traced nodes to ONNX"):
         model = export_step(graph_module, signature, constant_names, stubs)
         clean_up(model)
+        match_scalar_ranks(model)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
     for key, value in metadata.items():

@@ -28,7 +28,7 @@ def clean_up(model: onnx.ModelProto) -> dict[str, int]:
     """Apply the rewrites to ``model``'s main graph in place; returns how many of each were made."""
     graph = model.graph
     done: collections.Counter = collections.Counter()
-    protected = _subgraph_reads(graph)
+    protected = subgraph_reads(graph)
     constants = _shape_constants(graph)
     producers = {out: node for node in graph.node for out in node.output}
     for node in list(graph.node):
@@ -121,14 +121,14 @@ def _shape_constants(graph: onnx.GraphProto) -> dict[str, list[int]]:
             if t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1}
 
 
-def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
     """Every name read inside a subgraph (If/Loop/Scan bodies may read outer values by name)."""
     names: set[str] = set()
     for node in graph.node:
         for attribute in node.attribute:
             for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
                 names.update(name for inner in sub.node for name in inner.input)
-                names.update(_subgraph_reads(sub))
+                names.update(subgraph_reads(sub))
     return names
 
 
