@@ -203,18 +203,20 @@ def unchecked_run(session) -> Callable:
     return run if callable(run) else session.run
 
 
-def session_options(threads: int | None = None):
+def session_options(threads: int | None = None, spinning: bool = True):
     """bridge's onnxruntime session options: BASIC graph optimizations; ``threads`` intra-op threads
-    (default: onnxruntime's own, one per physical core) that block instead of spinning between the
-    parallel parts of a step. A spinning worker holds its core for the whole step (a step's CPU time
-    was twice its wall time) and, where other processes share the cores, the worker and the thread
-    waiting on it take turns with them (resnet18's step, 2 threads, 2 shared cores at load 4-6, the
-    two settings alternating in one process: 0.56 -> 0.32 s wall, 0.37 -> 0.20 s CPU)."""
+    (default: onnxruntime's own, one per physical core); ``spinning=False``: they block instead of
+    spinning between the parallel parts of a step. Spinning (onnxruntime's default) is faster on
+    cores of one's own (resnet18's step, 2 threads, quiet 2-core machine, alternating in one process:
+    156 vs 176 and 172 vs 195 ms; mlp 1.3 vs 1.6 ms); on cores shared with other busy processes a
+    spinning worker holds its core for the whole step and the step ran up to 1.8x slower (load 4-6:
+    0.56 vs 0.32 s wall, 0.37 vs 0.20 s CPU), so pass ``spinning=False`` there."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads is not None:
         options.intra_op_num_threads = threads
     return options
@@ -223,10 +225,10 @@ def session_options(threads: int | None = None):
 class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
-    def __init__(self, model: onnx.ModelProto, providers=None, threads: int | None = None):
+    def __init__(self, model: onnx.ModelProto, providers=None, threads: int | None = None, spinning: bool = True):
         import onnxruntime as ort
 
-        options = session_options(threads)
+        options = session_options(threads, spinning)
         providers = providers or ["CPUExecutionProvider"]
         if is_large(model):  # past protobuf's 2 GiB: through a file with external data
             with external_copy(model) as path:
@@ -291,12 +293,13 @@ class TrainingSession(StepSession):
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike, state: Mapping[str, np.ndarray], providers=None,
                  seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise",
-                 threads: int | None = None):
-        """``threads``: onnxruntime's intra-op thread count (default: its own, one per physical core)."""
+                 threads: int | None = None, spinning: bool = True):
+        """``threads``, ``spinning``: onnxruntime's intra-op thread count (default: its own, one per
+        physical core) and whether they spin between parallel ops (``session_options``)."""
         model = read_model(model)
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
                          graph_hash=graph_hash(model), eval_model=eval_model)
-        self._graph = OrtGraph(model, providers, threads)
+        self._graph = OrtGraph(model, providers, threads, spinning)
         self.output_names = self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))
         self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))

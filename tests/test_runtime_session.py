@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
-from bridge.runtime import OrtGraph, unchecked_run
+from bridge.runtime import OrtGraph, session_options, unchecked_run
 
 
 def _scaled_sum() -> onnx.ModelProto:
@@ -38,3 +39,13 @@ def test_a_session_without_the_private_binding_uses_the_public_run():
     run = unchecked_run(PublicOnly(session))
     assert run == session.run
     np.testing.assert_array_equal(run(["z"], FEED, None)[0], session.run(["z"], FEED)[0])
+
+
+def test_threads_spin_unless_told_not_to():
+    """onnxruntime's spinning intra-op threads by default (faster on cores of one's own); blocking
+    ones with ``spinning=False`` (cores shared with other busy processes)."""
+    spinning, blocking = session_options(2), session_options(2, spinning=False)
+    assert spinning.intra_op_num_threads == blocking.intra_op_num_threads == 2
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # onnxruntime's default: spin
+        spinning.get_session_config_entry("session.intra_op.allow_spinning")
+    assert blocking.get_session_config_entry("session.intra_op.allow_spinning") == "0"
