@@ -139,11 +139,13 @@ class TrainingModel:
             np.savez(file, **self.initial_values)
         return Path(path)
 
-    def session(self, providers=None, seed: int | None = None, on_nonfinite: str = "raise") -> TrainingSession:
+    def session(self, providers=None, seed: int | None = None, on_nonfinite: str = "raise",
+                threads: int | None = None, spinning: bool = True) -> TrainingSession:
         """An onnxruntime session holding the initial state, ready for ``.step(inputs, target)``
-        and ``.evaluate(inputs, target)`` (the eval graph)."""
-        return TrainingSession(self.model, self.initial_state(), providers, seed,
-                               eval_model=self.eval_model, on_nonfinite=on_nonfinite)
+        and ``.evaluate(inputs, target)`` (the eval graph); ``threads`` / ``spinning``: its intra-op
+        threads and whether they spin (``bridge.runtime.session_options``)."""
+        return TrainingSession(self.model, self.initial_state(), providers, seed, eval_model=self.eval_model,
+                               on_nonfinite=on_nonfinite, threads=threads, spinning=spinning)
 
 
 def part_path(path: str | os.PathLike, part: str) -> Path:

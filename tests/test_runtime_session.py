@@ -1,5 +1,6 @@
 """bridge.runtime.OrtGraph runs a graph through onnxruntime's private binding (no per-call feed
-re-validation) and falls back to the public ``InferenceSession.run`` where a release lacks it."""
+re-validation) and falls back to the public ``InferenceSession.run`` where a release lacks it; its
+threads spin unless told not to."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+import bridge
 from bridge.runtime import OrtGraph, session_options, unchecked_run
+from single_op import one_node_model
 
 
 def _scaled_sum() -> onnx.ModelProto:
@@ -49,3 +52,15 @@ def test_threads_spin_unless_told_not_to():
     with pytest.raises(RuntimeError, match="does not have configuration"):  # onnxruntime's default: spin
         spinning.get_session_config_entry("session.intra_op.allow_spinning")
     assert blocking.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_a_training_model_session_takes_threads_and_spinning():
+    """``tm.session(threads=, spinning=)`` reaches onnxruntime and steps like the default session."""
+    x, target = np.ones((2, 3), np.float32), np.zeros((2, 4), np.float32)
+    model = one_node_model("MatMul", ["x", "w"], {"x": x}, {"w": np.full((3, 4), 0.5, np.float32)}, opset=17)
+    tm = bridge.to_training_onnx(model, loss="mse", optim="sgd")
+    plain, blocking = tm.session(), tm.session(threads=1, spinning=False)
+    assert blocking._graph.session.get_session_options().intra_op_num_threads == 1
+    assert blocking._graph.session.get_session_options().get_session_config_entry(
+        "session.intra_op.allow_spinning") == "0"
+    np.testing.assert_array_equal(blocking.step({"x": x}, target)["updated_w"], plain.step({"x": x}, target)["updated_w"])
