@@ -2,8 +2,10 @@
 and listing the valid choices; clip_grad_norm= and the CLI flag; trainable=/frozen= patterns."""
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 import torch
 
 import bridge
@@ -146,3 +148,20 @@ def test_docs_op_tables_are_current():
     from generated_docs import assert_generated_block_current
 
     assert_generated_block_current("op_tables.py", "losses_and_optimizers.md", "tables")
+
+
+@pytest.mark.parametrize("op_type, attrs", [("Sum", {}), ("Max", {}), ("Identity", {})])
+def test_a_weight_that_is_the_output_itself_is_trained(op_type, attrs):
+    """A graph whose output is a weight as it is (Sum or Max of one input, Identity: the importer
+    hands back the weight tensor itself) trains it, as torch would: y = w, mse to 0."""
+    w = np.array([[1.0, -2.0, 3.0]], np.float32)
+    graph = helper.make_graph([helper.make_node(op_type, ["w"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    tm = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.5})
+    assert tm.weights == ["w"]
+    out = tm.session().step({"x": np.zeros((1, 3), np.float32)}, np.zeros((1, 3), np.float32))
+    np.testing.assert_allclose(out["grad_w"], 2 * w / w.size, rtol=1e-6)  # d mean((w - 0)^2) / dw
+    np.testing.assert_allclose(out["updated_w"], w - 0.5 * 2 * w / w.size, rtol=1e-6)

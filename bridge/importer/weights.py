@@ -52,7 +52,11 @@ def differentiable_initializers(
 
 
 def _leaves(output: torch.Tensor) -> set[int]:
-    """``id`` of every leaf tensor that ``output``'s autograd graph accumulates a gradient into."""
+    """``id`` of every leaf tensor that ``output``'s autograd graph accumulates a gradient into; ``output``
+    itself where it is such a leaf (a graph whose output is a weight: Sum or Max of one input, Clip
+    without bounds, ReduceSum with no axes and ``noop_with_empty_axes``)."""
+    if output.grad_fn is None:
+        return {id(output)}
     found, seen, stack = set(), set(), [output.grad_fn]
     while stack:
         fn = stack.pop()
