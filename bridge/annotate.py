@@ -21,7 +21,7 @@ import onnx
 from .contract import (KIND, LAYER, LOSS_LAYER, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, PHASE,
                        RANDOM_INPUTS, ROLE, SOURCE_MODEL, SOURCE_SHA256, STEP, TAG_KEYS, VALUE_ROLES, VERSION, Phase,
                        StepSignature, encode_random_inputs, grad_name, node_prefix, props, slot_name, updated_name)
-from .load import skeleton
+from .load import inferred_values
 from .losses import Loss
 from .optimizers import Optimizer
 
@@ -262,7 +262,7 @@ def annotate_values(model: onnx.ModelProto) -> None:
     phase_of = {
         out: props(node.metadata_props)[PHASE] for node in graph.node for out in node.output if out
     }
-    inferred = onnx.shape_inference.infer_shapes(skeleton(model)).graph.value_info  # no copy of the weights
+    inferred = inferred_values(model)
     del graph.value_info[:]
     for value in inferred:
         if value.name in phase_of and value.name not in boundary:

@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .cleanup import subgraph_reads
-from .load import skeleton
+from .load import inferred_values
 
 # binary ops with multidirectional (numpy) broadcasting that onnxruntime runs through its Broadcaster
 _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "LessOrEqual", "Greater",
@@ -87,7 +87,7 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list]:
     """Value name -> shape (a symbolic dim as None): the graph's inputs, outputs and initializers, and
     every value whose shape ONNX shape inference finds (the exported graph has no value_info yet)."""
     graph = model.graph
-    inferred = onnx.shape_inference.infer_shapes(skeleton(model)).graph.value_info  # no copy of the weights
+    inferred = inferred_values(model)
     shapes: dict[str, list] = {}
     for info in [*graph.input, *inferred, *graph.output]:
         tensor = info.type.tensor_type

@@ -162,6 +162,12 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return skeleton
 
 
+def inferred_values(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """ONNX shape inference's value_info of ``model``'s intermediate values, run on its ``skeleton``
+    (no copy of the weights)."""
+    return list(onnx.shape_inference.infer_shapes(skeleton(model)).graph.value_info)
+
+
 def _check_data_size(tensor: onnx.TensorProto) -> None:
     """What the checker verifies of a tensor that it sees as a stub (``skeleton``): its raw data fits its
     type and dims."""
