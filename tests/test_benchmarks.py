@@ -51,6 +51,27 @@ def test_a_step_that_times_itself_is_timed_by_its_own_figure():
     assert all(0 <= t < 0.5 for t in times["local"])
 
 
+def test_a_bursts_first_step_is_not_timed():
+    """Each round runs a burst of steps per backend; the first (right after another backend, whose
+    threads may still hold the cores) is run but not timed, the round's time is the median of the rest."""
+    calls = {"a": 0, "b": 0}
+
+    def stepper(name, slow_first):
+        def step():
+            calls[name] += 1
+            return 1.0 if slow_first and calls[name] % 3 == 1 else 0.25
+        return step
+
+    times = bench.measure({"a": stepper("a", True), "b": stepper("b", False)}, rounds=15, warmup=0, burst=3)
+    assert calls == {"a": 45, "b": 45}
+    assert times == {"a": [0.25] * 15, "b": [0.25] * 15}
+
+
+def test_a_burst_of_one_step_is_refused():
+    with pytest.raises(SystemExit):
+        bench.main(["--burst", "1"])
+
+
 def test_graph_sizes_show_the_first_landing_next_to_now():
     result = {"model": "resnet18", "weights_mb": 42.7, "import_s": 2.5, "convert_s": 4.0, "peak_rss_mb": 1500,
               "import_rss_mb": 550,

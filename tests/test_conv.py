@@ -72,6 +72,51 @@ def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size)
         _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
 
 
+@pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
+def test_forward_gemm_matches_aten(rank, stride, padding, dilation, size):
+    """The forward's ``gemm`` form (one MatMul over the batch's columns) with bias, whatever the
+    rule would pick: floors, padding, dilation, an asymmetric kernel, a stride past the kernel."""
+    x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
+    w, b = torch.randn(5, 3, *([3, 2, 1][:rank]), dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    args = ([stride] * rank, [padding] * rank, [dilation] * rank, False, [0] * rank, 1)
+    with lowering_forward_form("gemm"):
+        got = lowering.lower_convolution(x, w, b, *args)
+    _close(got, aten.convolution(x, w, b, *args))
+
+
+class lowering_forward_form:
+    """Within it, ``forward_form`` picks ``form`` for every Conv."""
+
+    def __init__(self, form: str):
+        self.form, self.kept = form, lowering.forward_form
+
+    def __enter__(self):
+        lowering.forward_form = lambda *args: self.form
+
+    def __exit__(self, *exc):
+        lowering.forward_form = self.kept
+
+
+def test_forward_gemm_where_the_output_plane_is_tiny(tmp_path):
+    """resnet18's layer4 at 64x64 (2x2 planes): its 3x3 Convs' forward is one MatMul over the batch;
+    1x1, grouped and larger-plane Convs stay ONNX Convs."""
+    assert lowering.forward_form(1, [3, 3], [2, 2]) == "gemm"
+    assert lowering.forward_form(1, [3, 3], [4, 4]) == "conv"
+    assert lowering.forward_form(1, [1, 1], [2, 2]) == "conv"
+    assert lowering.forward_form(4, [3, 3], [2, 2]) == "conv"
+    x = torch.randn(3, 8, 4, 4)
+    module = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, 2, 1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, 1, 1),
+                                 torch.nn.Flatten(), torch.nn.Linear(64, 5))
+    path = tmp_path / "tiny_planes.onnx"
+    torch.onnx.export(module, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01}, dynamic_batch=True)
+    phases = {(n.op_type, dict((m.key, m.value) for m in n.metadata_props)["bridge.phase"]) for n in tm.model.graph.node}
+    assert ("MatMul", "forward") in phases and ("Conv", "forward") not in phases
+    assert_onnx_mlir_clean(tm.model)
+    batches = random_batches(tm, 2, classes=5, input_shapes={"x": [3, 8, 4, 4]})
+    assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.SGD, {"lr": 0.01})
+
+
 @pytest.mark.parametrize("form", ["conv", "gemm"])
 def test_strided_input_grad_moves_no_innermost_axis_of_stride_elements(form):
     """A 3x3 stride-2 input gradient (resnet18's layer2.0.conv1 and, at 1x1, its downsample):
@@ -287,7 +332,8 @@ class WideCNN(torch.nn.Module):
     """Channels and sizes for which the form rules pick every backward form (checked below)."""
 
     SHAPES = [  # (Cin, Cout, kernel, stride, input size) of each Conv
-        (3, 16, 3, 1, 8), (16, 16, 3, 1, 8), (16, 32, 3, 2, 8), (32, 64, 3, 2, 4), (64, 64, 3, 1, 2), (64, 64, 1, 1, 2),
+        (3, 16, 3, 1, 10), (16, 16, 3, 1, 10), (16, 32, 3, 2, 10), (32, 64, 3, 2, 5), (64, 64, 3, 2, 3),
+        (64, 64, 3, 1, 2), (64, 64, 1, 1, 2),
     ]
 
     def __init__(self):
@@ -307,13 +353,13 @@ def test_every_backward_form_trains_like_torch(tmp_path):
     picked = set()
     for ci, co, k, s, size in WideCNN.SHAPES:
         out = [(size + 2 * (k // 2) - k) // s + 1] * 2
-        picked |= {lowering.weight_grad_form(ci, 1, [k, k], out, [s, s]),
+        picked |= {lowering.weight_grad_form(ci, co, 1, [k, k], out, [s, s]),
                    lowering.input_grad_form(co, 1, [k, k], out, [s, s], [size, size])}
     assert picked == {"conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first", "gemm_select"}
     torch.manual_seed(0)
     module = WideCNN()
     path = tmp_path / "wide.onnx"
-    torch.onnx.export(module, (torch.randn(2, 3, 8, 8),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    torch.onnx.export(module, (torch.randn(2, 3, 10, 10),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
     tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01})
     assert_onnx_mlir_clean(tm.model)
     batches = random_batches(tm, 2, classes=5)
@@ -347,9 +393,9 @@ def test_every_backward_form_matches_onnxruntime_in_iree_at_a_symbolic_batch(tmp
 
     torch.manual_seed(0)
     path = tmp_path / "wide.onnx"
-    torch.onnx.export(WideCNN(), (torch.randn(2, 3, 8, 8),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    torch.onnx.export(WideCNN(), (torch.randn(2, 3, 10, 10),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
     tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01}, dynamic_batch=True)
     rng = np.random.default_rng(0)
-    batches = [({"x": rng.standard_normal((b, 3, 8, 8)).astype(np.float32)}, rng.integers(0, 5, b)) for b in (3, 1)]
+    batches = [({"x": rng.standard_normal((b, 3, 10, 10)).astype(np.float32)}, rng.integers(0, 5, b)) for b in (3, 1)]
     session = bridge.compile(tm).session(seed=0)
     assert_steps_match([session.step(inputs, target) for inputs, target in batches], bridge_steps(tm, batches))

@@ -159,17 +159,18 @@ def test_lowering_replay_keys_arguments_by_typed_value():
 
 @pytest.fixture(scope="module")
 def bn_path(tmp_path_factory) -> str:
-    """Three BatchNorms: the last two on one shape, the first on another."""
+    """Three BatchNorms: the last two on one shape (3x3 planes: Conv forwards, not ``forward_form``'s
+    MatMul, whose transposed output and gradients would key separate traces), the first on another."""
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
                                  torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
                                  torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
-                                 torch.nn.Linear(16, 3))
+                                 torch.nn.Linear(36, 3))
     for norm in (m for m in module if isinstance(m, torch.nn.BatchNorm2d)):
         torch.nn.init.uniform_(norm.weight, 0.5, 1.5)  # distinct: the exporter de-duplicates equal initializers
         torch.nn.init.uniform_(norm.bias, -0.5, 0.5)
     path = tmp_path_factory.mktemp("bn") / "bn.onnx"
-    torch.onnx.export(module.eval(), (torch.randn(3, 2, 4, 4),), str(path), dynamo=False, input_names=["x"],
+    torch.onnx.export(module.eval(), (torch.randn(3, 2, 5, 5),), str(path), dynamo=False, input_names=["x"],
                       output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     return str(path)
 

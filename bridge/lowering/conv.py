@@ -1,4 +1,5 @@
-"""Convolution backward (and transposed convolution) written with stride-1 and strided ``Conv``.
+"""Convolution backward (and transposed convolution) written with stride-1 and strided ``Conv``;
+a Conv's forward on a tiny output plane as one MatMul (``forward_form``).
 
 onnx-mlir compiles ``ConvTranspose`` only with a constant weight, so no gradient and no
 trainable transposed layer may use it. Everything here is ``aten.convolution`` (non
@@ -36,6 +37,8 @@ reshape/permute, ``add`` and ``flip``:
     at a time) stacked channel-major into columns ``[Cin*K, N*O]``, one MatMul with
     ``grad_output`` channels-last ``[N*O, Cout]``, the ``[Cin*K, Cout]`` product transposed.
 * ``grad_bias``: a sum over batch and spatial dims.
+* the forward (``forward_form``): an ONNX ``Conv``, or ``gemm`` (groups 1, ``O <= 4``): the
+  ``gemm_channel_first`` columns of the input times the weight as it is, ``[Cout, Cin*K]``.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..geometry import per_dim, torch_pad
+from ..geometry import per_dim, pooled_size, torch_pad
 from . import lowers
 
 aten = torch.ops.aten
@@ -356,29 +359,33 @@ def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outpu
 
     ``conv`` flips and transposes the whole weight and, when strided, convolves a zero-inserted
     gradient (most products are with zeros); ``gemm`` pays a per-offset scatter of input size.
-    The weight dominates once ``Cout >= 16 * O``; a strided 1x1 Conv gains from skipping the zeros.
+    The weight dominates once ``Cout >= 16 * O``; a strided Conv gains from skipping the zeros
+    (3x3 stride 2, 64 -> 128 channels at 16x16: 0.80-0.87 of the step with ``conv``, 2 threads).
     There, while ``8 * L <= Cout``, ``gemm_select`` does the scatter as one MatMul instead.
     """
     if groups != 1:
         return "conv"
-    if out_channels >= 16 * math.prod(outputs) or (math.prod(kernel) == 1 and max(stride) > 1):
+    if out_channels >= 16 * math.prod(outputs) or max(stride) > 1:
         return "gemm_select" if _select_is_cheap(out_channels, sizes) else "gemm"
     return "conv"
 
 
-def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
-                     stride: Sequence[int]) -> str:
+def weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
+                     outputs: Sequence[int], stride: Sequence[int]) -> str:
     """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement per shape class
-    (single-op graphs in onnxruntime; the table is in docs/lowerings/conv_pool.md).
+    (single-op graphs and resnet18's step in onnxruntime; the table is in docs/lowerings/conv_pool.md).
 
     The ``conv`` form's inner dimension is the batch; the others' is ``N * O``, at the price of
     ``K`` strided slices of the input: with few input channels (an RGB stem) the slices cost
-    more than the GEMM saves. ``taps`` (one MatMul per offset) skips the columns' Concat, which
-    wins while the output plane is large (``O >= 64``); below it the ``K`` weight-sized products
-    cost more, and one im2col MatMul wins: offset-major stacking is the cheaper Concat,
-    channel-major needs no transpose of the weight afterwards (the weight dominates at ``O <= 4``).
-    Grouped (depthwise) Convs keep ``conv``. With few input channels (an RGB stem) at stride 1,
-    ``gemm_channel_first``'s row-wise slices beat the Conv over the batch; strided, they do not.
+    more than the GEMM saves. ``taps`` (one MatMul per offset) skips the columns' Concat (``K``
+    copies of the input, ``O / Cout`` times the weight per sample), which wins while the output
+    plane is large (``O >= 64``) and larger than ``Cout``; otherwise one im2col MatMul, threaded
+    better than ``K`` small ones, wins: channel-major (no transpose of the weight afterwards) at
+    ``O <= 16`` and ``O >= 64`` (resnet18's layer2 and layer3 at 2 threads, in place: 0.94-0.96
+    of the step with ``taps`` and offset-major there), offset-major (the cheaper Concat) between,
+    as measured at one thread. Grouped (depthwise) Convs keep ``conv``. With few input channels (an
+    RGB stem) at stride 1, ``gemm_channel_first``'s row-wise slices beat the Conv over the batch;
+    strided, they do not.
     """
     if groups != 1:
         return "conv"
@@ -386,9 +393,9 @@ def weight_grad_form(in_channels: int, groups: int, kernel: Sequence[int], outpu
         return "gemm"
     if in_channels < 16:
         return "gemm_channel_first" if all(s == 1 for s in stride) else "conv"
-    if math.prod(outputs) >= 64:
+    if math.prod(outputs) >= 64 and math.prod(outputs) > out_channels:
         return "taps"
-    return "gemm" if math.prod(outputs) <= 4 else "gemm_offset_major"
+    return "gemm_offset_major" if 16 < math.prod(outputs) < 64 else "gemm"
 
 
 def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
@@ -396,7 +403,7 @@ def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequenc
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: ``weight_grad_form``'s choice)
     is ``conv``, ``taps``, ``gemm``, ``gemm_offset_major`` or ``gemm_channel_first`` (see the module docstring)."""
     kernel = list(weight_size[2:])
-    form = form or weight_grad_form(x.shape[1], groups, kernel, _spatial(grad_output), stride)
+    form = form or weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output), stride)
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
     if form == "gemm_channel_first":
@@ -440,12 +447,8 @@ def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, of
 
 def _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
     """im2col from the batch-transposed input (groups 1): columns ``[Cin*K, N*O]``, one MatMul."""
-    in_channels, out_channels = x.shape[1], grad_output.shape[1]
-    kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
-    xt = aten.permute.default(x, [1, 0] + list(range(2, x.dim())))  # [Cin, N, L...]
-    windows = window_slices(xt, kernel, stride, padding, dilation, outputs)
-    cols = aten.cat.default([aten.unsqueeze.default(w, 1) for w in windows], 1)  # [Cin, K, N, O...]
-    cols = aten.reshape.default(cols, [in_channels * math.prod(kernel), -1])
+    out_channels = grad_output.shape[1]
+    cols = _channel_first_columns(x, list(weight_size[2:]), stride, padding, dilation, _spatial(grad_output))
     rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
     return aten.reshape.default(aten.permute.default(aten.mm.default(cols, rows), [1, 0]), list(weight_size))
 
@@ -473,19 +476,52 @@ def _bias_grad(grad_output: torch.Tensor) -> torch.Tensor:
     return aten.sum.dim_IntList(grad_output, [0] + list(range(2, grad_output.dim())))
 
 
+def forward_form(groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
+    """How a (non-transposed) Conv's forward is written: ``conv`` (an ONNX Conv) or ``gemm`` (the
+    batch's columns ``[Cin*K, N*O]`` and one MatMul with the weight as it is, ``[Cout, Cin*K]``).
+
+    onnxruntime's Conv runs one GEMM per sample, each reading the whole weight, with its im2col on
+    one thread; where the output plane is tiny (``O <= 4``: resnet18's layer4 at 64x64) that is
+    most of the time, and one MatMul over the batch reads the weight once (3x3, 512 channels at
+    2x2, batch 8, 2 threads: 3.2 vs 3.8 ms; 256 -> 512 at stride 2: 0.9 vs 1.6 ms)."""
+    return "gemm" if groups == 1 and math.prod(kernel) > 1 and math.prod(outputs) <= 4 else "conv"
+
+
+def _channel_first_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Tensor:
+    """im2col of ``x`` ``[N, Cin, L...]`` as ``[Cin*K, N*O]`` (channel-major: the weight's layout): the
+    windows of the batch-transposed input ``[Cin, N, L...]``, whose slices copy whole rows."""
+    xt = aten.permute.default(x, [1, 0] + list(range(2, x.dim())))  # [Cin, N, L...]
+    windows = window_slices(xt, kernel, stride, padding, dilation, outputs)
+    cols = aten.cat.default([aten.unsqueeze.default(w, 1) for w in windows], 1)  # [Cin, K, N, O...]
+    return aten.reshape.default(cols, [x.shape[1] * math.prod(kernel), -1])
+
+
+def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor:
+    """``conv(x, weight)`` (groups 1) as ``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``, the columns
+    the windows of the batch-transposed input ``[Cin, N, L...]`` stacked channel-major."""
+    rank, out_channels = x.dim() - 2, weight.shape[0]
+    cols = _channel_first_columns(x, list(weight.shape[2:]), stride, padding, dilation, outputs)
+    product = aten.mm.default(aten.reshape.default(weight, [out_channels, -1]), cols)  # [Cout, N*O]
+    product = aten.reshape.default(product, [out_channels, -1] + outputs)
+    return aten.permute.default(product, [1, 0] + list(range(2, 2 + rank)))
+
+
 @lowers(aten.convolution.default)
 def lower_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """Transposed convolution as the input gradient of a Conv (so it never becomes ConvTranspose)."""
-    if not transposed:
-        return NotImplemented
+    """Transposed convolution as the input gradient of a Conv (so it never becomes ConvTranspose);
+    a Conv's forward as ``forward_form`` picks."""
     rank = weight.dim() - 2
     stride, padding, dilation = per_dim(stride, rank), per_dim(padding, rank), per_dim(dilation, rank)
-    output_padding = per_dim(output_padding, rank, 0)
-    size = transposed_output_size(x, weight, stride, padding, dilation, output_padding)
-    y = input_grad(x, weight, size, stride, padding, dilation, groups)
-    if bias is not None:
-        y = aten.add.Tensor(y, aten.reshape.default(bias, [1, -1] + [1] * len(size)))
-    return y
+    if not transposed:
+        outputs = [pooled_size(size, k, s, p, d, False)
+                   for size, k, s, p, d in zip(_spatial(x), weight.shape[2:], stride, padding, dilation)]
+        if forward_form(groups, list(weight.shape[2:]), outputs) == "conv":
+            return NotImplemented
+        y = _forward_gemm(x, weight, stride, padding, dilation, outputs)
+    else:
+        size = transposed_output_size(x, weight, stride, padding, dilation, per_dim(output_padding, rank, 0))
+        y = input_grad(x, weight, size, stride, padding, dilation, groups)
+    return y if bias is None else aten.add.Tensor(y, aten.reshape.default(bias, [1, -1] + [1] * rank))
 
 
 @lowers(aten.convolution_backward.default)
