@@ -75,13 +75,16 @@ def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size)
 @pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
 def test_forward_gemm_matches_aten(rank, stride, padding, dilation, size):
     """The forward's ``gemm`` form (one MatMul over the batch's columns) with bias, whatever the
-    rule would pick: floors, padding, dilation, an asymmetric kernel, a stride past the kernel."""
+    rule would pick: floors, padding, dilation, an asymmetric kernel, a stride past the kernel; its
+    columns by strided slices (5 output channels) and, where ``8 * L <= Cout``, by a selection MatMul."""
     x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
-    w, b = torch.randn(5, 3, *([3, 2, 1][:rank]), dtype=torch.float64), torch.randn(5, dtype=torch.float64)
     args = ([stride] * rank, [padding] * rank, [dilation] * rank, False, [0] * rank, 1)
-    with lowering_forward_form("gemm"):
-        got = lowering.lower_convolution(x, w, b, *args)
-    _close(got, aten.convolution(x, w, b, *args))
+    for out_channels in sorted({5, 8 * size ** rank if rank < 3 else 5}):
+        w = torch.randn(out_channels, 3, *([3, 2, 1][:rank]), dtype=torch.float64)
+        b = torch.randn(out_channels, dtype=torch.float64)
+        with lowering_forward_form("gemm"):
+            got = lowering.lower_convolution(x, w, b, *args)
+        _close(got, aten.convolution(x, w, b, *args))
 
 
 class lowering_forward_form:
@@ -105,8 +108,8 @@ def test_forward_gemm_where_the_output_plane_is_tiny(tmp_path):
     assert lowering.forward_form(1, [1, 1], [2, 2]) == "conv"
     assert lowering.forward_form(4, [3, 3], [2, 2]) == "conv"
     x = torch.randn(3, 8, 4, 4)
-    module = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, 2, 1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, 1, 1),
-                                 torch.nn.Flatten(), torch.nn.Linear(64, 5))
+    module = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, 2, 1), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, 1, 1),
+                                 torch.nn.Flatten(), torch.nn.Linear(128, 5))  # columns by slices, then by selection
     path = tmp_path / "tiny_planes.onnx"
     torch.onnx.export(module, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
     tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01}, dynamic_batch=True)

@@ -109,6 +109,7 @@ def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypat
     """A lowering region that captures a constant is replayed too, each replay capturing it under its own
     attribute, as tracing the call again would: the same graph, initializers included."""
     assert bridge.lowering.conv.input_grad_form(64, 1, [3, 3], [2, 2], [1, 1], [2, 2]) == "gemm_select"
+    monkeypatch.setattr(bridge.lowering.conv, "forward_form", lambda *args: "conv")  # no selection constants forward
     replayed, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=True)
     assert traced == 2, "a lowering that captures a constant is still traced once per signature"
     every, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=False)

@@ -347,8 +347,8 @@ def scatter_matrix(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence
 
 
 def _select_is_cheap(out_channels: int, sizes: Sequence[int]) -> bool:
-    """A selection-matrix MatMul (``scatter_matrix``) costs ``L / Cout`` of the gradient's own MatMul:
-    worth it while the input plane is small against the channels (resnet18's layer3 and layer4)."""
+    """A selection-matrix MatMul (``scatter_matrix``) costs ``L / Cout`` of the MatMul it feeds (or is fed
+    by): worth it while the input plane is small against the channels (resnet18's layer3 and layer4)."""
     return math.prod(sizes) * 8 <= out_channels
 
 
@@ -496,11 +496,26 @@ def _channel_first_columns(x, kernel, stride, padding, dilation, outputs) -> tor
     return aten.reshape.default(cols, [x.shape[1] * math.prod(kernel), -1])
 
 
+def _selected_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Tensor:
+    """im2col of ``x`` ``[N, Cin, L...]`` as ``[Cin*K, N*O]`` by one MatMul of ``x`` as it is, ``[N*Cin, L]``,
+    with a constant 0/1 ``[L, K*O]`` (``scatter_matrix`` transposed), then one Transpose: no per-offset
+    Slice (onnxruntime copies a 2-4 element innermost axis element by element). Exact."""
+    n, in_channels, sizes = x.shape[0], x.shape[1], _spatial(x)
+    positions, count = math.prod(outputs), math.prod(kernel)
+    select = scatter_matrix(sizes, kernel, stride, padding, dilation, outputs).reshape(positions, count, -1)
+    select = select.transpose(2, 1, 0).reshape(-1, count * positions)  # [L, K*O]
+    cols = aten.mm.default(aten.reshape.default(x, [-1, math.prod(sizes)]), constant(select, x))  # [N*Cin, K*O]
+    cols = aten.permute.default(aten.reshape.default(cols, [n, in_channels, count, positions]), [1, 2, 0, 3])
+    return aten.reshape.default(cols, [in_channels * count, -1])
+
+
 def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor:
-    """``conv(x, weight)`` (groups 1) as ``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``, the columns
-    the windows of the batch-transposed input ``[Cin, N, L...]`` stacked channel-major."""
-    rank, out_channels = x.dim() - 2, weight.shape[0]
-    cols = _channel_first_columns(x, list(weight.shape[2:]), stride, padding, dilation, outputs)
+    """``conv(x, weight)`` (groups 1) as ``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``: the columns by
+    a selection MatMul while the input plane is small against ``Cout`` (``_select_is_cheap``), else
+    the windows of the batch-transposed input stacked channel-major."""
+    rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
+    columns = _selected_columns if _select_is_cheap(out_channels, _spatial(x)) else _channel_first_columns
+    cols = columns(x, kernel, stride, padding, dilation, outputs)
     product = aten.mm.default(aten.reshape.default(weight, [out_channels, -1]), cols)  # [Cout, N*O]
     product = aten.reshape.default(product, [out_channels, -1] + outputs)
     return aten.permute.default(product, [1, 0] + list(range(2, 2 + rank)))
