@@ -6,14 +6,16 @@
 Per model (benchmarks/models.py): the module is exported (legacy exporter, every weight kept) and
 converted in a child process (alone in its process: the time of its ``import torch`` + ``import bridge.api``
 and, separately, of the conversion after them, and the peak RSS); then every
-backend gets ``--warmup`` steps, then ``--rounds`` rounds; in each, every backend runs a burst of
-``--burst`` steps back to back (the order rotates each round), so all see the same machine load. A
-burst's first step is not timed: right after another backend, its worker threads still spin for a
-while (onnxruntime's pool, torch's OpenMP team) and hold the cores, and single alternating steps
-measured that interference, not the step (2026-12-01: torch's resnet18 step 116-125 ms after a
-bridge step, 94-97 ms in a steady run; benchmarks/RESULTS.md). A round's time per backend is the
-median of its burst's timed steps. Reported: medians, the spread (25th-75th percentile), and the
-median of per-round ratios to eager torch (< 1: faster than torch). Threads are fixed (torch, onnxruntime and IREE's task pool) and reported; the run is
+backend gets ``--warmup`` steps, then ``--rounds`` rounds; in each, every backend in turn (the
+order rotates each round) runs untimed steps for ``--settle`` seconds (at least one), then
+``--burst`` timed steps, whose median is its time in that round; all backends see the same machine
+load. The settling matters: right after another backend, that backend's worker threads still spin
+for a while (onnxruntime's pool, torch's OpenMP team, another process's pool) and hold the cores,
+and single alternating steps measured that interference, not the step (2026-12-01: torch's resnet18
+step 116-125 ms right after a bridge step, 94-97 ms in a steady run; small_cnn's bridge step ~2x its
+steady time for ~7 steps after an onnxruntime-training child's; benchmarks/RESULTS.md). Reported:
+medians, the spread (25th-75th percentile), and the median of per-round ratios to eager torch
+(< 1: faster than torch). Threads are fixed (torch, onnxruntime and IREE's task pool) and reported; the run is
 refused when the 1-minute load average is above ``--max-load`` before it starts.
 
 Backends: ``bridge-ort`` (bridge's training graph in onnxruntime), ``bridge-iree`` (the same graph
@@ -190,13 +192,12 @@ def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes:
     return result
 
 
-def measure(step_fns: dict[str, Step], rounds: int, warmup: int, burst: int = 3) -> dict[str, list[float]]:
-    """Per round, a burst of ``burst`` steps of every backend (the order rotates each round): the
-    burst's first step settles the cores after the previous backend and is not timed, the round's
-    time is the median of the others. A step that returns a float (a child process's own measure)
-    is timed by it."""
-    if burst < 2:
-        raise ValueError(f"burst must be >= 2 (its first step is not timed), got {burst}")
+def measure(step_fns: dict[str, Step], rounds: int, warmup: int, burst: int = 3,
+            settle: float = 0.2) -> dict[str, list[float]]:
+    """Per round, every backend in turn (the order rotates each round): untimed steps until ``settle``
+    seconds have passed (at least one), so that the previous backend's spinning threads have let go of
+    the cores, then ``burst`` timed steps, whose median is the round's time. A step that returns a
+    float (a child process's own measure) is timed by it."""
     names = list(step_fns)
     for name in names:
         for _ in range(warmup):
@@ -205,9 +206,12 @@ def measure(step_fns: dict[str, Step], rounds: int, warmup: int, burst: int = 3)
     for round_index in range(rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
         for name in order:
+            start = time.perf_counter()
             step_fns[name]()
+            while time.perf_counter() - start < settle:
+                step_fns[name]()
             timed = []
-            for _ in range(burst - 1):
+            for _ in range(burst):
                 start = time.perf_counter()
                 own = step_fns[name]()
                 timed.append(own if isinstance(own, float) else time.perf_counter() - start)
@@ -236,7 +240,7 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[
     children: list[subprocess.Popen] = []
     try:
         step_fns = steppers(bench, training, args, notes, extra, children)
-        summary = summarise(measure(step_fns, args.rounds, args.warmup, args.burst))
+        summary = summarise(measure(step_fns, args.rounds, args.warmup, args.burst, args.settle))
     finally:
         for child in children:
             child.stdin.close()
@@ -331,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=list(BACKENDS))
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--burst", type=int, default=3, help="steps per backend per round (the first not timed)")
+    parser.add_argument("--burst", type=int, default=3, help="timed steps per backend per round")
+    parser.add_argument("--settle", type=float, default=0.2,
+                        help="seconds of untimed steps (at least one) before a backend's timed steps in each round")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-load", type=float, default=1.0, help="refuse to start above this 1-minute load average")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and the plot alone")
@@ -340,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 15:
         parser.error("--rounds must be at least 15 (medians of fewer are noise)")
-    if args.burst < 2:
-        parser.error("--burst must be at least 2 (a burst's first step is not timed)")
+    if args.burst < 1 or args.settle < 0:
+        parser.error("--burst must be at least 1 and --settle at least 0")
     load = os.getloadavg()[0]
     if load > args.max_load:
         print(f"the machine is busy (load average {load:.2f} > --max-load {args.max_load}); not measuring")

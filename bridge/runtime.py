@@ -16,7 +16,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import onnx
@@ -26,6 +26,9 @@ from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPD
                        props, strip_prefix, updated_name)
 from .errors import BridgeError
 from .load import external_copy, is_large, model_digest, read_model
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 
 class StepSession(ABC):
@@ -203,7 +206,7 @@ def unchecked_run(session) -> Callable:
     return run if callable(run) else session.run
 
 
-def session_options(threads: int | None = None, spinning: bool = True):
+def session_options(threads: int | None = None, spinning: bool = True) -> onnxruntime.SessionOptions:
     """bridge's onnxruntime session options: BASIC graph optimizations; ``threads`` intra-op threads
     (default: onnxruntime's own, one per physical core); ``spinning=False``: they block instead of
     spinning between the parallel parts of a step. Spinning (onnxruntime's default) is faster on

@@ -3,6 +3,7 @@ section of benchmarks/RESULTS.md."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,14 +47,14 @@ def test_rewrites_only_its_own_section(tmp_path, monkeypatch):
 def test_a_step_that_times_itself_is_timed_by_its_own_figure():
     """A child-process backend (ort-training) returns the step time it measured: that figure is
     recorded, not the parent's round trip; the other steps are timed by wall clock."""
-    times = bench.measure({"child": lambda: 0.5, "local": lambda: {"loss": 1.0}}, rounds=15, warmup=1)
+    times = bench.measure({"child": lambda: 0.5, "local": lambda: {"loss": 1.0}}, rounds=15, warmup=1, settle=0)
     assert times["child"] == [0.5] * 15
     assert all(0 <= t < 0.5 for t in times["local"])
 
 
-def test_a_bursts_first_step_is_not_timed():
-    """Each round runs a burst of steps per backend; the first (right after another backend, whose
-    threads may still hold the cores) is run but not timed, the round's time is the median of the rest."""
+def test_settling_steps_are_not_timed():
+    """Each round runs untimed steps of a backend for ``settle`` seconds (at least one: right after another
+    backend, whose threads may still hold the cores), then ``burst`` timed ones whose median is the round's."""
     calls = {"a": 0, "b": 0}
 
     def stepper(name, slow_first):
@@ -62,14 +63,17 @@ def test_a_bursts_first_step_is_not_timed():
             return 1.0 if slow_first and calls[name] % 3 == 1 else 0.25
         return step
 
-    times = bench.measure({"a": stepper("a", True), "b": stepper("b", False)}, rounds=15, warmup=0, burst=3)
+    times = bench.measure({"a": stepper("a", True), "b": stepper("b", False)}, rounds=15, warmup=0, burst=2, settle=0)
     assert calls == {"a": 45, "b": 45}
     assert times == {"a": [0.25] * 15, "b": [0.25] * 15}
+    sleeps = []
+    bench.measure({"a": lambda: sleeps.append(time.sleep(0.01))}, rounds=1, warmup=0, burst=1, settle=0.05)
+    assert len(sleeps) >= 6, "settling runs steps for 0.05 s before the timed one"
 
 
-def test_a_burst_of_one_step_is_refused():
+def test_a_burst_of_no_step_is_refused():
     with pytest.raises(SystemExit):
-        bench.main(["--burst", "1"])
+        bench.main(["--burst", "0"])
 
 
 def test_graph_sizes_show_the_first_landing_next_to_now():
