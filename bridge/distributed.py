@@ -174,11 +174,12 @@ class DataParallelTrainer(Trainer):
         return self.accumulate([(inputs, target)])
 
     def _make_session(self, backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto | None,
-                      state: dict[str, np.ndarray], seed: int, on_nonfinite: str) -> StepSession:
+                      state: dict[str, np.ndarray], seed: int, on_nonfinite: str, threads: int | None,
+                      spinning: bool) -> StepSession:
         """An onnxruntime session holding the state (the gradient and update graphs run the steps,
         on ``backend``), its Dropout noise seeded per rank."""
         return TrainingSession(graph, state, seed=[seed, self.rank], eval_model=evaluation,
-                               on_nonfinite=on_nonfinite)
+                               on_nonfinite=on_nonfinite, threads=threads, spinning=spinning)
 
     def _compiled(self, graphs: Sequence[onnx.ModelProto]) -> list:
         """The graphs compiled by IREE on rank 0, the modules sent to every rank."""

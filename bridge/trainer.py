@@ -128,19 +128,28 @@ class Trainer:
             accumulation: the gradient graph on each micro-batch, the update graph once; see
             ``StepSession.accumulate``). Needs the gradient and update graphs (``TrainingModel``
             or the ``<name>.gradient.onnx`` / ``<name>.update.onnx`` files beside a saved graph).
+        threads, spinning: onnxruntime's intra-op threads (default: one per physical core) and whether
+            they spin between parallel ops (default) or block (``spinning=False``: for cores shared with
+            other busy processes); see ``bridge.runtime.session_options``. IREE's come from
+            ``iree.runtime.flags``.
     """
 
     def __init__(self, model: TrainingModel | str | os.PathLike, backend: str = "onnxruntime", *,
                  state: Mapping[str, np.ndarray] | None = None, schedule: str | Callable[[int], float] | None = None,
                  schedule_options: Mapping[str, Any] | None = None, interval: str | None = None, seed: int = 0,
-                 on_nonfinite: str = "raise", progress: bool = False, accumulation_steps: int = 1):
+                 on_nonfinite: str = "raise", progress: bool = False, accumulation_steps: int = 1,
+                 threads: int | None = None, spinning: bool = True):
         if backend not in BACKENDS:
             raise InvalidOptionError(f"backend={backend!r} is not one of {BACKENDS}")
+        if backend != "onnxruntime" and (threads is not None or not spinning):
+            raise InvalidOptionError(f"threads= and spinning= are onnxruntime's (bridge.runtime.session_options); "
+                                     f"backend={backend!r} takes IREE's from iree.runtime.flags "
+                                     "(--task_topology_max_group_count=N)")
         self.accumulation_steps = _check_accumulation(accumulation_steps)
         self.backend = backend
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
-        self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite)
+        self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite, threads, spinning)
         self._model = model  # where enable_accumulation finds the gradient and update graphs
         if self.accumulation_steps > 1:
             self._enable_accumulation()
@@ -172,9 +181,10 @@ class Trainer:
         return self._optimizer_step(lambda: self._accumulate(batches))
 
     def _make_session(self, backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto | None,
-                      state: dict[str, np.ndarray], seed: int, on_nonfinite: str) -> StepSession:
+                      state: dict[str, np.ndarray], seed: int, on_nonfinite: str, threads: int | None,
+                      spinning: bool) -> StepSession:
         """The step session on ``backend`` (a hook: ``bridge.distributed`` builds its own)."""
-        return _session(backend, graph, evaluation, state, seed, on_nonfinite)
+        return _session(backend, graph, evaluation, state, seed, on_nonfinite, threads, spinning)
 
     def _accumulate(self, batches: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
         """One optimizer step of the session's gradient and update graphs over ``batches`` (a hook:
@@ -404,9 +414,11 @@ def _check_accumulation(steps: int) -> int:
 
 
 def _session(backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto | None,
-             state: dict[str, np.ndarray], seed: int, on_nonfinite: str) -> StepSession:
+             state: dict[str, np.ndarray], seed: int, on_nonfinite: str, threads: int | None,
+             spinning: bool) -> StepSession:
     if backend == "onnxruntime":
-        return TrainingSession(graph, state, seed=seed, eval_model=evaluation, on_nonfinite=on_nonfinite)
+        return TrainingSession(graph, state, seed=seed, eval_model=evaluation, on_nonfinite=on_nonfinite,
+                               threads=threads, spinning=spinning)
     from .compile import compile as compile_model
     from .runtime_iree import IreeTrainingSession
 

@@ -64,3 +64,16 @@ def test_a_training_model_session_takes_threads_and_spinning():
     assert blocking._graph.session.get_session_options().get_session_config_entry(
         "session.intra_op.allow_spinning") == "0"
     np.testing.assert_array_equal(blocking.step({"x": x}, target)["updated_w"], plain.step({"x": x}, target)["updated_w"])
+
+
+def test_a_trainer_takes_threads_and_spinning():
+    """``Trainer(threads=, spinning=)`` reaches onnxruntime; with the IREE backend, which takes its threads
+    from iree.runtime.flags, they are refused rather than ignored."""
+    model = one_node_model("MatMul", ["x", "w"], {"x": np.ones((2, 3), np.float32)},
+                           {"w": np.full((3, 4), 0.5, np.float32)}, opset=17)
+    tm = bridge.to_training_onnx(model, loss="mse", optim="sgd")
+    options = bridge.Trainer(tm, threads=1, spinning=False).session._graph.session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    with pytest.raises(bridge.InvalidOptionError, match="iree.runtime.flags"):
+        bridge.Trainer(tm, backend="iree", threads=1)
