@@ -24,7 +24,7 @@ import onnx
 from .checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
 from .contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs,
                        props, strip_prefix, updated_name)
-from .errors import BridgeError
+from .errors import BridgeError, InvalidOptionError
 from .load import external_copy, is_large, model_digest, read_model
 
 if TYPE_CHECKING:
@@ -210,12 +210,17 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
     """bridge's onnxruntime session options: BASIC graph optimizations; ``threads`` intra-op threads
     (default: onnxruntime's own, one per physical core); ``spinning=False``: they block instead of
     spinning between the parallel parts of a step. Spinning (onnxruntime's default) is faster on
-    cores of one's own (resnet18's step, 2 threads, quiet 2-core machine, alternating in one process:
-    156 vs 176 and 172 vs 195 ms; mlp 1.3 vs 1.6 ms); on cores shared with other busy processes a
-    spinning worker holds its core for the whole step and the step ran up to 1.8x slower (load 4-6:
-    0.56 vs 0.32 s wall, 0.37 vs 0.20 s CPU), so pass ``spinning=False`` there."""
+    cores of one's own (steady steps, 2 threads, quiet 2-core machine, benchmarks/run.py's settled
+    bursts: blocking took 1.10x resnet18's step and 1.19x small_cnn's); on cores shared with other busy
+    processes a spinning worker holds its core for the whole step and the step ran up to 1.8x slower
+    (load 4-6: 0.56 vs 0.32 s wall, 0.37 vs 0.20 s CPU), so pass ``spinning=False`` there."""
     import onnxruntime as ort
 
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InvalidOptionError(f"threads={threads!r} is not valid; give an integer >= 1, or None for "
+                                 "onnxruntime's default (one per physical core)")
+    if not isinstance(spinning, bool):
+        raise InvalidOptionError(f"spinning={spinning!r} is not valid; give True or False")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if not spinning:

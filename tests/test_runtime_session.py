@@ -77,3 +77,12 @@ def test_a_trainer_takes_threads_and_spinning():
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     with pytest.raises(bridge.InvalidOptionError, match="iree.runtime.flags"):
         bridge.Trainer(tm, backend="iree", threads=1)
+
+
+@pytest.mark.parametrize("options", [{"threads": 0}, {"threads": -1}, {"threads": "2"}, {"threads": 2.5},
+                                     {"threads": True}, {"spinning": "no"}])
+def test_bad_threads_or_spinning_are_refused_by_name(options):
+    """A thread count that is not an integer >= 1, or a spinning flag that is not a bool, is refused by
+    name before onnxruntime sees it (it took -1 silently and raised a pybind TypeError for "2")."""
+    with pytest.raises(bridge.InvalidOptionError, match=next(iter(options))):
+        session_options(**options)

@@ -164,9 +164,8 @@ def _route_to_first_max(windows: list[torch.Tensor], grad_output: torch.Tensor) 
     differs from torch only on a non-finite gradient (NaN, not 0, at the window's other offsets).
     Carrying the not yet routed gradient instead (two Wheres per offset) took 1.85x the time in
     onnxruntime (2x2 windows, [16, 16, 16, 16]; docs/lowerings/conv_pool.md). Only Max, Equal, Or,
-    Xor, Where and Mul: no ArgMax
-    over a stacked window axis (which IREE compiles to a stack buffer past its 32 KiB limit at
-    real sizes, and whose results were wrong upstream of resnet18's max pool).
+    Xor, Where and Mul: no ArgMax over a stacked window axis (which IREE compiles to a stack buffer
+    past its 32 KiB limit at real sizes, and whose results were wrong upstream of resnet18's max pool).
     """
     pooled = functools.reduce(aten.maximum.default, windows)
     zero = constant(np.zeros(()), grad_output)
