@@ -5,8 +5,8 @@
     python benchmarks/profile_step.py small_cnn --save g.onnx  # keep the converted graph
 
 The model is one of benchmarks/models.py (same batch, loss ``ce``, Adam). The graph runs in
-onnxruntime as ``bridge.runtime.TrainingSession`` runs it (same session options, ``--threads``
-intra-op threads) with ``enable_profiling``; after ``--warmup`` steps, ``--steps`` steps are
+onnxruntime as ``bridge.Trainer`` and benchmarks/run.py run it (``TrainingSession``'s session
+options, ``--threads`` intra-op threads, no ``grad_*`` outputs) with ``enable_profiling``; after ``--warmup`` steps, ``--steps`` steps are
 profiled. Each node's kernel time is summed over those steps and grouped by op type, by the
 node's ``bridge.phase`` (forward, loss, backward, optimizer) and by both; the tables print the
 milliseconds per step and the share of all kernel time.
@@ -45,11 +45,18 @@ def kernel_times(model: onnx.ModelProto, state: dict[str, np.ndarray], feed: dic
 
     from bridge.runtime import session_options
 
+    from bridge.contract import GRAD_PREFIX
+
     options = session_options(threads)  # as bridge.runtime runs a step
     options.enable_profiling = True
+    lean = onnx.ModelProto()
+    lean.CopyFrom(model)  # without the grad_* outputs, as TrainingSession(gradients=False) and bridge.Trainer run it
+    kept = [value for value in lean.graph.output if not value.name.startswith(GRAD_PREFIX)]
+    del lean.graph.output[:]
+    lean.graph.output.extend(kept)
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = str(Path(tmp) / "profile")
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(lean.SerializeToString(), options, providers=["CPUExecutionProvider"])
         values = {**state, **feed, "target": target}
         inputs = {value.name: values[value.name] for value in session.get_inputs()}
         for _ in range(warmup + steps):

@@ -155,7 +155,7 @@ def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes:
     state = dict(np.load(str(training) + ".state.npz"))
     result: dict[str, Step] = {}
     if "bridge-ort" in backends:
-        session = TrainingSession(training, state, threads=threads)
+        session = TrainingSession(training, state, threads=threads, gradients=False)  # as bridge.Trainer runs
         result["bridge-ort"] = lambda: session.step(bench.inputs, bench.target)
     if "bridge-iree" in backends:
         try:

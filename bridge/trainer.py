@@ -418,7 +418,7 @@ def _session(backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto |
              spinning: bool) -> StepSession:
     if backend == "onnxruntime":
         return TrainingSession(graph, state, seed=seed, eval_model=evaluation, on_nonfinite=on_nonfinite,
-                               threads=threads, spinning=spinning)
+                               threads=threads, spinning=spinning, gradients=False)
     from .compile import compile as compile_model
     from .runtime_iree import IreeTrainingSession
 

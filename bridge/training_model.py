@@ -140,12 +140,13 @@ class TrainingModel:
         return Path(path)
 
     def session(self, providers=None, seed: int | None = None, on_nonfinite: str = "raise",
-                threads: int | None = None, spinning: bool = True) -> TrainingSession:
+                threads: int | None = None, spinning: bool = True, gradients: bool = True) -> TrainingSession:
         """An onnxruntime session holding the initial state, ready for ``.step(inputs, target)``
         and ``.evaluate(inputs, target)`` (the eval graph); ``threads`` / ``spinning``: its intra-op
-        threads and whether they spin (``bridge.runtime.session_options``)."""
+        threads and whether they spin (``bridge.runtime.session_options``); ``gradients=False``: steps
+        do not return ``grad_*`` (faster, ``TrainingSession``)."""
         return TrainingSession(self.model, self.initial_state(), providers, seed, eval_model=self.eval_model,
-                               on_nonfinite=on_nonfinite, threads=threads, spinning=spinning)
+                               on_nonfinite=on_nonfinite, threads=threads, spinning=spinning, gradients=gradients)
 
 
 def part_path(path: str | os.PathLike, part: str) -> Path:

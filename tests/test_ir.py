@@ -273,7 +273,7 @@ def test_cnn_layers_and_their_backward(cases):
     assert g.random_inputs == [f"{dropout}.noise"]
     backward = g.backward_of(conv)  # its weight gradient's form depends on the shape (docs/lowerings/conv_pool.md)
     assert g.producer("grad_0.weight").name in {n.name for n in backward}
-    assert {n.phase for n in backward} == {"backward"} and any(n.op_type in ("Conv", "MatMul") for n in backward)
+    assert {n.phase for n in backward} == {"backward"} and any(n.op_type in ("Conv", "MatMul", "Gemm") for n in backward)
     assert g.producer("grad_0.weight").layer == conv
     assert g.state_of("0.weight") == {"momentum_buffer": "0.weight.momentum_buffer"}
     assert g.role("grad_logits") == "gradient" and g.producer("grad_logits").layer == "loss"

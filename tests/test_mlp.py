@@ -56,3 +56,19 @@ def test_handwritten_mlp_matches_torch_twin(build, twin, loss, optim):
     batches = random_batches(tm, 3, classes=3)
     want = torch_steps(twin, weights, LOSSES[loss], OPTIMIZERS[optim], {"lr": 0.02}, batches)
     assert_steps_match(bridge_steps(tm, batches), want)
+
+
+def test_linear_layers_train_without_a_transpose(torch_mlp):
+    """A product with a transposed matrix is one Gemm reading that matrix as it is (``transA`` /
+    ``transB``): the forward reads each Linear weight untransposed, each weight gradient comes out in
+    the weight's layout, and the whole step runs no Transpose."""
+    _, path = torch_mlp
+    graph = bridge.to_training_onnx(path, loss="ce", optim="sgd").model.graph
+    assert not [node.name for node in graph.node if node.op_type == "Transpose"]
+    gemms = {(node.input[0], node.input[1]): {a.name: a.i for a in node.attribute} for node in graph.node
+             if node.op_type == "Gemm"}
+    weights = [name for name in (i.name for i in graph.input) if name.endswith("weight")]
+    assert len(weights) == 2
+    for weight in weights:
+        assert [attrs for (a, b), attrs in gemms.items() if b == weight] == [{"transB": 1}]
+    assert sum(attrs == {"transA": 1} for attrs in gemms.values()) == 2  # grad_W = grad_y^T x

@@ -66,6 +66,25 @@ def test_a_training_model_session_takes_threads_and_spinning():
     np.testing.assert_array_equal(blocking.step({"x": x}, target)["updated_w"], plain.step({"x": x}, target)["updated_w"])
 
 
+def test_a_session_without_gradients_steps_the_same():
+    """``gradients=False``: no ``grad_*`` outputs (onnxruntime reuses their buffers), the same loss,
+    outputs and updates bit for bit over several Adam steps; the caller's model keeps its outputs."""
+    rng = np.random.default_rng(0)
+    x, target = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 5)).astype(np.float32)
+    model = one_node_model("MatMul", ["x", "w"], {"x": x}, {"w": rng.standard_normal((3, 5)).astype(np.float32)},
+                           opset=17)
+    tm = bridge.to_training_onnx(model, loss="mse", optim="adam")
+    outputs = [o.name for o in tm.model.graph.output]
+    full, lean = tm.session(), tm.session(gradients=False)
+    assert [o.name for o in tm.model.graph.output] == outputs and "grad_w" in outputs
+    for _ in range(3):
+        want, got = full.step({"x": x}, target), lean.step({"x": x}, target)
+        assert set(got) == {name for name in want if not name.startswith("grad_")}
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, want[name])
+    assert not any(name.startswith("grad_") for name in bridge.Trainer(tm).session.output_names)
+
+
 def test_a_trainer_takes_threads_and_spinning():
     """``Trainer(threads=, spinning=)`` reaches onnxruntime; with the IREE backend, which takes its threads
     from iree.runtime.flags, they are refused rather than ignored."""

@@ -90,6 +90,22 @@ class GraphBuilder:
         self.context = EmitContext()
         self._symbol_sources: dict = {}
         self._symbol_values: dict = {}
+        self._swapped: dict[str, Value] = {}  # a 2-D Transpose's output -> its input
+
+    def transpose_2d(self, x: Value) -> Value:
+        """The 2-D ``x`` transposed; remembered so that a product reading it can read ``x`` instead
+        (``matrix``)."""
+        if str(x) in self._swapped:  # transposed back
+            return self._swapped[str(x)]
+        y = self.op("Transpose", x, perm=[1, 0], shape=None if x.shape is None else list(x.shape)[::-1], dtype=x.dtype)
+        self._swapped[str(y)] = x
+        return y
+
+    def matrix(self, x: Value) -> tuple[Value, int]:
+        """``(source, 1)`` when ``x`` is ``transpose_2d(source)``, else ``(x, 0)``: a Gemm operand and its
+        ``transA``/``transB`` flag, so that no Transpose is run for it."""
+        source = self._swapped.get(str(x))
+        return (x, 0) if source is None else (source, 1)
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0

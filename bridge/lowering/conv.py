@@ -13,10 +13,10 @@ reshape/permute, ``add`` and ``flip``:
     with the spatially flipped (a MatMul with the reversal of the flattened kernel),
     in/out-swapped weight (per group) and the forward dilation lands exactly on the input
     positions, padding with zeros where the forward output floored.
-  - ``gemm`` (groups 1): the columns ``(grad_output^T [N*O, Cout] @ weight [Cout, K*Cin])^T``, one
-    ``[Cin, N, O]`` part per kernel offset, added back onto the input positions by
-    ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose to ``[N, Cin, L]``:
-    no flip or transpose of the weight as a Conv's, which dominate deep layers.
+  - ``gemm`` (groups 1): the columns ``weight^T [K*Cin, Cout] @ grad_output [Cout, N*O]`` (one Gemm
+    reading the weight transposed), one ``[Cin, N, O]`` part per kernel offset, added back onto the
+    input positions by ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose
+    to ``[N, Cin, L]``: no flip or transpose of the weight as a Conv's, which dominate deep layers.
   - ``gemm_select`` (groups 1, an input plane small against ``Cout``): the columns
     ``grad_output^T @ weight`` (the weight as it is) as ``[N*Cin, O*K]``, col2im as one MatMul with
     a constant 0/1 ``[O*K, L]`` (``scatter_matrix``).
@@ -34,8 +34,12 @@ reshape/permute, ``add`` and ``flip``:
     [N*O, Cin]`` per kernel offset, the ``K`` products stacked: no columns Concat.
   - ``gemm_channel_first`` (groups 1, few input channels, stride 1): the windows of the
     batch-transposed input ``[Cin, N, L...]`` (each slice copies whole rows, not ``Cin`` floats
-    at a time) stacked channel-major into columns ``[Cin*K, N*O]``, one MatMul with
-    ``grad_output`` channels-last ``[N*O, Cout]``, the ``[Cin*K, Cout]`` product transposed.
+    at a time) stacked channel-major into columns ``[Cin*K, N*O]``, one Gemm ``grad_output
+    [Cout, N*O] @ columns^T``: the weight's layout.
+
+A Gemm reads a transposed operand as it is (``transA``/``transB``, bridge/export/ops/linalg.py), so
+``grad_output`` is only ever transposed batch for channel (whole planes move), never to
+channels-last: onnxruntime moves single floats for that (``[16, 16, 32, 32]``: 0.26 vs 0.04 ms).
 * ``grad_bias``: a sum over batch and spatial dims.
 * the forward (``forward_form``): an ONNX ``Conv``, or ``gemm`` (groups 1, ``O <= 4``): the
   ``gemm_channel_first`` columns of the input times the weight as it is, ``[Cout, Cin*K]``.
@@ -286,25 +290,25 @@ def _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation,
 
 
 def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
-    """col2im (groups 1): columns ``grad_output^T [N*O, Cout] @ weight [Cout, K*Cin]`` (the weight
-    offset-major), transposed to ``[K*Cin, N*O]`` and scattered back per offset.
+    """col2im (groups 1): columns ``weight^T [K*Cin, Cout] @ grad_output [Cout, N*O]`` (the weight
+    offset-major; one Gemm, ``transA``), scattered back per offset.
 
     Offset-major, channel-before-batch columns make each offset's part ``[Cin, N, O...]`` a
     contiguous slice, and the scatter runs with batch and channel roles swapped; then one
-    Transpose of input size. The columns' Transpose is 2-D: onnxruntime's multi-axis Transposes
-    are slow (the former 5-D one of the columns, which its transpose optimizer also split into one
-    per offset; a 3-D ``[Cout, Cin, K] -> [K, Cin, Cout]`` of the weight took 0.2-0.5 s per
-    512x512x3x3 weight). Channel-major columns ``[Cin, K, N, O...]`` sliced along axis 1 (with the
+    Transpose of input size. onnxruntime's multi-axis Transposes are slow (the former 5-D one of
+    the columns, which its transpose optimizer also split into one per offset; a 3-D
+    ``[Cout, Cin, K] -> [K, Cin, Cout]`` of the weight took 0.2-0.5 s per 512x512x3x3 weight).
+    Channel-major columns ``[Cin, K, N, O...]`` sliced along axis 1 (with the
     weight's Transpose or the columns') were miscompiled by IREE at a symbolic batch (gradients
     off by 100%, tests/test_conv.py's WideCNN at batch 3; cause not isolated); this form matches.
     """
     rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
     w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_channels, count]), [0, 2, 1])
-    cols = aten.mm.default(rows, aten.reshape.default(w, [out_channels, count * in_channels]))
-    cols = aten.reshape.default(aten.permute.default(cols, [1, 0]), [count, in_channels, -1] + outputs)  # [K, Cin, N, O...]
+    w = aten.reshape.default(w, [out_channels, count * in_channels])
+    cols = aten.mm.default(aten.t.default(w), _channel_rows(grad_output))  # a Gemm (transA): [K*Cin, N*O]
+    cols = aten.reshape.default(cols, [count, in_channels, -1] + outputs)  # [K, Cin, N, O...]
     parts = [aten.select.int(cols, 0, j) for j in range(count)]
     swapped = scatter_windows(parts, input_size, kernel, stride, padding, dilation)  # [Cin, N, L...]
     return aten.permute.default(swapped, [1, 0] + list(range(2, 2 + rank)))
@@ -446,11 +450,10 @@ def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, of
 
 
 def _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
-    """im2col from the batch-transposed input (groups 1): columns ``[Cin*K, N*O]``, one MatMul."""
-    out_channels = grad_output.shape[1]
+    """im2col from the batch-transposed input (groups 1): columns ``[Cin*K, N*O]``, one Gemm."""
     cols = _channel_first_columns(x, list(weight_size[2:]), stride, padding, dilation, _spatial(grad_output))
-    rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
-    return aten.reshape.default(aten.permute.default(aten.mm.default(cols, rows), [1, 0]), list(weight_size))
+    product = aten.mm.default(_channel_rows(grad_output), aten.t.default(cols))  # a Gemm (transB): [Cout, Cin*K]
+    return aten.reshape.default(product, list(weight_size))
 
 
 def _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:

@@ -1,4 +1,8 @@
-"""Matrix products: mm, bmm, addmm, matmul."""
+"""Matrix products: mm, bmm, addmm, matmul.
+
+A 2-D product one of whose operands is a transposed matrix is a ``Gemm`` reading that matrix as
+it is (``transA``/``transB``): no Transpose is run (onnxruntime's Gemm packs either layout), and
+``addmm`` adds its bias in the same Gemm."""
 from __future__ import annotations
 
 import torch
@@ -8,13 +12,25 @@ from ..builder import emits
 aten = torch.ops.aten
 
 
-@emits(aten.mm.default, aten.bmm.default, aten.matmul.default)
+@emits(aten.mm.default)
+def mm(b, node, a, other):
+    (a, trans_a), (other, trans_b) = b.matrix(a), b.matrix(other)
+    if trans_a or trans_b:
+        return b.op("Gemm", a, other, transA=trans_a or None, transB=trans_b or None)
+    return b.op("MatMul", a, other)
+
+
+@emits(aten.bmm.default, aten.matmul.default)
 def emit_matmul(b, node, a, other):
     return b.op("MatMul", a, other)
 
 
 @emits(aten.addmm.default)
 def addmm(b, node, bias, a, other, beta=1, alpha=1):
+    if node.meta["val"].dtype.is_floating_point:
+        (a, trans_a), (other, trans_b) = b.matrix(a), b.matrix(other)
+        return b.op("Gemm", a, other, bias, transA=trans_a or None, transB=trans_b or None,
+                    alpha=None if alpha == 1 else float(alpha), beta=None if beta == 1 else float(beta))
     product = b.op("MatMul", a, other)
     if alpha != 1:
         product = b.op("Mul", product, b.scalar(alpha, product.dtype or a.dtype))
