@@ -6,6 +6,7 @@ and every step's loss, gradients and updated weights must match within 1e-5 rela
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -234,3 +235,23 @@ def test_update_rounding_is_within_torch_float32_noise(case):
     torch_noise = (torch32 - exact).abs().max() / scale
     assert (ours.double() - torch32).abs().max() / scale <= torch_noise
     assert (ours.double() - exact).abs().max() / scale <= 2 * torch_noise
+
+
+@pytest.mark.parametrize("optim", ["adam", "adamw"])
+def test_adam_at_lr_0_leaves_every_weight_unchanged(mlp, optim):
+    """At lr 0, set when converting or at run time (a schedule's first step), Adam's update is exactly 0,
+    also for a weight whose gradient is 0 (a second moment of 0): a form that divided by the step size
+    (folding it into the denominator, measured no faster in session 11) would make it NaN."""
+    tm = bridge.to_training_onnx(mlp[1], loss="mse", optim=optim, optim_options={"lr": 0.0})
+    session = tm.session()
+    x, target = np.zeros((5, 6), np.float32), np.ones((5, 4), np.float32)  # zero input: the first weight's gradient is 0
+    for step in range(2):
+        before = {name: session.state[name].copy() for name in tm.weights}
+        results = session.step({"x": x}, target)
+        assert step or not results["grad_0.weight"].any()
+        for name, value in before.items():
+            np.testing.assert_array_equal(session.state[name], value, err_msg=f"{name}, step {step + 1}")
+        x = np.random.default_rng(step).standard_normal((5, 6)).astype(np.float32)
+    session.lr = 1e-3  # and a step size back above 0 moves them
+    session.step({"x": x}, target)
+    assert all(not np.array_equal(session.state[name], before[name]) for name in tm.weights)
