@@ -14,9 +14,10 @@ aten = torch.ops.aten
 
 @emits(aten.mm.default)
 def mm(b, node, a, other):
-    (a, trans_a), (other, trans_b) = b.matrix(a), b.matrix(other)
-    if trans_a or trans_b:
-        return b.op("Gemm", a, other, transA=trans_a or None, transB=trans_b or None)
+    if node.meta["val"].dtype.is_floating_point:  # onnxruntime's Gemm: float types only
+        (a_source, trans_a), (other_source, trans_b) = b.matrix(a), b.matrix(other)
+        if trans_a or trans_b:
+            return b.op("Gemm", a_source, other_source, transA=trans_a or None, transB=trans_b or None)
     return b.op("MatMul", a, other)
 
 
@@ -27,7 +28,7 @@ def emit_matmul(b, node, a, other):
 
 @emits(aten.addmm.default)
 def addmm(b, node, bias, a, other, beta=1, alpha=1):
-    if node.meta["val"].dtype.is_floating_point:
+    if node.meta["val"].dtype.is_floating_point:  # onnxruntime's Gemm: float types only
         (a, trans_a), (other, trans_b) = b.matrix(a), b.matrix(other)
         return b.op("Gemm", a, other, bias, transA=trans_a or None, transB=trans_b or None,
                     alpha=None if alpha == 1 else float(alpha), beta=None if beta == 1 else float(beta))
