@@ -43,20 +43,14 @@ def kernel_times(model: onnx.ModelProto, state: dict[str, np.ndarray], feed: dic
     """Microseconds of kernel time per node name, summed over ``steps`` steps after ``warmup``."""
     import onnxruntime as ort
 
-    from bridge.runtime import session_options
-
-    from bridge.contract import GRAD_PREFIX
+    from bridge.runtime import is_gradient, outputs_dropped, session_options
 
     options = session_options(threads)  # as bridge.runtime runs a step
     options.enable_profiling = True
-    lean = onnx.ModelProto()
-    lean.CopyFrom(model)  # without the grad_* outputs, as TrainingSession(gradients=False) and bridge.Trainer run it
-    kept = [value for value in lean.graph.output if not value.name.startswith(GRAD_PREFIX)]
-    del lean.graph.output[:]
-    lean.graph.output.extend(kept)
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = str(Path(tmp) / "profile")
-        session = ort.InferenceSession(lean.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        with outputs_dropped(model, is_gradient):  # as TrainingSession(gradients=False) and bridge.Trainer run it
+            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         values = {**state, **feed, "target": target}
         inputs = {value.name: values[value.name] for value in session.get_inputs()}
         for _ in range(warmup + steps):

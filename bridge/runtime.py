@@ -11,12 +11,13 @@ unchanged, ``skipped_steps`` counts it) or ``"ignore"`` (the values are kept).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -230,6 +231,22 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
     return options
 
 
+@contextlib.contextmanager
+def outputs_dropped(model: onnx.ModelProto, dropped: Callable[[str], bool] | None) -> Iterator[onnx.ModelProto]:
+    """``model`` without the graph outputs whose names ``dropped`` picks, for the time of the ``with``
+    (a session built from it); the outputs are restored after, and the model is not copied."""
+    outputs = list(model.graph.output)
+    if dropped is not None:
+        del model.graph.output[:]
+        model.graph.output.extend(o for o in outputs if not dropped(o.name))
+    try:
+        yield model
+    finally:
+        if dropped is not None:
+            del model.graph.output[:]
+            model.graph.output.extend(outputs)
+
+
 class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
@@ -241,20 +258,12 @@ class OrtGraph:
 
         options = session_options(threads, spinning)
         providers = providers or ["CPUExecutionProvider"]
-        outputs = list(model.graph.output)
-        if dropped_outputs is not None:  # for the session's copy only: the caller's outputs are restored below
-            del model.graph.output[:]
-            model.graph.output.extend(o for o in outputs if not dropped_outputs(o.name))
-        try:
+        with outputs_dropped(model, dropped_outputs):
             if is_large(model):  # past protobuf's 2 GiB: through a file with external data
                 with external_copy(model) as path:
                     self.session = ort.InferenceSession(path, options, providers=providers)
             else:
                 self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-        finally:
-            if dropped_outputs is not None:
-                del model.graph.output[:]
-                model.graph.output.extend(outputs)
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
         self._run = unchecked_run(self.session)
@@ -305,6 +314,11 @@ def random_inputs(model: onnx.ModelProto, graph: OrtGraph) -> dict[str, tuple[li
     return found
 
 
+def is_gradient(name: str) -> bool:
+    """Whether graph output ``name`` is a gradient (``grad_<weight>``)."""
+    return name.startswith(GRAD_PREFIX)
+
+
 class TrainingSession(StepSession):
     """Train with a training ONNX model in onnxruntime: ``session.step(inputs, target)`` -> outputs.
 
@@ -319,10 +333,12 @@ class TrainingSession(StepSession):
         ``gradients=False``: ``step`` does not return the ``grad_*`` outputs, so onnxruntime need not
         keep them past the update (it reuses their buffers in place: resnet18's step 0.94-0.97x, small_cnn's
         0.95-1.00x at 2 threads, two A/Bs); the step computes the same."""
+        if not isinstance(gradients, bool):
+            raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
         model = read_model(model)
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
                          graph_hash=graph_hash(model), eval_model=eval_model)
-        dropped = None if gradients else (lambda name: name.startswith(GRAD_PREFIX))
+        dropped = None if gradients else is_gradient
         self._graph = OrtGraph(model, providers, threads, spinning, dropped)
         self.output_names = self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))

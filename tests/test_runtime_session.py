@@ -83,6 +83,8 @@ def test_a_session_without_gradients_steps_the_same():
         for name, value in got.items():
             np.testing.assert_array_equal(value, want[name])
     assert not any(name.startswith("grad_") for name in bridge.Trainer(tm).session.output_names)
+    with pytest.raises(bridge.InvalidOptionError, match="gradients='no'"):
+        tm.session(gradients="no")  # a truthy string would have kept them silently
 
 
 def test_a_trainer_takes_threads_and_spinning():

@@ -92,17 +92,22 @@ class GraphBuilder:
         self._symbol_values: dict = {}
         self._swapped: dict[str, Value] = {}  # a 2-D Transpose's output -> its input
 
-    def transpose_2d(self, x: Value) -> Value:
-        """The 2-D ``x`` transposed; remembered so that a product reading it can read ``x`` instead
-        (``matrix``)."""
-        if str(x) in self._swapped:  # transposed back
+    def transpose(self, x: Value, perm: Sequence[int]) -> Value:
+        """``x`` transposed by ``perm`` (``x`` itself for the identity). A 2-D swap is remembered so that a
+        product reading it can read ``x`` instead (``matrix``), and a swap of a swap is its source."""
+        perm = list(perm)
+        if perm == list(range(len(perm))):
+            return x
+        if perm != [1, 0]:
+            return self.op("Transpose", x, perm=perm)
+        if str(x) in self._swapped:
             return self._swapped[str(x)]
-        y = self.op("Transpose", x, perm=[1, 0], shape=None if x.shape is None else list(x.shape)[::-1], dtype=x.dtype)
+        y = self.op("Transpose", x, perm=perm, shape=None if x.shape is None else list(x.shape)[::-1], dtype=x.dtype)
         self._swapped[str(y)] = x
         return y
 
     def matrix(self, x: Value) -> tuple[Value, int]:
-        """``(source, 1)`` when ``x`` is ``transpose_2d(source)``, else ``(x, 0)``: a Gemm operand and its
+        """``(source, 1)`` when ``x`` is ``transpose(source, [1, 0])``, else ``(x, 0)``: a Gemm operand and its
         ``transA``/``transB`` flag, so that no Transpose is run for it."""
         source = self._swapped.get(str(x))
         return (x, 0) if source is None else (source, 1)

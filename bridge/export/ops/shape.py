@@ -24,24 +24,19 @@ def emit_reshape(b: GraphBuilder, node, x, *_, **__):
 
 @emits(aten.permute.default)
 def permute(b, node, x, dims):
-    dims = [d % x.rank for d in dims]
-    if dims == list(range(x.rank)):
-        return x
-    return b.transpose_2d(x) if dims == [1, 0] else b.op("Transpose", x, perm=dims)
+    return b.transpose(x, [d % x.rank for d in dims])
 
 
 @emits(aten.t.default, aten.numpy_T.default)
 def transpose_2d(b, node, x):
-    if x.rank < 2:
-        return x
-    return b.transpose_2d(x) if x.rank == 2 else b.op("Transpose", x, perm=list(reversed(range(x.rank))))
+    return x if x.rank < 2 else b.transpose(x, list(reversed(range(x.rank))))
 
 
 @emits(aten.transpose.int)
 def emit_transpose(b, node, x, dim0, dim1):
     perm = list(range(x.rank))
     perm[dim0 % x.rank], perm[dim1 % x.rank] = perm[dim1 % x.rank], perm[dim0 % x.rank]
-    return b.transpose_2d(x) if perm == [1, 0] else b.op("Transpose", x, perm=perm)
+    return b.transpose(x, perm)
 
 
 @emits(aten.expand.default, aten.expand_copy.default)
