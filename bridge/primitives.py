@@ -5,8 +5,8 @@ for convolution arithmetic).
 ``affine(x, scale, bias)``: ``x * scale + bias`` with ``scale`` and ``bias`` ``[C]``, per channel (dim 1
 of ``x``, rank >= 2). Emitted as an inference-form ``BatchNormalization`` (mean 0, variance 1,
 epsilon 0: ``x * scale / sqrt(1) + bias``), which onnxruntime runs in one pass, bit for bit the Mul
-and Add it replaces and 2-3x faster than those two (2 threads, beside a test run: [8, 64, 32, 32]
-0.10 vs 0.20 ms, [8, 128, 8, 8] 0.027 vs 0.079 ms); onnx-mlir and IREE take the inference form.
+and Add it replaces and faster than those two (quiet, 2 threads: [8, 64, 32, 32] 0.065 vs 0.092 ms,
+[8, 128, 8, 8] 0.016 vs 0.072 ms); onnx-mlir and IREE take the inference form.
 onnxruntime parallelizes it over channels only: one channel runs on one thread (Adam's update
 through it on [1, 1, numel] was slower than its Mul and Add). Not differentiable: it serves computations
 whose gradient is written by hand (BatchNorm's forward and backward inside their autograd.Function).

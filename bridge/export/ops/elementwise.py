@@ -189,8 +189,8 @@ def emit_where(b, node, cond, a, other):
 
 @emits(aten.clamp.default, aten.clamp.Tensor)
 def clamp(b, node, x, low=None, high=None):
-    """Both bounds numbers on a float tensor: one Clip (onnxruntime: 0.12 vs 0.28 ms for Relu + Min at
-    [16, 16, 32, 32], NaN and infinities as Max + Min give them); a tensor bound, one bound or an integer
+    """Both bounds numbers on a float tensor: one Clip (onnxruntime, with a Ceil after it: 0.10-0.14 vs 0.18-0.37 ms
+    for Relu + Min + Ceil at [16, 16, 32, 32], quiet, 2 threads, NaN and infinities as Max + Min give them); a tensor bound, one bound or an integer
     tensor: Max / Min."""
     dtype = _out_dtype(node)
     x = b.cast(x, dtype)
