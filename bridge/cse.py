@@ -9,9 +9,11 @@ float64 casts); the backward of a weight read twice transposes it twice. Two cal
 same target and the same arguments compute the same value, so one is kept and the other's users
 read it: the arithmetic of every value is unchanged, bit for bit.
 
-Nodes merge only within one phase (the gradient and update halves of a split step stay apart),
-never when impure (in-place or random), and float arguments compare by their exact repr (so
-``0.0`` and ``-0.0`` differ). A node shared by several optimizer layers (a per-step scalar) is
+Nodes merge only within one half of the step (forward, loss and backward; the optimizer): a split
+step's gradient and update graphs (``trace.split_step``) stay apart, while a backward node that
+recomputes a forward value (tiled max pooling's ``MaxPool`` of the forward input) reads the
+forward's (the kept node is always the earlier one). Never when impure (in-place or random), and
+float arguments compare by their exact repr (so ``0.0`` and ``-0.0`` differ). A node shared by several optimizer layers (a per-step scalar) is
 re-tagged to the optimizer's ``step`` layer.
 """
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 import torch
+
+from .contract import Phase
 
 _SHARED_LAYER = "step"
 
@@ -82,7 +86,7 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
         if any(user.op == "call_function" and _mutates(user.target) for user in node.users):
             continue
         try:
-            key = (node.target, _tags(node).get("phase"), _key(node.args), _key(node.kwargs))
+            key = (node.target, _tags(node).get("phase") == Phase.OPTIMIZER, _key(node.args), _key(node.kwargs))
         except TypeError:  # an argument without a reliable equality (a tensor constant, a SymFloat...)
             continue
         kept = seen.setdefault(key, node)

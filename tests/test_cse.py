@@ -89,3 +89,32 @@ def test_dead_code_removes_what_torch_removes():
     assert removed >= 4
     assert [(n.op, n.target) for n in ours.graph.nodes] == [(n.op, n.target) for n in torchs.graph.nodes]
     assert {torch.ops.aten.add_.Tensor, torch.ops.aten.bernoulli.default} <= {n.target for n in ours.graph.nodes}
+
+
+def test_backward_reads_the_forward_values_it_would_recompute(monkeypatch):
+    """The backward's copies of forward and loss values merge into them (one half of the step):
+    tiled max pooling's backward reads the forward's MaxPool, cross-entropy's backward its target
+    mask; the optimizer's nodes stay apart. Every output is bit-identical to the unmerged step."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                 torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+    example = torch.randn(5, 2, 8, 8)
+    merged = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=example)
+    monkeypatch.setattr(bridge.trace, "eliminate_common_subexpressions", lambda graph: 0)
+    plain = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=example)
+
+    def ops(tm, op_type):
+        return Counter(node.phase for node in bridge.ir.load(tm.model).nodes() if node.op_type == op_type)
+
+    assert ops(merged, "MaxPool") == Counter({"forward": 1, "backward": 1})  # the backward's second: a max of keys
+    assert ops(plain, "MaxPool") == Counter({"forward": 1, "backward": 2})
+    assert ops(merged, "Equal")["backward"] < ops(plain, "Equal")["backward"]
+
+    rng = np.random.default_rng(0)
+    sessions = merged.session(), plain.session()
+    for _ in range(3):
+        x, target = rng.standard_normal((5, 2, 8, 8), np.float32), rng.integers(0, 3, 5)
+        a, b = (s.step({merged.data_inputs[0]: x}, target) for s in sessions)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert np.array_equal(a[key], b[key]), key
