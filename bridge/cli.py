@@ -124,7 +124,7 @@ def _compile(args: argparse.Namespace) -> int:
         print(f"bridge compile: {line}", file=sys.stderr, flush=True)
 
     compiled = compile_model(args.model, backend=args.backend, output=args.output, target_cpu=args.target_cpu,
-                             progress=progress)
+                             progress=progress, gradients=not args.no_gradients)
     print(f"wrote {args.output} ({len(compiled.vmfb)} bytes, compiled in {compiled.seconds:.1f} s)")
     return 0
 
@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb)")
     compile_.add_argument("--backend", default="iree", choices=BACKENDS, help="compiler (default iree, llvm-cpu)")
     compile_.add_argument("--target-cpu", default="host", help="LLVM CPU to compile for (default host; 'generic' is portable)")
+    compile_.add_argument("--no-gradients", action="store_true",
+                          help="the module does not return the grad_* outputs (a training loop never reads them)")
     compile_.set_defaults(run=_compile)
 
     mlir = commands.add_parser("mlir", help="import a training .onnx into MLIR (torch-mlir ONNX form, as iree-import-onnx)")

@@ -22,6 +22,7 @@ import onnx
 from .contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
 from .errors import BridgeError, InvalidOptionError
 from .load import read_model
+from .runtime import is_gradient, outputs_dropped
 from .runtime_iree import IreeTrainingSession, require_iree
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     target_cpu: str = "host",
     extra_args: tuple[str, ...] = (),
     progress: Progress | None = None,
+    gradients: bool = True,
 ) -> CompiledModel:
     """Compile a training ONNX model for the CPU; returns the module (also written to ``output``).
 
@@ -128,9 +130,14 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         extra_args: further ``iree-compile`` flags (e.g. ``FAST_CONV_FLAGS``).
         progress: called with a line as each phase starts and ends (``import``: ONNX -> MLIR,
             ``compile``: iree-compile), with the elapsed time; ``bridge compile`` prints them.
+        gradients: ``False``: the module does not return the ``grad_*`` outputs (a ``bridge.Trainer``
+            never reads them), so IREE need not write them out; the step computes the same
+            (resnet18 and small_cnn steps 0.95-0.96x, benchmarks/RESULTS.md).
     """
     if backend not in BACKENDS:
         raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
+    if not isinstance(gradients, bool):
+        raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
     require_iree()
     import iree.compiler.tools as iree_tools
 
@@ -138,7 +145,8 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     report = progress or (lambda line: None)
     start = time.perf_counter()
     report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
-    mlir = to_mlir(proto)
+    with outputs_dropped(proto, None if gradients else is_gradient):
+        mlir = to_mlir(proto)
     report(f"import: done ({time.perf_counter() - start:.1f} s)")
     report(f"compile: iree-compile, llvm-cpu, target cpu {target_cpu}")
     try:

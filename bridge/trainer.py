@@ -422,7 +422,7 @@ def _session(backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto |
     from .compile import compile as compile_model
     from .runtime_iree import IreeTrainingSession
 
-    compiled = compile_model(graph, backend="iree")
+    compiled = compile_model(graph, backend="iree", gradients=False)
     return IreeTrainingSession(compiled.vmfb, state, seed=seed, training_model=graph, eval_model=evaluation,
                                on_nonfinite=on_nonfinite)
 

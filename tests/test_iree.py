@@ -190,17 +190,25 @@ def test_cli_compile_and_mlir_make_a_self_describing_module(tmp_path):
     assert 'torch.operator "onnx.Gemm"' in text or 'torch.operator "onnx.MatMul"' in text
     assert 'loc("' in text, "ONNX node names are the MLIR locations"
 
+    # --no-gradients: a module without the grad_* outputs (what bridge.Trainer compiles), the same step
+    assert cli_main(["compile", str(train), "-o", str(tmp_path / "lean.vmfb"), "--no-gradients"]) == 0
+
     state = dict(np.load(tmp_path / "train.state.npz"))
     iree = IreeTrainingSession(tmp_path / "train.vmfb", state)
+    lean = IreeTrainingSession(tmp_path / "lean.vmfb", state)
     ort = bridge.TrainingSession(str(train), state)
     model = onnx.load(str(train))
-    assert iree.input_names == [i.name for i in model.graph.input]
+    assert iree.input_names == lean.input_names == [i.name for i in model.graph.input]
     assert iree.output_names == [o.name for o in model.graph.output]
+    assert lean.output_names == [o.name for o in model.graph.output if not o.name.startswith("grad_")]
+    assert len(lean.output_names) < len(iree.output_names)
     rng = np.random.default_rng(0)
     for _ in range(3):
         inputs = {"x": rng.standard_normal((5, 6)).astype(np.float32)}
         target = rng.integers(0, 3, size=5).astype(np.int64)
-        assert_steps_match([iree.step(inputs, target)], [ort.step(inputs, target)])
+        want = ort.step(inputs, target)
+        assert_steps_match([iree.step(inputs, target)], [want])
+        assert_steps_match([lean.step(inputs, target)], [{k: v for k, v in want.items() if k in lean.output_names}])
 
 
 def _convtranspose_output_shape() -> onnx.ModelProto:
@@ -224,6 +232,8 @@ def test_bad_arguments_raise_bridge_errors(tmp_path):
         bridge.compile(tmp_path / "missing.onnx", backend="tvm")
     with pytest.raises(bridge.ModelLoadError, match="missing.onnx"):
         bridge.compile(tmp_path / "missing.onnx")
+    with pytest.raises(bridge.InvalidOptionError, match="gradients='no'"):
+        bridge.compile(tmp_path / "missing.onnx", gradients="no")
     (tmp_path / "junk.vmfb").write_bytes(b"not a module")
     with pytest.raises(bridge.ModelLoadError, match="IREE module"):
         IreeTrainingSession(tmp_path / "junk.vmfb", {})
