@@ -11,13 +11,16 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import bridge
+import bridge.importer.program
 from bridge.errors import LoweringError, UnsupportedOpError
 from bridge.export.builder import GraphBuilder, Value
 from bridge.export.ops.nn import emit_max_pool
-from bridge.importer.program import OnnxProgram
+from bridge.importer.program import OnnxProgram, relus_pooled_first
 from bridge.lowering import LOWERINGS, import_all_lowerings
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
 from helpers.importer import run_onnxruntime
+from reference import bridge_steps
 from single_op import batches_for, one_node_model, train_and_compare
 
 import_all_lowerings()  # LOWERINGS is looked up directly below: register them also when this file runs alone
@@ -273,6 +276,57 @@ def test_max_pool_training_step_matches_torch(case):
     maxpools = [n for n in tm.model.graph.node if n.op_type == "MaxPool"]
     assert maxpools and all(len(n.output) == 1 for n in maxpools)
     assert_onnx_mlir_clean(tm.model)
+
+
+def _relu_max_pool_model(case):
+    """``MaxPool(Relu(x * w_pre))`` with ``MAX_POOL_ATTRS[case]``."""
+    x_shape, attrs = MAX_POOL_ATTRS[case]
+    model, weights, _ = _pool_model("MaxPool", x_shape, attrs)
+    model.graph.node.insert(1, helper.make_node("Relu", ["pre"], ["act"], name="act"))
+    model.graph.node[2].input[0] = "act"
+    del model.graph.value_info[:]
+    return model, weights
+
+
+@pytest.mark.parametrize("case", ["2d-overlap-pads", "2d-ceil-pads", "2d-dilated", "2d-tiled", "3d-tiled"])
+def test_relu_before_max_pool_runs_after_it_with_the_same_step(case, monkeypatch):
+    """``MaxPool(Relu(x))`` is traced as ``Relu(MaxPool(x))`` (``relus_pooled_first``): the Relu and its
+    backward mask run on the pooled tensor. The steps match torch's relu-then-pool twin, and bit for bit
+    the step traced in the source's order, on inputs on a grid of 0.5 (ties at the maximum, windows all
+    <= 0 or all 0)."""
+    x_shape, attrs = MAX_POOL_ATTRS[case]
+    model, weights = _relu_max_pool_model(case)
+    out_shape = _output_shape(model)
+    batches = [({"x": np.round(x["x"] * 2) / 2}, t) for x, t in batches_for({"x": x_shape}, out_shape, 2, np.float32)]
+    pool = _max_pool_twin(x_shape, attrs, out_shape)
+
+    def twin(p, inputs):
+        return pool({"w_pre": 1.0}, {"x": F.relu(inputs["x"] * p["w_pre"])})
+
+    tm, got = train_and_compare(model, weights, twin, batches, steps_rtol=1e-5)
+    forward = [n.op_type for n in bridge.ir.load(tm.model).nodes("forward") if n.op_type in ("Relu", "MaxPool")]
+    assert forward.index("Relu") > forward.index("MaxPool")
+    monkeypatch.setattr(bridge.importer.program, "relus_pooled_first", lambda graph: {})
+    in_order = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125})
+    forward = [n.op_type for n in bridge.ir.load(in_order.model).nodes("forward") if n.op_type in ("Relu", "MaxPool")]
+    assert forward.index("Relu") < forward.index("MaxPool")
+    for mine, theirs in zip(got, bridge_steps(in_order, batches)):
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            assert np.array_equal(mine[key], theirs[key]), key
+
+
+def test_relu_read_elsewhere_stays_before_its_max_pool():
+    model, _ = _relu_max_pool_model("2d-tiled")
+    assert list(relus_pooled_first(model.graph)) == ["act"]
+    model.graph.output.append(helper.make_tensor_value_info("act", TensorProto.FLOAT, None))  # a graph output
+    assert relus_pooled_first(model.graph) == {}
+    model, _ = _relu_max_pool_model("2d-tiled")
+    model.graph.node.append(helper.make_node("Neg", ["act"], ["negated"]))  # a second reader
+    assert relus_pooled_first(model.graph) == {}
+    model, _ = _relu_max_pool_model("2d-tiled")
+    model.graph.node[2].output.append("indices")  # MaxPool's Indices
+    assert relus_pooled_first(model.graph) == {}
 
 
 def _avg_pool_twin(x_shape, attrs, out_shape):

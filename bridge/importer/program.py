@@ -10,9 +10,13 @@ Values that are known at import time (initializers that are not passed as tensor
 ``Constant`` outputs, shapes of tensors with static shapes, and anything computed only from
 those) are kept as numpy arrays and folded eagerly, so shape computations never reach the
 traced graph and converters can read shapes, axes, pads and scales as plain numbers.
+
+A Relu read only by a MaxPool runs after it (``relus_pooled_first``): the same values and gradients
+on the smaller, pooled tensor.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections import ChainMap
 from typing import Callable, Iterable, Iterator, MutableMapping
@@ -48,6 +52,25 @@ def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
         for attribute in node.attribute:
             for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
                 yield from all_nodes(sub)
+
+
+def relus_pooled_first(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """The Relu nodes of ``graph`` that ``OnnxProgram`` runs after the MaxPool that reads them, by output
+    name: ``MaxPool(Relu(x))`` as ``Relu(MaxPool(x))``, the Relu on the pooled (smaller) tensor, its
+    backward mask too (small_cnn's step 0.96x; docs/lowerings/conv_pool.md).
+
+    The values are equal (max and Relu commute), and so is every gradient, bit for bit: a window
+    whose maximum is positive has the same first maximum either way (Relu changes no positive value
+    and adds no tie above 0), and a window whose maximum is <= 0 passes no gradient either way (Relu's
+    mask at its pooled value, or at the first of its zeros). Only where the Relu's output is read by
+    that MaxPool alone (no other node, subgraph or graph output) and the MaxPool has no Indices output."""
+    readers = collections.Counter(name for node in all_nodes(graph) for name in node.input)
+    pooled = {node.input[0] for node in graph.node
+              if node.op_type == "MaxPool" and node.input and [o for o in node.output if o] == node.output[:1]}
+    outputs = {o.name for o in graph.output}
+    return {node.output[0]: node for node in graph.node
+            if node.op_type == "Relu" and node.output[0] in pooled and readers[node.output[0]] == 1
+            and node.output[0] not in outputs}
 
 
 @contextlib.contextmanager
@@ -159,9 +182,16 @@ class OnnxProgram:
         the subgraph's own values do not leak out). A loop is thus unrolled into straight-line code.
         """
         node_scope = run[-1]
+        pooled_first = relus_pooled_first(graph)
         for node in graph.node:
+            if node.op_type == "Relu" and node.output[0] in pooled_first:
+                continue  # runs after its MaxPool, below
+            relu = pooled_first.get(node.input[0]) if node.op_type == "MaxPool" else None
             with node_scope(node):
-                outputs = self._run_node(node, env, run)
+                outputs = self._run_node(node, env if relu is None else ChainMap({relu.output[0]: env[relu.input[0]]}, env), run)
+            if relu is not None:
+                with node_scope(relu):
+                    outputs = self._run_node(relu, ChainMap({relu.input[0]: outputs[0]}, env), run)
             for name, value in zip(node.output, outputs):
                 if name:
                     env[name] = value
