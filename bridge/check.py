@@ -24,6 +24,7 @@ from onnx import TensorProto, numpy_helper
 
 from .attributes import attribute
 from .errors import InvalidOptionError
+from .geometry import pooled_size
 from .load import read_model
 
 TARGETS = ("onnx-mlir", "iree")
@@ -236,8 +237,7 @@ def _conv_unread_padded_end(node, graph):
     pads = attribute(node, "pads", [0] * 2 * rank)
     for axis, (size, k, s, d) in enumerate(zip(shape[2:], kernel, strides, dilations)):
         padded = size + pads[axis] + pads[rank + axis]
-        windows = (padded - d * (k - 1) - 1) // s + 1
-        if windows == 1 and s > 1 and padded > d * (k - 1) + 1:
+        if pooled_size(padded, k, s, 0, d, False) == 1 and s > 1 and padded > d * (k - 1) + 1:
             yield (f"strided Conv with a 1-wide output whose padded input (axis {axis + 2}: {padded}) is longer "
                    f"than the window reads ({d * (k - 1) + 1}): pad or slice to the read extent")
 

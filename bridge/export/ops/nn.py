@@ -36,8 +36,7 @@ def emit_convolution(b: GraphBuilder, node, x, weight, bias, stride, padding, di
 
 def _read_extent(size: int, k: int, s: int, p: int, d: int) -> int:
     """How far past the begin padding the windows of a Conv read: ``(windows - 1) * s + d * (k - 1) + 1``."""
-    windows = (size + 2 * p - d * (k - 1) - 1) // s + 1
-    return (windows - 1) * s + d * (k - 1) + 1
+    return (pooled_size(size, k, s, p, d, False) - 1) * s + d * (k - 1) + 1
 
 
 def _fit_to_read_extent(b: GraphBuilder, x: Value, kernel, stride, padding, dilation) -> tuple[Value, list[int]]:
