@@ -13,8 +13,8 @@ Nodes merge only within one half of the step (forward, loss and backward; the op
 step's gradient and update graphs (``trace.split_step``) stay apart, while a backward node that
 recomputes a forward value (tiled max pooling's ``MaxPool`` of the forward input) reads the
 forward's (the kept node is always the earlier one). Never when impure (in-place or random), and
-float arguments compare by their exact repr (so ``0.0`` and ``-0.0`` differ). A node shared by several optimizer layers (a per-step scalar) is
-re-tagged to the optimizer's ``step`` layer.
+float arguments compare by their exact repr (so ``0.0`` and ``-0.0`` differ). A node shared by several
+optimizer layers (a per-step scalar) is re-tagged to the optimizer's ``step`` layer.
 """
 from __future__ import annotations
 

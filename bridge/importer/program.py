@@ -187,8 +187,9 @@ class OnnxProgram:
             if node.op_type == "Relu" and node.output[0] in pooled_first:
                 continue  # runs after its MaxPool, below
             relu = pooled_first.get(node.input[0]) if node.op_type == "MaxPool" else None
+            inputs = env if relu is None else ChainMap({relu.output[0]: env[relu.input[0]]}, env)  # the Relu's input
             with node_scope(node):
-                outputs = self._run_node(node, env if relu is None else ChainMap({relu.output[0]: env[relu.input[0]]}, env), run)
+                outputs = self._run_node(node, inputs, run)
             if relu is not None:
                 with node_scope(relu):
                     outputs = self._run_node(relu, ChainMap({relu.input[0]: outputs[0]}, env), run)
