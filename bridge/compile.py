@@ -22,7 +22,7 @@ import onnx
 from .contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
 from .errors import BridgeError, InvalidOptionError
 from .load import read_model
-from .runtime import is_gradient, outputs_dropped
+from .runtime import is_gradient
 from .runtime_iree import IreeTrainingSession, require_iree
 
 if TYPE_CHECKING:
@@ -142,11 +142,12 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     import iree.compiler.tools as iree_tools
 
     proto = read_model(model)
+    if not gradients:  # a copy: the caller's model stays whole while the (seconds-long) import runs
+        proto = _without_gradients(proto)
     report = progress or (lambda line: None)
     start = time.perf_counter()
     report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
-    with outputs_dropped(proto, None if gradients else is_gradient):
-        mlir = to_mlir(proto)
+    mlir = to_mlir(proto)
     report(f"import: done ({time.perf_counter() - start:.1f} s)")
     report(f"compile: iree-compile, llvm-cpu, target cpu {target_cpu}")
     try:
@@ -165,6 +166,16 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     if output is not None:
         compiled.save(output)
     return compiled
+
+
+def _without_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` without its ``grad_*`` graph outputs."""
+    lean = onnx.ModelProto()
+    lean.CopyFrom(model)
+    kept = [value for value in lean.graph.output if not is_gradient(value.name)]
+    del lean.graph.output[:]
+    lean.graph.output.extend(kept)
+    return lean
 
 
 def _input_specs(model: onnx.ModelProto) -> dict[str, list]:

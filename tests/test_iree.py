@@ -192,6 +192,9 @@ def test_cli_compile_and_mlir_make_a_self_describing_module(tmp_path):
 
     # --no-gradients: a module without the grad_* outputs (what bridge.Trainer compiles), the same step
     assert cli_main(["compile", str(train), "-o", str(tmp_path / "lean.vmfb"), "--no-gradients"]) == 0
+    whole = onnx.load(str(train))
+    bridge.compile(whole, gradients=False)
+    assert any(o.name.startswith("grad_") for o in whole.graph.output)  # the caller's model keeps them
 
     state = dict(np.load(tmp_path / "train.state.npz"))
     iree = IreeTrainingSession(tmp_path / "train.vmfb", state)
