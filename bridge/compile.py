@@ -22,7 +22,7 @@ import onnx
 from .contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
 from .errors import BridgeError, InvalidOptionError
 from .load import read_model
-from .runtime import is_gradient
+from .runtime import is_gradient, outputs_dropped
 from .runtime_iree import IreeTrainingSession, require_iree
 
 if TYPE_CHECKING:
@@ -171,10 +171,8 @@ def compile(  # noqa: A001 - bridge.compile is the public name
 def _without_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` without its ``grad_*`` graph outputs."""
     lean = onnx.ModelProto()
-    lean.CopyFrom(model)
-    kept = [value for value in lean.graph.output if not is_gradient(value.name)]
-    del lean.graph.output[:]
-    lean.graph.output.extend(kept)
+    with outputs_dropped(model, is_gradient):
+        lean.CopyFrom(model)
     return lean
 
 

@@ -294,7 +294,7 @@ class SplitStep:
         self.update = OrtGraph(update_model, providers)
         self.checks = StepChecks.from_model(gradient_model)
         self.random_inputs = random_inputs(gradient_model, self.gradient)
-        self.gradients = [name for name in self.gradient.output_names if name.startswith(GRAD_PREFIX)]
+        self.gradients = [name for name in self.gradient.output_names if is_gradient(name)]
         loss_type = gradient_model.graph.output[0].type.tensor_type.elem_type  # "loss" is the first output
         self.loss_dtype = onnx.helper.tensor_dtype_to_np_dtype(loss_type)
         self.buffers = [strip_prefix(name, UPDATED_PREFIX) for name in self.gradient.output_names

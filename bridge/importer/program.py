@@ -110,6 +110,7 @@ class OnnxProgram:
         self.input_names = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in self.graph.output]
         self.buffer_names = self._buffer_initializers()
+        self._pooled_first: dict[int, tuple[onnx.GraphProto, dict]] = {}  # relus_pooled_first per graph
 
     def _check_supported(self) -> None:
         unsupported: dict[str, list[str]] = {}
@@ -182,7 +183,10 @@ class OnnxProgram:
         the subgraph's own values do not leak out). A loop is thus unrolled into straight-line code.
         """
         node_scope = run[-1]
-        pooled_first = relus_pooled_first(graph)
+        cached = self._pooled_first.get(id(graph))
+        if cached is None or cached[0] is not graph:  # once per graph: a Loop body is evaluated per iteration
+            cached = self._pooled_first[id(graph)] = (graph, relus_pooled_first(graph))  # (the graph held: ids stay)
+        pooled_first = cached[1]
         for node in graph.node:
             if node.op_type == "Relu" and node.output[0] in pooled_first:
                 continue  # runs after its MaxPool, below
