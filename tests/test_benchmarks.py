@@ -1,5 +1,5 @@
 """The step-time benchmark (benchmarks/run.py) measures what it says, and rewrites only its own
-section of benchmarks/RESULTS.md."""
+section of benchmarks/RESULTS.md; the profiler (benchmarks/profile_step.py) sets bridge's step beside torch's."""
 from __future__ import annotations
 
 import sys
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import profile_step  # noqa: E402
 import run as bench  # noqa: E402
 
 
@@ -87,3 +88,26 @@ def test_graph_sizes_show_the_first_landing_next_to_now():
     assert f"| 1 / 2 / 3 / 4 | {bench.BEFORE_NODES['resnet18']} |" in text
     assert "| model | weights MB | import s | convert s |" in text and "| resnet18 | 42.7 | 2.50 | 4.00 |" in text
     assert "- resnet18: ort-training skipped" in text
+
+
+def test_bridge_kinds_and_torch_ops_meet_in_one_family():
+    """A bridge node's kind (its source ONNX op) and torch's profiler op for the same layer share a row."""
+    pairs = {"convolution": ("conv", "aten::mkldnn_convolution", "aten::convolution_backward"),
+             "batch norm": ("batch_normalization", "aten::native_batch_norm", "aten::native_batch_norm_backward"),
+             "pooling": ("max_pool", "average_pool", "aten::max_pool2d_with_indices", "aten::avg_pool2d_backward"),
+             "matmul": ("gemm", "mat_mul", "aten::addmm", "aten::mm"),
+             "activation": ("relu", "aten::threshold_backward", "aten::relu_")}
+    for label, names in pairs.items():
+        assert {profile_step.family(name) for name in names} == {label}, label
+    assert profile_step.family("aten::add_") == profile_step.OTHER
+
+
+def test_side_by_side_with_torch(capsys):
+    assert profile_step.main(["mlp", "--torch", "--steps", "3", "--warmup", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("beside eager torch"):].splitlines()
+    rows = {line[:32].strip(): line[32:].split() for line in table[2:] if line[:32].strip()}
+    for row in ("optimizer", "matmul / forward", "matmul / backward", "all"):
+        bridge_ms, torch_ms, _ = rows[row]
+        assert float(bridge_ms) > 0 and float(torch_ms) > 0, row
+    assert "conv" not in " ".join(rows)  # an MLP has no convolution on either side
