@@ -122,6 +122,9 @@ MODEL_KEYS = (VERSION, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTION
 
 DIM_NAMES = "bridge.dim_names"  # torch.fx.GraphModule.meta only: {sympy symbol: dim name}
 
+# source-model node metadata_props that bridge reads
+PADDING_IDX = "bridge.padding_idx"  # on a Gather (axis 0) of an embedding table: the row that gets no gradient
+
 # IREE reflection of a compiled module (bridge.compile): graph input/output names and input specs
 INPUTS = "bridge.inputs"  # JSON list of input names, in argument order
 OUTPUTS = "bridge.outputs"  # JSON list of output names, in result order
@@ -202,6 +205,8 @@ KEY_DOCS: dict[str, tuple[str, str]] = {  # key -> (where, the value)
     INPUTS: ("IREE reflection", "JSON list of the graph input names, in argument order"),
     OUTPUTS: ("IREE reflection", "JSON list of the graph output names, in result order"),
     INPUT_SPECS: ("IREE reflection", "JSON {input name: [shape (a symbolic dim: null), numpy dtype name]}"),
+    PADDING_IDX: ("source model: a `Gather` (axis 0) of a 2-D table", "the row that gets no gradient (torch's "
+                  "`nn.Embedding(padding_idx=...)`; `export_for_training` writes it, bridge reads it)"),
 }
 
 

@@ -23,6 +23,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from .contract import PADDING_IDX
 from .errors import BridgeError, InvalidOptionError, ModelLoadError
 
 OPSET = 17
@@ -94,6 +95,7 @@ def export_for_training(module: torch.nn.Module, example_inputs: Sequence[Any],
     proto = onnx.load_from_string(buffer.getvalue())
     _restore_state(proto, module)
     _check_parameters_kept(module, args, proto)
+    _mark_padding_rows(proto, module)
     if path is not None:
         onnx.save(proto, str(path))
     return proto
@@ -168,6 +170,18 @@ def _input_names(module: torch.nn.Module, count: int) -> list[str]:
         parameters = []
     named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return named[:count] if len(named) >= count else [f"input_{i}" for i in range(count)]
+
+
+def _mark_padding_rows(proto: onnx.ModelProto, module: torch.nn.Module) -> None:
+    """Tag each Gather that looks up an ``nn.Embedding`` with ``padding_idx`` (its weight as the table, axis 0)
+    with that row (``PADDING_IDX``): the ONNX Gather has no padding index, and without it the padding row would
+    get a gradient where torch gives it none."""
+    rows = {f"{name}.weight": layer.padding_idx for name, layer in module.named_modules()
+            if isinstance(layer, torch.nn.Embedding) and layer.padding_idx is not None}
+    for node in proto.graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type == "Gather" and node.input[0] in rows and axis == 0:
+            node.metadata_props.add(key=PADDING_IDX, value=str(rows[node.input[0]]))
 
 
 def _check_parameters_kept(module: torch.nn.Module, args: tuple, proto: onnx.ModelProto) -> None:

@@ -90,3 +90,38 @@ def test_torch_embedding_model_matches_torch():
     batches = [({"tokens": rng.integers(0, 11, size=(2, 5))}, rng.integers(0, 3, size=2)) for _ in range(3)]
     batches[0][0]["tokens"][:] = [[1, 1, 1, 2, 1], [2, 2, 7, 1, 10]]
     assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.Adam, {"lr": 0.01}, inputs=["tokens"])
+
+
+def _padded_embedding_model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Embedding(11, 4, padding_idx=3), torch.nn.Flatten(), torch.nn.Linear(20, 3))
+
+
+def test_embedding_padding_row_gets_no_gradient_from_a_torch_module():
+    """A module's nn.Embedding(padding_idx=3): bridge trains what torch trains, the padding row untouched
+    (its gradient exactly 0) although the padding token is looked up and reaches the loss."""
+    module = _padded_embedding_model()
+    tokens = np.array([[3, 1, 3, 2, 3], [2, 3, 7, 1, 10]])
+    tm = bridge.to_training_onnx(module, example_inputs=(torch.from_numpy(tokens),), loss="ce", optim="adam",
+                                 optim_options={"lr": 0.01})
+    assert bridge.check(tm.model, target="onnx-mlir") == [] and _no_scatter(tm)
+    batches = [({"input": tokens}, np.array([0, 2]))] + [
+        ({"input": rng.integers(0, 11, size=(2, 5))}, rng.integers(0, 3, size=2)) for _ in range(2)]
+    assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.Adam, {"lr": 0.01}, inputs=["input"])
+    grad = tm.session().step(*batches[0])["grad_0.weight"]
+    assert np.all(grad[3] == 0) and np.abs(grad[[1, 2]]).min(axis=1).max() > 0
+
+
+def test_padding_idx_metadata_on_an_onnx_file():
+    """An ONNX file's Gather tagged with bridge.padding_idx trains like nn.Embedding(padding_idx=...);
+    a tag that cannot be a padding row is refused naming the node."""
+    module = _padded_embedding_model()
+    model = bridge.export_for_training(module, (torch.zeros(2, 5, dtype=torch.long),))
+    gather = next(node for node in model.graph.node if node.op_type == "Gather")
+    assert [(p.key, p.value) for p in gather.metadata_props] == [("bridge.padding_idx", "3")]
+    batches = [({"input": np.array([[3, 3, 0, 1, 2], [4, 3, 5, 6, 3]])}, np.array([1, 2]))]
+    tm = bridge.to_training_onnx(model, loss="ce", optim="adam", optim_options={"lr": 0.01})
+    assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.Adam, {"lr": 0.01}, inputs=["input"])
+    gather.metadata_props[0].value = "11"  # past the table's 11 rows
+    with pytest.raises(bridge.BridgeError, match=f"Gather node '{gather.name}': bridge.padding_idx='11'"):
+        bridge.to_training_onnx(model, loss="ce", optim="adam")

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ...errors import ShapeError
+from ...contract import PADDING_IDX
+from ...errors import InvalidModelError, ShapeError
 from .. import padding
 from ..registry import converter
 
@@ -155,10 +156,34 @@ def _whole_axis(start: int, end: int, step: int, length) -> bool:
 
 @converter("Gather")
 def convert_gather(ctx, x, indices):
+    """``x`` indexed along ``axis``; with ``bridge.padding_idx`` (contract ``PADDING_IDX``) an embedding
+    lookup whose padding row gets no gradient, as torch's ``nn.Embedding(padding_idx=...)``."""
     axis = ctx.attr("axis", 0) % x.dim()
     indices = torch.where(indices < 0, indices + x.shape[axis], indices)
+    row = padding_row(ctx, x)
+    if row is not None:
+        return F.embedding(indices, x, padding_idx=row)
     flat = x.index_select(axis, indices.reshape(-1))
     return flat.reshape(list(x.shape[:axis]) + list(indices.shape) + list(x.shape[axis + 1:]))
+
+
+def padding_row(ctx, table) -> int | None:
+    """The node's ``bridge.padding_idx`` (None without one), checked: a Gather along axis 0 of a 2-D table,
+    an integer row of it."""
+    text = next((p.value for p in ctx.node.metadata_props if p.key == PADDING_IDX), None)
+    if text is None:
+        return None
+    rows = table.shape[0] if table.dim() == 2 else None
+    try:
+        row = int(text)
+    except ValueError:
+        row = None
+    if ctx.attr("axis", 0) % table.dim() != 0 or rows is None or row is None or not -rows <= row < rows:
+        raise InvalidModelError(
+            f"Gather node '{ctx.name}': {PADDING_IDX}={text!r} needs a Gather along axis 0 of a 2-D table and a "
+            f"row of it (the table is {list(table.shape)}, the axis {ctx.attr('axis', 0)}); fix or remove the "
+            "metadata")
+    return row % rows
 
 
 @converter("GatherElements")
