@@ -160,14 +160,14 @@ def convert_gather(ctx, x, indices):
     lookup whose padding row gets no gradient, as torch's ``nn.Embedding(padding_idx=...)``."""
     axis = ctx.attr("axis", 0) % x.dim()
     indices = torch.where(indices < 0, indices + x.shape[axis], indices)
-    row = padding_row(ctx, x)
+    row = _padding_row(ctx, x)
     if row is not None:
         return F.embedding(indices, x, padding_idx=row)
     flat = x.index_select(axis, indices.reshape(-1))
     return flat.reshape(list(x.shape[:axis]) + list(indices.shape) + list(x.shape[axis + 1:]))
 
 
-def padding_row(ctx, table) -> int | None:
+def _padding_row(ctx, table) -> int | None:
     """The node's ``bridge.padding_idx`` (None without one), checked: a Gather along axis 0 of a 2-D table,
     an integer row of it."""
     text = next((p.value for p in ctx.node.metadata_props if p.key == PADDING_IDX), None)
