@@ -34,7 +34,8 @@ import onnx
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this checkout's bridge, not an installed one
-from models import MODELS, torch_loss  # noqa: E402
+from models import MODELS  # noqa: E402
+from run import LR, settle_with, torch_stepper  # noqa: E402
 
 from bridge.contract import KIND, LAYER, LOSS_LAYER, PHASE, Phase  # noqa: E402
 
@@ -50,7 +51,7 @@ FAMILIES = (
 )
 LOSS, OPTIMIZER, OTHER = "loss", "optimizer", "other"
 BURST = 3  # steps per profiled burst when bridge and torch alternate (--torch), each burst after
-SETTLE_S = 0.2  # seconds of untimed steps: the other's threads still spin right after its burst (run.py's --settle)
+SETTLE_S = 0.2  # seconds of untimed steps (settle_with): the other's threads still spin right after its burst
 _TORCH_LOSS = ("loss", "log_softmax", "nll", "cross_entropy")
 
 
@@ -60,7 +61,7 @@ def training_graph(name: str, workdir: Path) -> tuple[onnx.ModelProto, dict[str,
 
     bench = MODELS[name]()
     tm = bridge.to_training_onnx(str(bench.export(workdir / f"{name}.onnx")), loss="ce", optim="adam",
-                                 optim_options={"lr": 1e-3})
+                                 optim_options={"lr": LR})
     return tm.model, tm.initial_state()
 
 
@@ -72,7 +73,6 @@ def kernel_times(model: onnx.ModelProto, state: dict[str, np.ndarray], feed: dic
     With ``between``, the steps run in bursts of ``BURST``, each after ``SETTLE_S`` of untimed steps, and
     ``between()`` runs after each burst (eager torch's profiled burst: both then see the same machine phases)."""
     import bisect
-    import time
 
     import onnxruntime as ort
 
@@ -86,27 +86,24 @@ def kernel_times(model: onnx.ModelProto, state: dict[str, np.ndarray], feed: dic
             session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         values = {**state, **feed, "target": target}
         inputs = {value.name: values[value.name] for value in session.get_inputs()}
-        runs, counted = 0, []
-        for _ in range(warmup):
+        runs: list[int] = []  # one entry per session run: whether it is timed
+
+        def run(timed: bool = False) -> None:
             session.run(None, inputs)
-            runs += 1
-        while len(counted) < steps:
-            if between is not None and counted:  # untimed steps first: torch's threads have just stopped
-                settle = time.perf_counter() + SETTLE_S
-                session.run(None, inputs)
-                runs += 1
-                while time.perf_counter() < settle:
-                    session.run(None, inputs)
-                    runs += 1
-            for _ in range(min(BURST, steps - len(counted)) if between else steps):
-                session.run(None, inputs)
-                counted.append(runs)
-                runs += 1
+            runs.append(timed)
+
+        for _ in range(warmup):
+            run()
+        while sum(runs) < steps:
+            if between is not None and any(runs):  # untimed steps first: torch's threads have just stopped
+                settle_with(run, SETTLE_S)
+            for _ in range(min(BURST, steps - sum(runs)) if between else steps):
+                run(timed=True)
             if between is not None:
                 between()
         events = json.loads(Path(session.end_profiling()).read_text())
     model_runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
-    windows = [model_runs[i] for i in counted]
+    windows = [window for window, timed in zip(model_runs, runs) if timed]
     starts = [begin for begin, _ in windows]
     times: dict[str, float] = defaultdict(float)
     for event in events:
@@ -191,31 +188,18 @@ class TorchProfile:
 
         torch.set_num_threads(threads)
         bench = MODELS[name]()
-        module = bench.module.train()
-        inputs = [torch.from_numpy(v) for v in bench.inputs.values()]
-        target = torch.from_numpy(bench.target)
-        optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
-
-        def step():
-            optimizer.zero_grad()
-            torch_loss(module(*inputs), target).backward()
-            optimizer.step()
-
-        self._step = step
+        self._step = torch_stepper(bench.module.train(), bench)  # run.py's eager step: the same loss, Adam and lr
         self.totals: dict[tuple[str, str], float] = defaultdict(float)
         self.steps, self.wall = 0, 0.0
         for _ in range(warmup):
-            step()
+            self._step()
 
     def burst(self) -> None:
         import time
 
         from torch.profiler import ProfilerActivity, profile
 
-        settle = time.perf_counter() + SETTLE_S
-        self._step()
-        while time.perf_counter() < settle:
-            self._step()
+        settle_with(self._step, SETTLE_S)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             for _ in range(BURST):

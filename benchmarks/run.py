@@ -192,6 +192,15 @@ def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes:
     return result
 
 
+def settle_with(step: Step, seconds: float) -> None:
+    """Untimed steps until ``seconds`` have passed (at least one): the previous backend's spinning threads let
+    go of the cores meanwhile."""
+    start = time.perf_counter()
+    step()
+    while time.perf_counter() - start < seconds:
+        step()
+
+
 def measure(step_fns: dict[str, Step], rounds: int, warmup: int, burst: int = 3,
             settle: float = 0.2) -> dict[str, list[float]]:
     """Per round, every backend in turn (the order rotates each round): untimed steps until ``settle``
@@ -206,10 +215,7 @@ def measure(step_fns: dict[str, Step], rounds: int, warmup: int, burst: int = 3,
     for round_index in range(rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
         for name in order:
-            start = time.perf_counter()
-            step_fns[name]()
-            while time.perf_counter() - start < settle:
-                step_fns[name]()
+            settle_with(step_fns[name], settle)
             timed = []
             for _ in range(burst):
                 start = time.perf_counter()
