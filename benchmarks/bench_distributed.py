@@ -3,7 +3,7 @@
     python benchmarks/bench_distributed.py [--ranks 1 2 4] [--steps 40] [--batch 32]
 
 Weak scaling: every rank steps on its own batch of ``--batch`` samples (the global batch is
-ranks x batch) with ``bridge.distributed.DataParallelTrainer`` in onnxruntime. After 5 warm-up
+ranks x batch) with ``bridge.training.distributed.DataParallelTrainer`` in onnxruntime. After 5 warm-up
 steps, ``--steps`` steps are timed on every rank; reported: global samples per second (rank 0's
 wall time), the median step time, the share of the step spent in collectives (the gradient
 all-reduce, waiting for the slowest rank included), and the transfer share: the median time of the
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import bridge
-from bridge.distributed import DataParallelTrainer, run_local
+from bridge.training.distributed import DataParallelTrainer, run_local
 
 WARMUP = 5
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bridge.from_torch import HFLogits
+from bridge.pipeline.from_torch import HFLogits
 
 
 @dataclass

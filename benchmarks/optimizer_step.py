@@ -41,7 +41,7 @@ def update_runner(source: Path, optim: str, bench) -> tuple:
     results = tm.session().step(bench.inputs, bench.target)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # as bridge.runtime
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # as bridge.training.runtime
     session = ort.InferenceSession(tm.update_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     values = {**tm.initial_state(), **results}
     feed = {value.name: values[value.name] for value in session.get_inputs()}

@@ -76,9 +76,9 @@ def kernel_times(model: onnx.ModelProto, state: dict[str, np.ndarray], feed: dic
 
     import onnxruntime as ort
 
-    from bridge.runtime import is_gradient, outputs_dropped, session_options
+    from bridge.training.runtime import is_gradient, outputs_dropped, session_options
 
-    options = session_options(threads)  # as bridge.runtime runs a step
+    options = session_options(threads)  # as bridge.training.runtime runs a step
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = str(Path(tmp) / "profile")

@@ -149,7 +149,7 @@ def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes:
              children: list[subprocess.Popen]) -> dict[str, Step]:
     """One ``step()`` per backend that could be set up; a note for each that could not."""
     import bridge
-    from bridge.runtime import TrainingSession
+    from bridge.training.runtime import TrainingSession
 
     backends, threads = args.backends, args.threads
     state = dict(np.load(str(training) + ".state.npz"))

@@ -7,14 +7,13 @@ saved training graph (``bridge.TrainingSession``, ``bridge.ir``) never imports t
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
     BridgeError,
+    BridgeWarning,
     InvalidModelError,
     InvalidOptionError,
     LoweringError,
@@ -28,40 +27,39 @@ from .errors import (  # noqa: E402
 # public name -> the module that defines it (imported when the name is first read)
 _LAZY = {
     "to_training_onnx": "api",
-    "export_for_training": "from_torch",
-    "BridgeWarning": "source_checks",
-    "InferenceExportError": "source_checks",
-    "InferenceExportWarning": "source_checks",
-    "CompileError": "compile",
-    "CompiledModel": "compile",
-    "compile": "compile",
-    "TrainingSession": "runtime",
-    "TrainingModel": "training_model",
-    "Violation": "check",
-    "check": "check",
-    "NonFiniteError": "checks",
-    "StepInputError": "checks",
-    "CheckpointError": "checkpoint",
-    "History": "trainer",
-    "Trainer": "trainer",
-    "VerifyReport": "verify",
-    "verify": "verify",
+    "export_for_training": "pipeline.from_torch",
+    "InferenceExportError": "pipeline.source_checks",
+    "InferenceExportWarning": "pipeline.source_checks",
+    "CompileError": "tools.compile",
+    "CompiledModel": "tools.compile",
+    "compile": "tools.compile",
+    "TrainingSession": "training.runtime",
+    "TrainingModel": "training.training_model",
+    "Violation": "tools.target_check",
+    "check": "tools.target_check",
+    "NonFiniteError": "training.feed_checks",
+    "StepInputError": "training.feed_checks",
+    "CheckpointError": "training.checkpoint",
+    "History": "training.trainer",
+    "Trainer": "training.trainer",
+    "VerifyReport": "tools.verify",
+    "verify": "tools.verify",
 }
 _SUBMODULES = ("ir",)
 
 if TYPE_CHECKING:
     from . import ir
     from .api import to_training_onnx
-    from .check import Violation, check
-    from .checkpoint import CheckpointError
-    from .checks import NonFiniteError, StepInputError
-    from .compile import CompileError, CompiledModel, compile  # noqa: A004
-    from .from_torch import export_for_training
-    from .runtime import TrainingSession
-    from .source_checks import BridgeWarning, InferenceExportError, InferenceExportWarning
-    from .trainer import History, Trainer
-    from .training_model import TrainingModel
-    from .verify import VerifyReport, verify
+    from .tools.target_check import Violation, check
+    from .training.checkpoint import CheckpointError
+    from .training.feed_checks import NonFiniteError, StepInputError
+    from .tools.compile import CompileError, CompiledModel, compile  # noqa: A004
+    from .pipeline.from_torch import export_for_training
+    from .training.runtime import TrainingSession
+    from .pipeline.source_checks import InferenceExportError, InferenceExportWarning
+    from .training.trainer import History, Trainer
+    from .training.training_model import TrainingModel
+    from .tools.verify import VerifyReport, verify
 
 
 def __getattr__(name: str) -> Any:
@@ -78,20 +76,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
-
-
-class _Package(types.ModuleType):
-    """``bridge``'s module type: importing the submodule ``bridge.compile`` (``check``, ``verify``)
-    must not rebind the public function of that name (the import system sets the submodule as an
-    attribute of its package); the function is bound on first use by ``__getattr__``."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

@@ -15,25 +15,26 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
-from .annotate import annotate_model
+from .pipeline.annotate import annotate_model
 from .atomic import check_output_path
-from .broadcast import match_scalar_ranks
-from .cleanup import clean_up
+from .pipeline.broadcast import match_scalar_ranks
+from .pipeline.cleanup import clean_up
 from .contract import LOSS, LOSS_OUTPUT, LR, STEP, TARGET, TARGET_CLASSES as CLASSES, StepSignature, slot_name
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
-from .export import export_step
-from .from_torch import is_torch_source, load_torch_source
-from .importer.program import OnnxProgram
-from .importer.registry import buffer_inputs
-from .importer.weights import example_run, select_trainable
-from .load import check_onnx, load_model, model_digest
-from .losses import INDICES, Loss, make_loss
-from .optimizers import Optimizer, check_max_norm, make_optimizer
-from .progress import phase
-from .source_checks import check_export
-from .trace import StepExample, split_step, trace_eval_step, trace_training_step
-from .training_model import TrainingModel
+from .pipeline.export import export_step
+from .pipeline.from_torch import is_torch_source, load_torch_source
+from .pipeline.importer.program import OnnxProgram
+from .pipeline.importer.registry import buffer_inputs
+from .pipeline.importer.weights import example_run, select_trainable
+from .pipeline.load import load_model
+from .onnx_file import check_onnx, model_digest
+from .pipeline.losses import INDICES, Loss, make_loss
+from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
+from .pipeline.progress import phase
+from .pipeline.source_checks import check_export
+from .pipeline.trace import StepExample, split_step, trace_eval_step, trace_training_step
+from .training.training_model import TrainingModel
 
 
 def _cyclic_gc_paused(convert: Callable[..., TrainingModel]) -> Callable[..., TrainingModel]:
@@ -84,9 +85,9 @@ def to_training_onnx(
             source (docs/from_pytorch.md): a ``torch.nn.Module``, a ``torch.export.ExportedProgram``
             or a path to a saved one (``.pt2``), which trains exactly its ``requires_grad``
             parameters under their torch names.
-        loss: a loss name (``bridge.losses.available_losses()``), a torch loss module or a
+        loss: a loss name (``bridge.pipeline.losses.available_losses()``), a torch loss module or a
             callable ``(output, target) -> scalar``.
-        optim: an optimizer name (``bridge.optimizers.available_optimizers()``) or a
+        optim: an optimizer name (``bridge.pipeline.optimizers.available_optimizers()``) or a
             ``torch.optim.Optimizer`` subclass.
         loss_options / optim_options: keyword arguments of the torch loss / optimizer
             (``loss_options={"label_format": "probabilities"}``: soft-label targets for ``ce``).
@@ -240,7 +241,7 @@ def _outline(source: onnx.ModelProto) -> onnx.ModelProto:
 
 def _class_targets(loss: Loss, output: torch.Tensor) -> dict | None:
     """For a loss on class indices: the class count of ``output`` and the ignored index
-    (what ``bridge.checks.StepChecks`` checks targets against)."""
+    (what ``bridge.training.feed_checks.StepChecks`` checks targets against)."""
     if loss.name not in ("ce", "nll") or loss.label_format != INDICES or output.dim() == 0:
         return None
     axis = 2 if output.dim() == 3 else min(1, output.dim() - 1)  # [N, T, V] sequences, [N, C, ...], [C]

@@ -8,8 +8,8 @@ import sys
 import traceback
 import warnings
 
-from .check import TARGETS as CHECK_TARGETS
-from .compile import BACKENDS
+from .tools.target_check import TARGETS as CHECK_TARGETS
+from .tools.compile import BACKENDS
 from .errors import BridgeError, InvalidOptionError
 
 
@@ -66,9 +66,9 @@ def _dynamic_dims(args: argparse.Namespace) -> bool | dict | None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from . import progress
+    from .pipeline import progress
     from .api import to_training_onnx
-    from .source_checks import BridgeWarning
+    from .errors import BridgeWarning
 
     from .atomic import check_output_path
 
@@ -103,7 +103,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .verify import verify
+    from .tools.verify import verify
 
     report = verify(
         args.model,
@@ -118,7 +118,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from .compile import compile as compile_model
+    from .tools.compile import compile as compile_model
 
     def progress(line: str) -> None:
         print(f"bridge compile: {line}", file=sys.stderr, flush=True)
@@ -131,7 +131,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _mlir(args: argparse.Namespace) -> int:
     from .atomic import write_text
-    from .compile import to_mlir
+    from .tools.compile import to_mlir
 
     write_text(args.output, to_mlir(args.model), "-o")
     print(f"wrote {args.output}")
@@ -141,7 +141,7 @@ def _mlir(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from . import ir
     from .atomic import write_text
-    from .show import summary, to_html
+    from .tools.show import summary, to_html
 
     graph = ir.load(args.model)
     print(summary(graph), end="")
@@ -152,7 +152,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .check import check, iree_installed
+    from .tools.target_check import check, iree_installed
 
     if args.target == "iree" and not iree_installed():
         print("IREE is not installed (pip install 'bridge[iree]'): known patterns checked, no compile run",
@@ -166,7 +166,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train in this process, in ``--nproc`` local processes, or as one rank of a torchrun job."""
-    from .distributed import launched_by_torchrun, run_local
+    from .training.distributed import launched_by_torchrun, run_local
 
     if args.nproc is not None:
         if launched_by_torchrun():
@@ -182,8 +182,8 @@ def _train_rank(args: argparse.Namespace) -> int:
     only rank 0 prints and writes files."""
     import numpy as np
 
-    from .distributed import DataParallelTrainer, init_from_environment
-    from .trainer import Trainer
+    from .training.distributed import DataParallelTrainer, init_from_environment
+    from .training.trainer import Trainer
 
     options = {"schedule": args.schedule, "seed": args.seed, "accumulation_steps": args.accumulation_steps,
                "schedule_options": _json_option(args.schedule_options, "--schedule-options")}
@@ -206,16 +206,16 @@ def _train_rank(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {args.checkpoint} (epoch {trainer.epoch}, loss {trainer.history['loss'][-1]:.4g})")
     if args.plot:
-        from .plot import plot_history
+        from .training.plot import plot_history
 
         print(f"wrote {plot_history({'bridge': trainer.history}, args.plot, title=args.model)}")
     return 0
 
 
 def _export_inference(args: argparse.Namespace) -> int:
-    from .inference import from_checkpoint
-    from .load import read_model
-    from .training_model import save_atomically
+    from .training.inference import from_checkpoint
+    from .onnx_file import read_model
+    from .training.training_model import save_atomically
 
     model = from_checkpoint(read_model(args.source), read_model(args.train), args.checkpoint)
     save_atomically(model, args.output)

@@ -1,8 +1,12 @@
-"""Errors raised by bridge. Every error names the node, op, file or argument at fault."""
+"""Errors and warnings raised by bridge. Every error names the node, op, file or argument at fault."""
 
 
 class BridgeError(Exception):
     """Base class of every error bridge raises on purpose."""
+
+
+class BridgeWarning(UserWarning):
+    """Base class of the warnings bridge gives on purpose."""
 
 
 class ModelLoadError(BridgeError):

@@ -3,7 +3,7 @@
 Convolution and pooling arithmetic on plain ints and numpy: how an ATen int-list argument
 expands per spatial dim, torch's pooled output size, the per-window divisor of average
 pooling, and per-dim pads as ``F.pad``'s list. One copy here, imported by
-``bridge.importer.ops``, ``bridge.lowering`` and ``bridge.export.ops``, so that the three stages
+``bridge.pipeline.importer.ops``, ``bridge.pipeline.lowering`` and ``bridge.pipeline.export.ops``, so that the three stages
 agree on every size.
 """
 from __future__ import annotations

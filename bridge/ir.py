@@ -20,7 +20,7 @@ import onnx
 
 from .contract import KIND, LAYER, PHASE, PHASES, ROLE, UPDATED_PREFIX, Role, grad_name, props, strip_prefix
 from .errors import ModelLoadError
-from .load import read_model
+from .onnx_file import read_model
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import bridge
-from bridge.optimizers import make_optimizer
+from bridge.pipeline.optimizers import make_optimizer
 
 BEGIN, END = "<!-- op tables: begin -->", "<!-- op tables: end -->"
 
@@ -86,7 +86,7 @@ def tables() -> str:
             tm = bridge.to_training_onnx(models[final], loss=name, loss_options=options)
             ops = _ops(tm, lambda t: t.get("bridge.phase") == "loss" or (
                 t.get("bridge.phase") == "backward" and t.get("bridge.layer") == "loss"))
-            torch_name = bridge.losses._LOSSES[name].signature.__name__
+            torch_name = bridge.pipeline.losses._LOSSES[name].signature.__name__
             lines.append(f"| `{name}` | F.{torch_name} | {LOSS_OPTIONS[name]} | {_options(options)} | {ops} |")
         lines += ["", "| optimizer | torch.optim | row converted with | state slots (`<weight>.<slot>`) | ONNX ops (update of one weight) |",
                   "| --- | --- | --- | --- | --- |"]

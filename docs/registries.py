@@ -1,7 +1,7 @@
 """Render the tables of bridge's lowerings and emitters (docs/registries.md) from their registries.
 
-One row per registered ATen op: the function that lowers it (``@lowers``, ``bridge/lowering/``)
-or emits it as ONNX (``@emits``, ``bridge/export/ops/``). The converter table (``@converter``)
+One row per registered ATen op: the function that lowers it (``@lowers``, ``bridge/pipeline/lowering/``)
+or emits it as ONNX (``@emits``, ``bridge/pipeline/export/ops/``). The converter table (``@converter``)
 is in docs/models.md (docs/supported_ops.py). Run ``.venv/bin/python docs/registries.py``
 to rewrite the block of docs/registries.md (tests/test_registries.py checks that it is current).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.export.builder import EMITTERS, import_all_emitters
-from bridge.lowering import LOWERINGS, import_all_lowerings
+from bridge.pipeline.export.builder import EMITTERS, import_all_emitters
+from bridge.pipeline.lowering import LOWERINGS, import_all_lowerings
 
 BEGIN, END = "<!-- registries: begin -->", "<!-- registries: end -->"
 DOC = Path(__file__).with_name("registries.md")
@@ -31,13 +31,13 @@ def table() -> str:
     import_all_emitters()
     return "\n".join([
         BEGIN, "",
-        "### Lowerings (`@lowers`, `bridge/lowering/`)", "",
+        "### Lowerings (`@lowers`, `bridge/pipeline/lowering/`)", "",
         "| ATen op | module | function |", "| --- | --- | --- |",
-        *_rows(LOWERINGS, "bridge.lowering"), "",
+        *_rows(LOWERINGS, "bridge.pipeline.lowering"), "",
         f"{len(LOWERINGS)} ATen ops lowered.", "",
-        "### Emitters (`@emits`, `bridge/export/ops/`)", "",
+        "### Emitters (`@emits`, `bridge/pipeline/export/ops/`)", "",
         "| ATen op | module | function |", "| --- | --- | --- |",
-        *_rows(EMITTERS, "bridge.export.ops"), "",
+        *_rows(EMITTERS, "bridge.pipeline.export.ops"), "",
         f"{len(EMITTERS)} ATen ops (and size callables) emitted.", "",
         END,
     ])

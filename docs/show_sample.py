@@ -37,7 +37,7 @@ def _shorten(text: str) -> list[str]:
 
 def render() -> str:
     import bridge
-    from bridge.show import summary
+    from bridge.tools.show import summary
     from traverse_ir import export_cnn
 
     with tempfile.TemporaryDirectory() as tmp:

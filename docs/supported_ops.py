@@ -11,8 +11,8 @@ from pathlib import Path
 
 import onnx.defs
 
-from bridge.importer.registry import CONVERTERS, import_all_converters
-from bridge.load import MAX_OPSET
+from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters
+from bridge.pipeline.load import MAX_OPSET
 
 BEGIN, END = "<!-- supported ops: begin -->", "<!-- supported ops: end -->"
 FIRST_OPSET = 11

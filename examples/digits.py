@@ -145,7 +145,7 @@ def main(out: Path) -> None:
 
 def plot(path: Path, history: bridge.History, reference: bridge.History) -> None:
     """The bridge and torch curves overlaid (skipped when matplotlib is not installed)."""
-    from bridge.plot import MissingDependencyError, plot_history
+    from bridge.training.plot import MissingDependencyError, plot_history
 
     try:
         print(f"wrote {plot_history({'bridge': history, 'torch': reference}, path, title='digits: bridge vs torch')}")

@@ -907,7 +907,7 @@ ROWS: list[OpRow] = all_rows()
 
 
 # --- random ops (issue 15) ---
-# Train-mode exports' random ops read a per-step noise input (bridge/importer/ops/random.py). Each
+# Train-mode exports' random ops read a per-step noise input (bridge/pipeline/importer/ops/random.py). Each
 # row floors the draw where its range is known (uniform in [3, 3.5), normal 10.5 +- 0.01 * 5.8 at
 # most for float32 noise, Bernoulli of p in {0, 1}), so onnxruntime's own draws give the same
 # forward; the training step (update, float32 vs float64, onnx-mlir) runs with drawn noise.

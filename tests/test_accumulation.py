@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.annotate import PHASE, ROLE, props
-from bridge.runtime import OrtGraph
-from bridge.training_model import part_path
+from bridge.pipeline.annotate import PHASE, ROLE, props
+from bridge.training.runtime import OrtGraph
+from bridge.training.training_model import part_path
 from lifecycle_models import assert_close_to_float64, batch, features, small_cnn, small_mlp
 
 MICRO = [3, 5, 4, 4]  # micro-batch sizes of one effective batch of 16 (unequal on purpose)
@@ -207,7 +207,7 @@ def test_accumulation_options_and_missing_graphs_are_refused(mlp_models, tmp_pat
         with pytest.raises(bridge.InvalidOptionError, match="accumulation_steps="):
             bridge.Trainer(tm, accumulation_steps=bad)
     path = tmp_path / "alone.onnx"
-    bridge.training_model.save_atomically(tm.model, path)
+    bridge.training.training_model.save_atomically(tm.model, path)
     with pytest.raises(bridge.InvalidOptionError, match="needs the gradient and update graphs"):
         bridge.Trainer(path, state=tm.initial_state(), accumulation_steps=2)
     with pytest.raises(bridge.BridgeError, match="enable_accumulation"):
@@ -249,7 +249,7 @@ def test_cli_train_with_accumulation_and_plot(tmp_path):
 
 
 def test_plot_without_matplotlib_is_a_clear_error(mlp_models, tmp_path, monkeypatch):
-    from bridge.plot import MissingDependencyError, plot_history
+    from bridge.training.plot import MissingDependencyError, plot_history
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     trainer = bridge.Trainer(mlp_models[1]["sgd"])

@@ -1,4 +1,4 @@
-"""bridge.broadcast: one-element operands reshaped to the rank of the tensor they broadcast against
+"""bridge.pipeline.broadcast: one-element operands reshaped to the rank of the tensor they broadcast against
 (onnxruntime's per-element broadcast loop), exactly, and only where onnxruntime takes that loop."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bridge.broadcast import match_scalar_ranks
+from bridge.pipeline.broadcast import match_scalar_ranks
 
 onnxruntime = pytest.importorskip("onnxruntime")
 

@@ -1,4 +1,4 @@
-"""The clean-up of exported step graphs (bridge.cleanup): each rewrite, exact, and where it must not apply."""
+"""The clean-up of exported step graphs (bridge.pipeline.cleanup): each rewrite, exact, and where it must not apply."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bridge.cleanup import clean_up
+from bridge.pipeline.cleanup import clean_up
 
 onnxruntime = pytest.importorskip("onnxruntime")
 

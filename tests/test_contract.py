@@ -12,7 +12,7 @@ import torch
 
 import bridge
 from bridge import contract
-from bridge.load import load_model
+from bridge.pipeline.load import load_model
 from generated_docs import assert_generated_block_current
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,7 +235,7 @@ def test_import_bridge_contract_needs_no_torch():
 
 def test_builder_node_context_tags_its_nodes_and_is_restored():
     """The exporter's per-node context (tags, value name hint) holds inside ``node_context`` only."""
-    from bridge.export.builder import EmitContext, GraphBuilder
+    from bridge.pipeline.export.builder import EmitContext, GraphBuilder
 
     b = GraphBuilder()
     tags = {contract.PHASE: "backward", contract.LAYER: "/fc/Gemm", contract.KIND: "gemm"}

@@ -1,4 +1,4 @@
-"""Control flow resolved at import (bridge/importer/ops/control_flow.py): an RNN written as an ONNX
+"""Control flow resolved at import (bridge/pipeline/importer/ops/control_flow.py): an RNN written as an ONNX
 Loop (and as a Scan) trains like the same recurrence in torch; a constant If folds to its
 branch; what cannot be decided before the model runs is refused with an error naming the node."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.errors import ShapeError
-from bridge.importer.ops import control_flow
+from bridge.pipeline.importer.ops import control_flow
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 BATCH, STEPS, FEATURES, HIDDEN = 3, 5, 4, 6

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.lowering import conv as lowering
+from bridge.pipeline.lowering import conv as lowering
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
 from helpers.training import assert_trains_like, module_weights
 from reference import random_batches

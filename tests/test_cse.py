@@ -1,4 +1,4 @@
-"""Dead-code and common-subexpression elimination on the traced step (bridge/cse.py): fewer nodes, same numbers."""
+"""Dead-code and common-subexpression elimination on the traced step (bridge/pipeline/cse.py): fewer nodes, same numbers."""
 from __future__ import annotations
 
 from collections import Counter
@@ -9,8 +9,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
-import bridge.trace
-from bridge.cse import eliminate_common_subexpressions, eliminate_dead_code
+import bridge.pipeline.trace
+from bridge.pipeline.cse import eliminate_common_subexpressions, eliminate_dead_code
 from helpers.models import matmul_add_mlp
 
 aten = torch.ops.aten
@@ -25,7 +25,7 @@ def _phase_ops(tm: bridge.TrainingModel, phase: str) -> Counter:
 def test_step_scalars_once_per_step_and_bit_identical(optim, monkeypatch):
     model, _ = matmul_add_mlp()
     merged = bridge.to_training_onnx(model, loss="mse", optim=optim)
-    monkeypatch.setattr(bridge.trace, "eliminate_common_subexpressions", lambda graph: 0)
+    monkeypatch.setattr(bridge.pipeline.trace, "eliminate_common_subexpressions", lambda graph: 0)
     plain = bridge.to_training_onnx(model, loss="mse", optim=optim)
     weights = len(merged.weights)
     assert weights == 3
@@ -100,7 +100,7 @@ def test_backward_reads_the_forward_values_it_would_recompute(monkeypatch):
                                  torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
     example = torch.randn(5, 2, 8, 8)
     merged = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=example)
-    monkeypatch.setattr(bridge.trace, "eliminate_common_subexpressions", lambda graph: 0)
+    monkeypatch.setattr(bridge.pipeline.trace, "eliminate_common_subexpressions", lambda graph: 0)
     plain = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=example)
 
     def ops(tm, op_type):

@@ -1,4 +1,4 @@
-"""Data-parallel training (bridge.distributed): 2 ranks on loopback (gloo) vs one process.
+"""Data-parallel training (bridge.training.distributed): 2 ranks on loopback (gloo) vs one process.
 
 One spawn of 2 ranks runs every case (the rank processes cost ~3 s each to start); the tests
 compare what each rank wrote with single-process runs here. The reference of N ranks with shards
@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import bridge
-from bridge.distributed import BUCKET_BYTES, DataParallelTrainer, DistributedError, _free_port, run_local
-from bridge.runtime import OrtGraph
+from bridge.training.distributed import BUCKET_BYTES, DataParallelTrainer, DistributedError, _free_port, run_local
+from bridge.training.runtime import OrtGraph
 from lifecycle_models import CLASSES, SIZE, batch, features, small_cnn, small_mlp
 
 SHARDS = [3, 5]  # per-rank batch sizes of one step (unequal on purpose: the reduction is weighted)

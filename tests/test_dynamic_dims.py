@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 import bridge
 from bridge.cli import main
-from bridge.from_torch import HFLogits
+from bridge.pipeline.from_torch import HFLogits
 from zoo.harness import Case, assert_first_step, assert_onnx_mlir_clean, module_oracle, name_map, perturb
 from zoo.torch_models import VOCAB, _LSTMTagger
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
-from bridge import training_model
+from bridge.training import training_model
 from bridge.cli import main
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "mlp.onnx")

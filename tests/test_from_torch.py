@@ -19,8 +19,9 @@ import torch
 
 import bridge
 from bridge.cli import main
-from bridge.importer.program import OnnxProgram
-from bridge.source_checks import BridgeWarning, InferenceExportError, InferenceExportWarning, find_inference_export
+from bridge.pipeline.importer.program import OnnxProgram
+from bridge.errors import BridgeWarning
+from bridge.pipeline.source_checks import InferenceExportError, InferenceExportWarning, find_inference_export
 from zoo.harness import NOISE, NOISE_FACTOR, assert_onnx_mlir_clean, perturb, torch_loss
 
 STEPS = 5

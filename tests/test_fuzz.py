@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
-from bridge.load import load_model
+from bridge.pipeline.load import load_model
 from helpers.oracle import (FD_NOISE_FACTOR, FLOAT32_EPS, FLOAT32_ULPS, FLOAT64_FLOOR, LR, REFERENCE_OPS,
                             TORCH_NOISE_FACTOR, as_float64, run_reference, weights_as_inputs)
 
@@ -190,7 +190,7 @@ def _torch_float32_noise(model: onnx.ModelProto, x64: np.ndarray, weights: list[
                          target: np.ndarray) -> dict[str, float]:
     """Per weight, ``max |g32 - g64|`` of torch autograd on the imported program: the float32 noise of
     the computation itself (a gradient that is 0 in exact arithmetic is ~1e-8 in float32)."""
-    from bridge.importer.program import OnnxProgram
+    from bridge.pipeline.importer.program import OnnxProgram
 
     grads = []
     for source, dtype in ((model, torch.float32), (as_float64(model), torch.float64)):
@@ -234,7 +234,7 @@ def _fd_gradients(model64: onnx.ModelProto, x: np.ndarray, weights: dict, loss: 
 def _torch_update(optim: str, options: dict, weight: np.ndarray, grad: np.ndarray) -> np.ndarray:
     """torch.optim's first step on ``weight`` with gradient ``grad``."""
     param = torch.nn.Parameter(torch.from_numpy(weight.copy()))
-    optimizer = bridge.optimizers.RULES[optim].torch_class([param], **options)
+    optimizer = bridge.pipeline.optimizers.RULES[optim].torch_class([param], **options)
     param.grad = torch.from_numpy(np.array(grad))
     optimizer.step()
     return param.detach().numpy()

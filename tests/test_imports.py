@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "bridge"
 
 # modules that read or run a saved training graph: onnx + onnxruntime (+ numpy), never torch
-TORCH_FREE = ("bridge", "bridge.contract", "bridge.load", "bridge.ir", "bridge.show", "bridge.check",
-              "bridge.runtime", "bridge.compile", "bridge.runtime_iree", "bridge.geometry", "bridge.dtypes",
+TORCH_FREE = ("bridge", "bridge.contract", "bridge.onnx_file", "bridge.pipeline.load", "bridge.ir", "bridge.tools.show", "bridge.tools.target_check",
+              "bridge.training.runtime", "bridge.tools.compile", "bridge.training.runtime_iree", "bridge.geometry", "bridge.dtypes",
               "bridge.attributes", "bridge.cli")
 IMPORT_BRIDGE_S, HELP_S, SLACK = 1.5, 2.0, 3.0
 
@@ -94,8 +94,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_import_graph_has_no_cycle():
     graph = import_graph()
-    assert {"bridge.api", "bridge.importer.registry", "bridge.export.ops.nn"} <= set(graph)
-    assert "bridge.lowering" in graph["bridge.lowering.conv"]  # the walker sees relative imports
+    assert {"bridge.api", "bridge.pipeline.importer.registry", "bridge.pipeline.export.ops.nn"} <= set(graph)
+    assert "bridge.pipeline.lowering" in graph["bridge.pipeline.lowering.conv"]  # the walker sees relative imports
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -105,15 +105,15 @@ def test_find_cycle_finds_one():
 
 
 @pytest.mark.parametrize("module, forbidden", [
-    ("bridge.load", "bridge.importer"),  # stage 1 knows nothing of the importer
-    ("bridge.ir", "bridge.annotate"),  # readers do not import the writer
-    ("bridge.show", "bridge.annotate"),
-    ("bridge.check", "bridge.ir"),
-    ("bridge.runtime_iree", "bridge.compile"),
-    ("bridge.importer", "bridge.lowering"),  # stages share geometry through bridge.geometry only
-    ("bridge.export", "bridge.lowering"),
-    ("bridge.primitives", "bridge.importer"),  # bridge's own ops: shared by the writer's stages, importing none
-    ("bridge.primitives", "bridge.export"),
+    ("bridge.pipeline.load", "bridge.pipeline.importer"),  # stage 1 knows nothing of the importer
+    ("bridge.ir", "bridge.pipeline.annotate"),  # readers do not import the writer
+    ("bridge.tools.show", "bridge.pipeline.annotate"),
+    ("bridge.tools.target_check", "bridge.ir"),
+    ("bridge.training.runtime_iree", "bridge.tools.compile"),
+    ("bridge.pipeline.importer", "bridge.pipeline.lowering"),  # stages share geometry through bridge.geometry only
+    ("bridge.pipeline.export", "bridge.pipeline.lowering"),
+    ("bridge.pipeline.primitives", "bridge.pipeline.importer"),  # bridge's own ops: shared by the writer's stages, importing none
+    ("bridge.pipeline.primitives", "bridge.pipeline.export"),
 ])
 def test_dependencies_point_one_way(module, forbidden):
     graph = import_graph()
@@ -124,6 +124,28 @@ def test_dependencies_point_one_way(module, forbidden):
     assert not any(wrong.values()), wrong
 
 
+LAYERS = ("pipeline", "training", "tools")
+ENTRY_POINTS = ("bridge", "bridge.api", "bridge.cli", "bridge.__main__")
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else "shared"
+
+
+def test_layers_point_one_way():
+    """The layout's direction (docs/ARCHITECTURE.md): the shared modules (contract, errors, onnx_file,
+    ir, ...) import no layer; the pipeline and the training runtime import only shared modules; the
+    tools may import everything; only the entry points (api, cli) join the layers."""
+    allowed = {"shared": {"shared"}, "pipeline": {"pipeline", "shared"}, "training": {"training", "shared"},
+               "tools": {"tools", "pipeline", "training", "shared"}}
+    graph = import_graph()
+    wrong = {m: sorted(t for t in targets if t in ENTRY_POINTS[1:] or _layer(t) not in allowed[_layer(m)])
+             for m, targets in graph.items() if m not in ENTRY_POINTS}
+    wrong = {m: t for m, t in wrong.items() if t and not (m.startswith("bridge.tools") and t == ["bridge.api"])}
+    assert not wrong, wrong
+
+
 def test_graph_readers_import_no_torch():
     """A user who only runs or reads a saved training graph needs onnx + onnxruntime, not torch."""
     code = ("import importlib, sys\n"
@@ -132,22 +154,20 @@ def test_graph_readers_import_no_torch():
             "    heavy = [m for m in ('torch', 'sympy') if m in sys.modules]\n"
             "    assert not heavy, f'import {name} imported {heavy}'\n"
             "import bridge\n"
-            "assert bridge.TrainingSession.__module__ == 'bridge.runtime' and 'torch' not in sys.modules\n"
+            "assert bridge.TrainingSession.__module__ == 'bridge.training.runtime' and 'torch' not in sys.modules\n"
             "assert callable(bridge.compile) and callable(bridge.check)  # not the submodules of those names\n")
     result = _run(code)
     assert result.returncode == 0, result.stderr
 
 
 def test_public_names_resolve_lazily():
-    """Every name in ``bridge.__all__`` resolves (importing its module on first use), and a
-    submodule import does not shadow the public function of the same name."""
+    """Every name in ``bridge.__all__`` resolves, importing its module on first use."""
     import bridge
 
-    for name in ("verify", "compile", "check", "ir"):
-        importlib.import_module(f"bridge.{name}")
     assert [n for n in bridge.__all__ if getattr(bridge, n, None) is None] == []
-    for name in ("verify", "compile", "check"):
-        assert getattr(bridge, name) is getattr(sys.modules[f"bridge.{name}"], name)
+    assert bridge.verify is sys.modules["bridge.tools.verify"].verify
+    assert bridge.compile is sys.modules["bridge.tools.compile"].compile
+    assert bridge.check is sys.modules["bridge.tools.target_check"].check
     assert bridge.ir is sys.modules["bridge.ir"]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         bridge.nope  # noqa: B018

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import bridge
 from bridge.cli import main as cli_main
 from bridge.errors import MissingExtraError
-from bridge.runtime_iree import IreeTrainingSession
+from bridge.training.runtime_iree import IreeTrainingSession
 from reference import assert_steps_match
 
 pytestmark = pytest.mark.iree

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.compile import FAST_CONV_FLAGS
+from bridge.tools.compile import FAST_CONV_FLAGS
 from reference import assert_steps_match, bridge_steps, torch_steps
 from single_op import one_node_model
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.check import check
-from bridge.losses import available_losses
-from bridge.lowering.loss import xlogy
+from bridge.tools.target_check import check
+from bridge.pipeline.losses import available_losses
+from bridge.pipeline.lowering.loss import xlogy
 from helpers.training import assert_trains_like
 from reference import assert_steps_match, bridge_steps, torch_steps
 
@@ -245,7 +245,7 @@ def test_inplace_op_with_a_stale_alias_is_refused():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from bridge.errors import LoweringError
-    from bridge.export.ops.inplace import _check_mutation_is_visible
+    from bridge.pipeline.export.ops.inplace import _check_mutation_is_visible
 
     def fresh(x):
         y = x * 2

@@ -1,8 +1,8 @@
-"""bridge.lowering.activation against ATen, eagerly in float64 (end to end: the op database's Relu rows)."""
+"""bridge.pipeline.lowering.activation against ATen, eagerly in float64 (end to end: the op database's Relu rows)."""
 import pytest
 import torch
 
-from bridge.lowering.activation import threshold_backward
+from bridge.pipeline.lowering.activation import threshold_backward
 
 aten = torch.ops.aten
 

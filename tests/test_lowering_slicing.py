@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bridge.lowering.slicing import select_scatter, slice_scatter
+from bridge.pipeline.lowering.slicing import select_scatter, slice_scatter
 
 aten = torch.ops.aten
 

@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 
 import bridge
-from bridge.importer.registry import CONVERTERS, import_all_converters
+from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters
 from generated_docs import assert_generated_block_current
 from helpers.importer import import_and_run, run_onnxruntime
 from helpers.oracle import (FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, _scale, check_training_step, run_reference,

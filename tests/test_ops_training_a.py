@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
 import bridge
-from bridge.lowering.reduce import cumprod
-from bridge.lowering.softmax import softmax_backward
+from bridge.pipeline.lowering.reduce import cumprod
+from bridge.pipeline.lowering.softmax import softmax_backward
 from helpers.training import assert_trains_like
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 from single_op import batches_for, one_node_model, train_and_compare

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.check import check
-from bridge.optimizers import available_optimizers, make_optimizer
+from bridge.tools.target_check import check
+from bridge.pipeline.optimizers import available_optimizers, make_optimizer
 from helpers.training import module_steps
 from reference import assert_steps_match, bridge_steps, random_batches
 

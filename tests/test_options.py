@@ -10,8 +10,8 @@ import torch
 
 import bridge
 from bridge.cli import main
-from bridge.losses import available_losses, make_loss
-from bridge.optimizers import available_optimizers, make_optimizer
+from bridge.pipeline.losses import available_losses, make_loss
+from bridge.pipeline.optimizers import available_optimizers, make_optimizer
 
 EXAMPLE = "examples/models/mlp.onnx"  # features [batch, 8] -> logits [batch, 3]; fc1/fc2 weights and biases
 

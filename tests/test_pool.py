@@ -12,12 +12,12 @@ from onnx import TensorProto, helper
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
-import bridge.importer.program
+import bridge.pipeline.importer.program
 from bridge.errors import LoweringError, UnsupportedOpError
-from bridge.export.builder import GraphBuilder, Value
-from bridge.export.ops.nn import emit_max_pool
-from bridge.importer.program import OnnxProgram, relus_pooled_first
-from bridge.lowering import LOWERINGS, import_all_lowerings
+from bridge.pipeline.export.builder import GraphBuilder, Value
+from bridge.pipeline.export.ops.nn import emit_max_pool
+from bridge.pipeline.importer.program import OnnxProgram, relus_pooled_first
+from bridge.pipeline.lowering import LOWERINGS, import_all_lowerings
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
 from helpers.importer import run_onnxruntime
 from reference import bridge_steps
@@ -59,7 +59,7 @@ def test_max_pool_backward_lowering_matches_aten(rank, k, s, p, d, ceil, size):
 
 def test_max_pool_backward_lowering_unbatched_and_1d_through_make_fx():
     """1-D pooling reaches the 2-D lowering through torch's own decomposition; unbatched input too."""
-    from bridge.lowering import decomposition_table
+    from bridge.pipeline.lowering import decomposition_table
 
     for x, pool in ((torch.randn(2, 3, 11, dtype=torch.float64), lambda t: F.max_pool1d(t, 3, 2, 1, ceil_mode=True)),
                     (torch.randn(3, 7, 7, dtype=torch.float64), lambda t: F.max_pool2d(t, 2, 2, 1))):
@@ -306,7 +306,7 @@ def test_relu_before_max_pool_runs_after_it_with_the_same_step(case, monkeypatch
     tm, got = train_and_compare(model, weights, twin, batches, steps_rtol=1e-5)
     forward = [n.op_type for n in bridge.ir.load(tm.model).nodes("forward") if n.op_type in ("Relu", "MaxPool")]
     assert forward.index("Relu") > forward.index("MaxPool")
-    monkeypatch.setattr(bridge.importer.program, "relus_pooled_first", lambda graph: {})
+    monkeypatch.setattr(bridge.pipeline.importer.program, "relus_pooled_first", lambda graph: {})
     in_order = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125})
     forward = [n.op_type for n in bridge.ir.load(in_order.model).nodes("forward") if n.op_type in ("Relu", "MaxPool")]
     assert forward.index("Relu") < forward.index("MaxPool")

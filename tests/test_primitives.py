@@ -1,4 +1,4 @@
-"""bridge/primitives.py: ``affine`` computes ``x * scale + bias`` per channel, is traced as one node and
+"""bridge/pipeline/primitives.py: ``affine`` computes ``x * scale + bias`` per channel, is traced as one node and
 emitted as an inference-form BatchNormalization that onnxruntime runs bit for bit as that Mul and Add."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from bridge.primitives import AFFINE, affine
+from bridge.pipeline.primitives import AFFINE, affine
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (2, 3, 7), (2, 3, 4, 5)])

@@ -1,12 +1,10 @@
-"""Progress output of long conversions (bridge.progress, printed by ``bridge convert``)."""
+"""Progress output of long conversions (bridge.pipeline.progress, printed by ``bridge convert``)."""
 from __future__ import annotations
 
 import io
 import threading
 
-from bridge import progress
-
-
+from bridge.pipeline import progress
 def test_a_long_conversion_reports_its_phase_and_the_elapsed_time():
     stream, reported = io.StringIO(), threading.Event()
     with progress.phase("tracing the training step"), progress.report(stream, after=0.01, every=0.01):

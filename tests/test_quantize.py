@@ -1,4 +1,4 @@
-"""Quantization (bridge/importer/ops/quantize.py, docs/quantization.md): QDQ trains as torch's fake
+"""Quantization (bridge/pipeline/importer/ops/quantize.py, docs/quantization.md): QDQ trains as torch's fake
 quantization (straight-through rounding, saturation mask); the integer-only ops are refused
 where a gradient would have to cross them."""
 from __future__ import annotations

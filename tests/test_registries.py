@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bridge.export.builder import EMITTERS, emits, import_all_emitters
-from bridge.importer.registry import CONVERTERS, converter, import_all_converters
-from bridge.lowering import LOWERINGS, import_all_lowerings, lowers
+from bridge.pipeline.export.builder import EMITTERS, emits, import_all_emitters
+from bridge.pipeline.importer.registry import CONVERTERS, converter, import_all_converters
+from bridge.pipeline.lowering import LOWERINGS, import_all_lowerings, lowers
 from generated_docs import assert_generated_block_current
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def _raised_names(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["bridge/lowering", "bridge/export/ops"])
+@pytest.mark.parametrize("package", ["bridge/lowering", "bridge/pipeline/export/ops"])
 def test_lowerings_and_emitters_raise_only_lowering_error(package):
     """Anything else (``NotImplementedError``, ``KeyError``) would escape the CLI's error report."""
     raised = {path.name: _raised_names(path) - {"LoweringError"} for path in (ROOT / package).glob("*.py")}

@@ -22,10 +22,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
-import bridge.load
-import bridge.training_model
+import bridge.onnx_file
+import bridge.training.training_model
 from bridge.atomic import TAG
-from bridge.checks import covered_outputs, nonfinite_outputs
+from bridge.training.feed_checks import covered_outputs, nonfinite_outputs
 from bridge.cli import main
 from bridge.errors import InvalidModelError, OutputPathError
 
@@ -370,7 +370,7 @@ def test_interrupted_save_leaves_nothing(tmp_path, monkeypatch, interrupt):
         if len(calls) == 3:
             raise interrupt("stop")
 
-    monkeypatch.setattr(bridge.training_model, "stream_model", failing_save)
+    monkeypatch.setattr(bridge.training.training_model, "stream_model", failing_save)
     with pytest.raises(interrupt):
         tm.save(tmp_path / "t.onnx")
     assert len(calls) == 3 and _files(tmp_path) == []
@@ -393,7 +393,7 @@ _CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
     import onnx
-    from bridge import training_model
+    from bridge.training import training_model
     model = onnx.load({mlp!r})
     def slow_save(model, path, *args, **kwargs):
         Path(path).write_bytes(b"partial")
@@ -410,7 +410,7 @@ def test_sigterm_during_save_leaves_nothing(tmp_path, monkeypatch):
         Path(path).write_bytes(b"partial")
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(bridge.training_model, "stream_model", terminated_save)
+    monkeypatch.setattr(bridge.training.training_model, "stream_model", terminated_save)
     with pytest.raises(SystemExit):
         _converted().save(tmp_path / "t.onnx")
     assert _files(tmp_path) == [] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -438,7 +438,7 @@ def test_save_uses_external_data_past_the_threshold(tmp_path, monkeypatch):
     bias = numpy_helper.from_array(np.arange(300.0, dtype=np.float32), "bias")  # frozen: a 1200-byte initializer
     tm = bridge.to_training_onnx(_linear(out=300, extra_nodes=[helper.make_node("Add", ["y", "bias"], ["z"])],
                                          output="z", extra_inits=[bias]), "mse", frozen=["bias"])
-    monkeypatch.setattr(bridge.training_model, "EXTERNAL_DATA_THRESHOLD", 0)
+    monkeypatch.setattr(bridge.training.training_model, "EXTERNAL_DATA_THRESHOLD", 0)
     tm.save(tmp_path / "t.onnx")
     assert "t.onnx.data" in _files(tmp_path) and not [n for n in _files(tmp_path) if TAG in n]
     x, target = np.ones((2, 3), np.float32), np.zeros((2, 300), np.float32)
@@ -453,7 +453,7 @@ def test_large_model_paths_convert_and_train(monkeypatch):
     and trains exactly as it does without."""
     target = np.array([0, 2])
     want = _session().step({"x": X}, target)
-    monkeypatch.setattr(bridge.load, "LARGE_MODEL_BYTES", 0)
+    monkeypatch.setattr(bridge.onnx_file, "LARGE_MODEL_BYTES", 0)
     got = bridge.to_training_onnx(_linear(), "ce").session().step({"x": X}, target)
     np.testing.assert_array_equal(got["loss"], want["loss"])
     np.testing.assert_array_equal(got["updated_W"], want["updated_W"])
@@ -464,7 +464,7 @@ def test_source_with_external_data_loads(tmp_path, monkeypatch):
     weight = numpy_helper.to_array(source.graph.initializer[0])
     onnx.save_model(source, tmp_path / "m.onnx", save_as_external_data=True, location="m.onnx.data",
                     size_threshold=0)
-    monkeypatch.setattr(bridge.load, "LARGE_MODEL_BYTES", 0)
+    monkeypatch.setattr(bridge.onnx_file, "LARGE_MODEL_BYTES", 0)
     tm = bridge.to_training_onnx(tmp_path / "m.onnx")
     np.testing.assert_array_equal(tm.initial_values["W"], weight)
 
@@ -485,19 +485,19 @@ def test_parts_are_exported_on_request_and_saved_without_copies(tmp_path, monkey
     exports those not asked for with their big constants (frozen weights; over 100 bytes here: STUB_BYTES
     lowered) as stubs backed by the traced arrays, streamed into the file one tensor at a time: every
     file holds the graph that the in-memory export gives."""
-    import bridge.export.builder
+    import bridge.pipeline.export.builder
 
-    monkeypatch.setattr(bridge.export.builder, "STUB_BYTES", 100)
+    monkeypatch.setattr(bridge.pipeline.export.builder, "STUB_BYTES", 100)
     if threshold is not None:
-        monkeypatch.setattr(bridge.training_model, "EXTERNAL_DATA_THRESHOLD", threshold)
-        monkeypatch.setattr(bridge.training_model, "EXTERNAL_TENSOR_BYTES", 100)
+        monkeypatch.setattr(bridge.training.training_model, "EXTERNAL_DATA_THRESHOLD", threshold)
+        monkeypatch.setattr(bridge.training.training_model, "EXTERNAL_TENSOR_BYTES", 100)
     tm = bridge.to_training_onnx(MLP, frozen=["fc1.*"])
     assert not tm._parts
     tm.save(tmp_path / "t.onnx")
     assert not tm._parts and ("t.eval.onnx.data" in _files(tmp_path)) == (threshold == 0)
     assert _loaded(tmp_path / "t.onnx") == tm.model
-    for part in bridge.training_model.PARTS:
-        assert _loaded(bridge.training_model.part_path(tmp_path / "t.onnx", part)) == tm.part(part), part
+    for part in bridge.training.training_model.PARTS:
+        assert _loaded(bridge.training.training_model.part_path(tmp_path / "t.onnx", part)) == tm.part(part), part
         assert tm.part(part) is getattr(tm, f"{part}_model")
     assert {"fc1.weight", "fc1.bias"} <= {init.name for init in tm.eval_model.graph.initializer}
 
@@ -508,7 +508,7 @@ def test_a_pickled_training_model_holds_every_part():
     tm = bridge.to_training_onnx(MLP, frozen=["fc1.*"])
     copy = pickle.loads(pickle.dumps(tm))
     assert copy.model == tm.model and not copy.exporters
-    for part in bridge.training_model.PARTS:
+    for part in bridge.training.training_model.PARTS:
         assert copy.part(part) == tm.part(part) is not None, part
 
 
@@ -527,8 +527,8 @@ def _folded_constant_model(count: int) -> onnx.ModelProto:
 def test_folded_constant_takes_the_large_model_paths(tmp_path, monkeypatch):
     """A constant folded at conversion is an initializer of the training graph; past the (lowered)
     thresholds it is checked, hashed, run and saved through external data."""
-    monkeypatch.setattr(bridge.load, "LARGE_MODEL_BYTES", 0)
-    monkeypatch.setattr(bridge.training_model, "EXTERNAL_DATA_THRESHOLD", 0)
+    monkeypatch.setattr(bridge.onnx_file, "LARGE_MODEL_BYTES", 0)
+    monkeypatch.setattr(bridge.training.training_model, "EXTERNAL_DATA_THRESHOLD", 0)
     tm = bridge.to_training_onnx(_folded_constant_model(1000), "mse")
     tm.save(tmp_path / "t.onnx", state_path=tmp_path / "t.state.npz")
     assert "t.onnx.data" in _files(tmp_path)
@@ -542,13 +542,13 @@ def test_folded_constant_takes_the_large_model_paths(tmp_path, monkeypatch):
 def test_a_constant_over_2gib_is_written_in_place_and_saved_as_external_data(tmp_path):
     """The exporter's part of a folded constant over 2 GiB: added to the graph in place (protobuf cannot
     copy it) and streamed into the external data file. Measured: 24 s, peak RSS 4.6 GB."""
-    from bridge.export.builder import GraphBuilder
+    from bridge.pipeline.export.builder import GraphBuilder
 
     count = (1 << 29) + (1 << 20)
     builder, model = GraphBuilder(), helper.make_model(helper.make_graph([], "g", [], []))
     builder.const(np.zeros(count, np.float32), name="big")  # calloc'd: its pages stay untouched
     builder.write_initializers(model.graph)
-    assert bridge.training_model.stream_model(model, tmp_path / "m.onnx", {}, tmp_path / "m.onnx.data")
+    assert bridge.training.training_model.stream_model(model, tmp_path / "m.onnx", {}, tmp_path / "m.onnx.data")
     assert (tmp_path / "m.onnx.data").stat().st_size == 4 * count > 2**31
     stub = onnx.load(tmp_path / "m.onnx", load_external_data=False).graph.initializer[0]
     assert list(stub.dims) == [count] and {e.key: e.value for e in stub.external_data}["length"] == str(4 * count)
@@ -670,7 +670,7 @@ def test_checker_stubs_still_check_the_data_size(monkeypatch):
     their data size is checked by bridge instead."""
     model = _linear()
     model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
-    monkeypatch.setattr(bridge.load, "STUB_BYTES", 0)
+    monkeypatch.setattr(bridge.onnx_file, "STUB_BYTES", 0)
     with pytest.raises(bridge.ModelLoadError, match="'W' holds 32 bytes.*need 36"):
         bridge.to_training_onnx(model)
 
@@ -690,7 +690,7 @@ def test_cli_show_html_into_a_folder_is_refused(tmp_path, capsys):
 def test_constants_are_written_in_place_as_from_array_writes_them(array):
     """The exporter adds each constant to the graph in place (no extend/CopyFrom copies, which also
     could not hold a tensor over 2 GiB); the tensor is the one ``numpy_helper.from_array`` makes."""
-    from bridge.export.builder import GraphBuilder
+    from bridge.pipeline.export.builder import GraphBuilder
 
     builder, graph = GraphBuilder(), onnx.GraphProto()
     name = builder.const(array, name="c")

@@ -1,4 +1,4 @@
-"""bridge.runtime.OrtGraph runs a graph through onnxruntime's private binding (no per-call feed
+"""bridge.training.runtime.OrtGraph runs a graph through onnxruntime's private binding (no per-call feed
 re-validation) and falls back to the public ``InferenceSession.run`` where a release lacks it; its
 threads spin unless told not to."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import bridge
-from bridge.runtime import OrtGraph, session_options, unchecked_run
+from bridge.training.runtime import OrtGraph, session_options, unchecked_run
 from single_op import one_node_model
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 import bridge
 from bridge.cli import main
-from bridge.show import PHASE_COLORS, summary, to_html
+from bridge.tools.show import PHASE_COLORS, summary, to_html
 from generated_docs import assert_generated_block_current
 from helpers.models import gemm_mlp
 

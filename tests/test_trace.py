@@ -13,12 +13,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
 import bridge.api
-import bridge.importer.ops.normalization
-import bridge.lowering
-import bridge.lowering.conv
-import bridge.optimizers
-import bridge.trace
-from bridge.replay import replayed
+import bridge.pipeline.importer.ops.normalization
+import bridge.pipeline.lowering
+import bridge.pipeline.lowering.conv
+import bridge.pipeline.optimizers
+import bridge.pipeline.trace
+from bridge.pipeline.replay import replayed
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,11 @@ def mlp_path(tmp_path_factory) -> str:
 def _convert(path: str, optim: str, monkeypatch, replay: bool) -> tuple[bridge.TrainingModel, int]:
     """The conversion and how many times the optimizer's rule was traced; ``replay=False``: every weight traced."""
     calls = []
-    update = bridge.optimizers.Optimizer.update
+    update = bridge.pipeline.optimizers.Optimizer.update
     with monkeypatch.context() as patch:
-        patch.setattr(bridge.optimizers.Optimizer, "update", lambda self, *args: calls.append(1) or update(self, *args))
+        patch.setattr(bridge.pipeline.optimizers.Optimizer, "update", lambda self, *args: calls.append(1) or update(self, *args))
         if not replay:
-            patch.setattr(bridge.trace._UpdateReplay, "update", lambda self, *args: self.optimizer.update(*args))
+            patch.setattr(bridge.pipeline.trace._UpdateReplay, "update", lambda self, *args: self.optimizer.update(*args))
         tm = bridge.to_training_onnx(path, loss="mse", optim=optim, clip_grad_norm=1.0)
     return tm, len(calls)
 
@@ -72,13 +72,13 @@ def _convert_counting_conv_backward(path: str, monkeypatch, replay: bool) -> tup
     """Convert ``path`` (ce + adam), counting the calls of the convolution backward's lowering; without
     ``replay`` every call is traced."""
     backward = torch.ops.aten.convolution_backward.default
-    bridge.lowering.import_all_lowerings()
-    lowering = bridge.trace.LOWERINGS[backward]
+    bridge.pipeline.lowering.import_all_lowerings()
+    lowering = bridge.pipeline.trace.LOWERINGS[backward]
     calls = []
     with monkeypatch.context() as patch:
-        patch.setitem(bridge.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
+        patch.setitem(bridge.pipeline.trace.LOWERINGS, backward, lambda *args: calls.append(1) or lowering(*args))
         if not replay:
-            patch.setattr(bridge.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
+            patch.setattr(bridge.pipeline.trace._LoweringReplay, "_lower", lambda self, op, fn, *args, **kw: fn(*args, **kw))
         return bridge.to_training_onnx(path, loss="ce", optim="adam"), len(calls)
 
 
@@ -108,8 +108,8 @@ def select_cnn_path(tmp_path_factory) -> str:
 def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypatch):
     """A lowering region that captures a constant is replayed too, each replay capturing it under its own
     attribute, as tracing the call again would: the same graph, initializers included."""
-    assert bridge.lowering.conv.input_grad_form(64, 1, [3, 3], [2, 2], [1, 1], [2, 2]) == "gemm_select"
-    monkeypatch.setattr(bridge.lowering.conv, "forward_form", lambda *args: "conv")  # no selection constants forward
+    assert bridge.pipeline.lowering.conv.input_grad_form(64, 1, [3, 3], [2, 2], [1, 1], [2, 2]) == "gemm_select"
+    monkeypatch.setattr(bridge.pipeline.lowering.conv, "forward_form", lambda *args: "conv")  # no selection constants forward
     replayed, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=True)
     assert traced == 2, "a lowering that captures a constant is still traced once per signature"
     every, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=False)
@@ -123,7 +123,7 @@ def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypat
 def test_conversion_traces_the_step_once(mlp_path, monkeypatch, tmp_path):
     """The eval step is traced when its graph is first asked for (then kept), not by the conversion."""
     calls = []
-    trace = bridge.trace.trace_eval_step
+    trace = bridge.pipeline.trace.trace_eval_step
     monkeypatch.setattr(bridge.api, "trace_eval_step", lambda *args: calls.append(1) or trace(*args))
     tm = bridge.to_training_onnx(mlp_path, loss="mse", optim="sgd")
     assert calls == []
@@ -144,7 +144,7 @@ def test_lowering_replay_keys_arguments_by_typed_value():
     marker = object()
     values = [0.0, 0.0, -0.0, 1, 1, True, [1, 2], [1, 2], (1, 2), torch.float32, torch.float32, torch.float64,
               marker, marker, None, None]
-    replay = bridge.trace._LoweringReplay()
+    replay = bridge.pipeline.trace._LoweringReplay()
 
     def f(x):
         for value in values:
@@ -178,9 +178,9 @@ def bn_path(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_batch_norm_traced_once_per_shape_same_graph(bn_path, monkeypatch, dynamic):
-    """BatchNorm's forward and backward are traced once per shape and replayed (bridge.replay.replayed), at a
+    """BatchNorm's forward and backward are traced once per shape and replayed (bridge.pipeline.replay.replayed), at a
     static batch; at a symbolic batch every call is traced."""
-    norm = bridge.importer.ops.normalization
+    norm = bridge.pipeline.importer.ops.normalization
 
     def convert(replay: bool) -> tuple[bridge.TrainingModel, dict[str, int]]:
         calls = {"forward": 0, "backward": 0}
@@ -198,7 +198,7 @@ def test_batch_norm_traced_once_per_shape_same_graph(bn_path, monkeypatch, dynam
     every, every_calls = convert(replay=False)
     assert every_calls["backward"] == 3
     assert calls["backward"] == (3 if dynamic else 2), "the backward is traced once per shape"
-    # the example run (fake tensors, no trace) calls it once per shape too (bridge.replay._fake_run); the trace
+    # the example run (fake tensors, no trace) calls it once per shape too (bridge.pipeline.replay._fake_run); the trace
     # once per shape at a static batch, every time at a symbolic one
     assert calls["forward"] == every_calls["forward"] - (1 if dynamic else 2)
     for part in ("model", "gradient_model", "eval_model"):

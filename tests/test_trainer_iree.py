@@ -42,7 +42,7 @@ def test_iree_trainer_matches_onnxruntime_and_resumes(tmp_path):
 def test_iree_accumulation_runs_the_compiled_halves():
     """With ``accumulation_steps``, an IREE trainer runs the gradient and update graphs compiled by
     IREE (not onnxruntime), and trains as the onnxruntime trainer does."""
-    from bridge.runtime_iree import IreeGraph
+    from bridge.training.runtime_iree import IreeGraph
 
     _, model = small_mlp()
     tm = bridge.to_training_onnx(model, loss="ce", optim="adam", optim_options={"lr": 0.05})

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import bridge
-from bridge.annotate import PHASE, ROLE, props
-from bridge.runtime import OrtGraph
-from bridge.training_model import eval_path
+from bridge.pipeline.annotate import PHASE, ROLE, props
+from bridge.training.runtime import OrtGraph
+from bridge.training.training_model import eval_path
 from lifecycle_models import assert_close_to_float64, batch, load_state, small_cnn
 
 

@@ -15,7 +15,7 @@ import torch
 from onnx import helper, numpy_helper
 
 import bridge
-from bridge.annotate import PHASE
+from bridge.pipeline.annotate import PHASE
 from bridge.cli import main
 from zoo.exporters import export
 from zoo.handbuilt import CASES, layernorm_gelu, lstm_classifier
@@ -24,7 +24,7 @@ from test_zoo_text import MATRIX as TEXT_MATRIX
 from test_zoo_vision import MATRIX as VISION_MATRIX
 
 MLP = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "mlp.onnx")
-verify_module = importlib.import_module("bridge.verify")
+verify_module = importlib.import_module("bridge.tools.verify")
 
 
 def _failed(report: bridge.VerifyReport) -> set[str]:

@@ -9,8 +9,8 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.importer.program import OnnxProgram
-from bridge.load import load_model
+from bridge.pipeline.importer.program import OnnxProgram
+from bridge.pipeline.load import load_model
 
 
 def run_onnxruntime(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -323,8 +323,8 @@ def torch_float32_noise(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]
     reductions), against which bridge's float32 graph is judged where it exceeds ``FLOAT32_ULPS``."""
     import torch
 
-    from bridge.importer.program import OnnxProgram
-    from bridge.load import load_model
+    from bridge.pipeline.importer.program import OnnxProgram
+    from bridge.pipeline.load import load_model
 
     grads = []
     for source, dtype in ((model, torch.float32), (as_float64(model), torch.float64)):

@@ -16,7 +16,7 @@ allocation limit of 32768 bytes for function. Got 131072 bytes`` (on the ArgMax)
 segmentation fault when the module runs. At batch 2 (``N = 2``) both compile and match
 onnxruntime exactly. In resnet18 at 64x64 the raised limit ran, with 11 of 62 gradients 0.3-3.2%
 off: consistent with a dispatch whose stack buffer outgrows its worker thread's stack (not
-proven further). bridge's max-pool backward now uses no ArgMax (``bridge/lowering/pool.py``).
+proven further). bridge's max-pool backward now uses no ArgMax (``bridge/pipeline/lowering/pool.py``).
 """
 from __future__ import annotations
 

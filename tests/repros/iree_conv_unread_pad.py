@@ -11,7 +11,7 @@ window reads 3 of the 4 padded elements per axis), writes it, and compiles it wi
 
 onnxruntime runs it. The same Conv with pads [1, 1, 0, 0] (begin 1, end 0: exactly the read
 extent) compiles and gives the same result; that is the form bridge emits
-(``bridge/export/ops/nn.py`` ``_fit_to_read_extent``). So does an explicit Pad [1, 0] + valid
+(``bridge/pipeline/export/ops/nn.py`` ``_fit_to_read_extent``). So does an explicit Pad [1, 0] + valid
 Conv; an explicit Pad [1, 1] + valid Conv fails the same way.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 It reproduces with bridge at commit 6df5bb6 (Conv backward as transposed/zero-inserted Convs, max-pool
 backward scattered by a one-hot grouped Conv). With the GEMM and scatter forms that replaced them
-(bridge/lowering/conv.py), IREE computes this model's step right (tests/test_iree_zoo.py
+(bridge/pipeline/lowering/conv.py), IREE computes this model's step right (tests/test_iree_zoo.py
 ``resnet18-static`` passes, measured 2026-11-30), so run this script from a checkout of 6df5bb6.
 
     python tests/repros/iree_resnet18_relu_where.py      # ~10 minutes of one core
@@ -38,7 +38,7 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bridge  # noqa: E402
-from bridge.runtime_iree import IreeTrainingSession  # noqa: E402
+from bridge.training.runtime_iree import IreeTrainingSession  # noqa: E402
 
 LAYERS = ("/layer2/", "/layer3/layer3.0/")
 

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bridge.from_torch import HFLogits
+from bridge.pipeline.from_torch import HFLogits
 
 from .exporters import has_batchnorm
 from .harness import batch_rows, dropout_off, perturb, safe_attempt

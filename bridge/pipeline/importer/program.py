@@ -1,0 +1,295 @@
+"""Stage 2, import: run an ONNX graph as a torch function.
+
+``OnnxProgram`` interprets the ONNX graph node by node with the converters of
+``bridge.pipeline.importer.ops``. Unlike a module-per-node converter it keeps the ONNX names:
+weights are passed in by their ORIGINAL initializer names, a shared initializer is one
+tensor (so tied weights get one gradient), and every traced op can be tagged with the ONNX
+node it comes from.
+
+Values that are known at import time (initializers that are not passed as tensors,
+``Constant`` outputs, shapes of tensors with static shapes, and anything computed only from
+those) are kept as numpy arrays and folded eagerly, so shape computations never reach the
+traced graph and converters can read shapes, axes, pads and scales as plain numbers.
+
+A Relu read only by a MaxPool runs after it (``relus_pooled_first``): the same values and gradients
+on the smaller, pooled tensor.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections import ChainMap
+from typing import Callable, Iterable, Iterator, MutableMapping
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+from ...errors import ShapeError, UnsupportedOpError
+from ..load import default_opset
+from ...onnx_file import skeleton
+from .registry import CONVERTERS, NodeContext, import_all_converters
+from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
+
+NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
+
+# torch has few kernels for uint16/32/64: such values are computed as int64 (exact for values
+# below 2**63; additions and multiplications wrap like uint64 in two's complement) and the graph
+# outputs of those types are cast back at the end. uint8 has torch kernels and is kept.
+WIDE_UNSIGNED = {np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64)}
+_WIDE_UNSIGNED_TORCH = {torch.uint16, torch.uint32, torch.uint64}
+
+# Ops whose output must never be folded at import time.
+_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Dropout"}
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The nodes of ``graph`` and, recursively, of its subgraphs (If branches, Loop/Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                yield from all_nodes(sub)
+
+
+def relus_pooled_first(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """The Relu nodes of ``graph`` that ``OnnxProgram`` runs after the MaxPool that reads them, by output
+    name: ``MaxPool(Relu(x))`` as ``Relu(MaxPool(x))``, the Relu on the pooled (smaller) tensor, its
+    backward mask too (small_cnn's step 0.96x; docs/lowerings/conv_pool.md).
+
+    The values are equal (max and Relu commute), and so is every gradient, bit for bit: a window
+    whose maximum is positive has the same first maximum either way (Relu changes no positive value
+    and adds no tie above 0), and a window whose maximum is <= 0 passes no gradient either way (Relu's
+    mask at its pooled value, or at the first of its zeros). Only where the Relu's output is read by
+    that MaxPool alone (no other node, subgraph or graph output) and the MaxPool has no Indices output."""
+    readers = collections.Counter(name for node in all_nodes(graph) for name in node.input)
+    pooled = {node.input[0] for node in graph.node
+              if node.op_type == "MaxPool" and node.input and [o for o in node.output if o] == node.output[:1]}
+    outputs = {o.name for o in graph.output}
+    return {node.output[0]: node for node in graph.node
+            if node.op_type == "Relu" and node.output[0] in pooled and readers[node.output[0]] == 1
+            and node.output[0] not in outputs}
+
+
+@contextlib.contextmanager
+def eager():
+    """Run torch ops for real, even inside make_fx tracing (to fold values known up front)."""
+    with disable_proxy_modes_tracing(), unset_fake_temporarily():
+        yield
+
+
+@contextlib.contextmanager
+def _named_errors(node: onnx.NodeProto):
+    """The default node scope: a converter that fails on the given inputs (e.g. a sequence length
+    the model pins, broadcast against a constant table) raises ``ShapeError`` naming the node."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise ShapeError(f"{node.op_type} node '{node.name}' fails on these inputs ({exc}); give the shapes "
+                         "the model takes (input_shapes=)") from exc
+
+
+class OnnxProgram:
+    """An ONNX graph that runs on torch tensors (eagerly or under tracing)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        import_all_converters()
+        self.model = model
+        self.graph = model.graph
+        self.opset = default_opset(model)
+        self._check_supported()
+        # writable arrays (to_array gives read-only views), so that weight tensors can share their memory
+        self.initializers: dict[str, np.ndarray] = {
+            init.name: np.array(numpy_helper.to_array(init)) for init in self.graph.initializer
+        }
+        # the model without the data of its big initializers (in self.initializers now): one copy of the weights
+        self.model = skeleton(model)
+        self.graph = self.model.graph
+        self.input_names = [i.name for i in self.graph.input if i.name not in self.initializers]
+        self.output_names = [o.name for o in self.graph.output]
+        self.buffer_names = self._buffer_initializers()
+        self._pooled_first: dict[int, tuple[onnx.GraphProto, dict]] = {}  # relus_pooled_first per graph
+
+    def _check_supported(self) -> None:
+        unsupported: dict[str, list[str]] = {}
+        for node in all_nodes(self.graph):
+            if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
+                key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                unsupported.setdefault(key, []).append(node.name)
+        strings = [v.name for v in list(self.graph.input) + list(self.graph.initializer)
+                   if (v.data_type if isinstance(v, onnx.TensorProto) else v.type.tensor_type.elem_type) == onnx.TensorProto.STRING]
+        if strings:
+            unsupported.setdefault("string tensors", []).extend(strings)
+        if unsupported:
+            listing = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(unsupported.items()))
+            raise UnsupportedOpError(f"the model uses ONNX ops that bridge cannot import: {listing}")
+
+    def _buffer_initializers(self) -> list[str]:
+        names = []
+        for node in self.graph.node:
+            for index in CONVERTERS[node.op_type].buffers:
+                name = node.input[index] if index < len(node.input) else ""
+                if name in self.initializers and name not in names:
+                    names.append(name)
+        return names
+
+    def floating_initializers(self) -> list[str]:
+        """Initializers of a floating-point type that are not running statistics."""
+        return [
+            name
+            for name, value in self.initializers.items()
+            if np.issubdtype(value.dtype, np.floating) and name not in self.buffer_names
+        ]
+
+    def initializer_tensor(self, name: str) -> torch.Tensor:
+        """The initializer as a tensor sharing its memory (no op bridge traces writes in place)."""
+        return torch.from_numpy(self.initializers[name])
+
+    def run(
+        self,
+        inputs: dict[str, torch.Tensor],
+        tensors: dict[str, torch.Tensor],
+        training: bool,
+        node_scope: NodeScope = _named_errors,
+        random: dict[str, torch.Tensor] | None = None,
+        evaluation: bool = False,
+    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        """Evaluate the graph.
+
+        ``inputs`` are the graph's data inputs; ``tensors`` are initializers passed as tensors
+        (weights and buffers: they become traced values, all other initializers stay
+        constants). ``random`` holds the noise inputs of random ops by name (``<node>.noise``);
+        a missing one is drawn and added to it. ``evaluation`` (bridge's eval graph) runs the
+        model as torch's ``eval()`` would, also where a node asks for training behaviour
+        (BatchNormalization ``training_mode=1`` from a train-mode export). Returns the graph
+        outputs and the updated buffers (training mode).
+        """
+        random = {} if random is None else random
+        env: dict[str, object] = dict(self.initializers)
+        env.update(tensors)
+        env.update({name: _widened(value) for name, value in inputs.items()})
+        updated: dict[str, torch.Tensor] = {}
+        outputs = self._evaluate(self.graph, env, (training, updated, random, evaluation, node_scope))
+        return [_as_output(value, _declared_dtype(o)) for value, o in zip(outputs, self.graph.output)], updated
+
+    def _evaluate(self, graph: onnx.GraphProto, env: MutableMapping[str, object], run: tuple) -> list:
+        """Run the nodes of ``graph`` (the main graph or a subgraph) over ``env``; its outputs.
+
+        Subgraphs: a converter of an op with subgraph attributes (If, Loop, Scan) calls
+        ``ctx.run_graph(graph, bindings)``, which evaluates the subgraph here with its inputs bound
+        to ``bindings`` over a view of the enclosing scope (``ChainMap``: outer values are visible,
+        the subgraph's own values do not leak out). A loop is thus unrolled into straight-line code.
+        """
+        node_scope = run[-1]
+        cached = self._pooled_first.get(id(graph))
+        if cached is None or cached[0] is not graph:  # once per graph: a Loop body is evaluated per iteration
+            cached = self._pooled_first[id(graph)] = (graph, relus_pooled_first(graph))  # (the graph held: ids stay)
+        pooled_first = cached[1]
+        for node in graph.node:
+            if node.op_type == "Relu" and node.output[0] in pooled_first:
+                continue  # runs after its MaxPool, below
+            relu = pooled_first.get(node.input[0]) if node.op_type == "MaxPool" else None
+            inputs = env if relu is None else ChainMap({relu.output[0]: env[relu.input[0]]}, env)  # the Relu's input
+            with node_scope(node):
+                outputs = self._run_node(node, inputs, run)
+            if relu is not None:
+                with node_scope(relu):
+                    outputs = self._run_node(relu, ChainMap({relu.input[0]: outputs[0]}, env), run)
+            for name, value in zip(node.output, outputs):
+                if name:
+                    env[name] = value
+        return [env[o.name] for o in graph.output]
+
+    def _run_node(self, node: onnx.NodeProto, env: MutableMapping, run: tuple) -> list:
+        conv = CONVERTERS[node.op_type]
+        training, updated, random, evaluation, _ = run
+
+        def run_graph(graph: onnx.GraphProto, bindings: dict) -> list:
+            return self._evaluate(graph, ChainMap(dict(bindings), env), run)
+
+        ctx = NodeContext(node, self.opset, training, updated, random, evaluation, run_graph)
+        args = []
+        for index, name in enumerate(node.input):
+            if not name:
+                args.append(None)
+                continue
+            value = env[name]
+            if index in conv.static:
+                if isinstance(value, torch.Tensor):
+                    if name not in self.initializers:
+                        raise ShapeError(
+                            f"{node.op_type} node '{node.name}': input {index} ('{name}') must be known "
+                            "before the model runs (a constant or a static shape), but it is computed from data"
+                        )
+                    value = self.initializers[name]
+            args.append(value)
+        if conv.raw:  # folds node by node itself (control flow: subgraphs read outer values)
+            return _as_list(conv.fn(ctx, *args))
+        foldable = node.op_type not in _NOT_FOLDABLE and all(
+            a is None or isinstance(a, np.ndarray) for a in args
+        )
+        if foldable and node.input:
+            if any(is_symbolic(a) for a in args):
+                if folds_symbolic(node.op_type, args):
+                    return fold_symbolic(ctx, args)
+                return self._call(conv.fn, ctx, args, conv.static)  # traced: sizes stay symbolic
+            with eager():
+                return [_to_numpy(o) for o in self._call(conv.fn, ctx, args, conv.static)]
+        return self._call(conv.fn, ctx, args, conv.static)
+
+    @staticmethod
+    def _call(fn, ctx: NodeContext, args: list, static: Iterable[int]) -> list:
+        static = set(static)
+        tensor_args = [
+            a if (a is None or i in static or not isinstance(a, np.ndarray)) else _to_tensor(a)
+            for i, a in enumerate(args)
+        ]
+        return _as_list(fn(ctx, *tensor_args))
+
+
+def _as_list(out) -> list:
+    """A converter's result as the list of the node's outputs."""
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _as_output(value, declared: np.dtype | None = None):
+    """A graph output as a tensor (a sequence output: a list of tensors) of its ``declared`` type
+    where that is a type computed as int64 (``WIDE_UNSIGNED``) or an integer type computed as
+    float (QuantizeLinear's fake-quantization carrier, bridge/pipeline/importer/ops/quantize.py)."""
+    if isinstance(value, list):
+        return [_as_output(v) for v in value]
+    tensor = value if isinstance(value, torch.Tensor) else _to_tensor(np.asarray(value))
+    carried = declared is not None and np.issubdtype(declared, np.integer) and tensor.is_floating_point()
+    return tensor.to(getattr(torch, declared.name)) if declared in WIDE_UNSIGNED or carried else tensor
+
+
+def _declared_dtype(value: onnx.ValueInfoProto) -> np.dtype | None:
+    elem_type = value.type.tensor_type.elem_type
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type) if elem_type else None
+
+
+def _widened(value):
+    """A uint16/32/64 tensor as int64 (see ``WIDE_UNSIGNED``); anything else unchanged."""
+    return value.to(torch.int64) if isinstance(value, torch.Tensor) and value.dtype in _WIDE_UNSIGNED_TORCH else value
+
+
+def _to_numpy(value):
+    """A folded output as numpy (a sequence output, a list, element by element)."""
+    if isinstance(value, list):
+        return [_to_numpy(v) for v in value]
+    return value if isinstance(value, np.ndarray) else value.detach().numpy()
+
+
+def _to_tensor(array: np.ndarray) -> torch.Tensor:
+    if is_symbolic(array):  # sizes that involve the symbolic batch, used as tensor data
+        items = [torch.scalar_tensor(v, dtype=torch.int64) for v in array.reshape(-1)]
+        return torch.stack(items).reshape(array.shape) if items else torch.zeros(array.shape, dtype=torch.int64)
+    if array.dtype in WIDE_UNSIGNED:
+        return torch.from_numpy(array.astype(np.int64))
+    # shared, not copied: a frozen weight then stays one tensor, which the exporter names after it
+    shareable = array.flags.writeable and array.flags.c_contiguous
+    return torch.from_numpy(array if shareable else np.array(array, copy=True))
+

@@ -1,0 +1,105 @@
+"""Which initializers are trained: the differentiable ones, narrowed by ``trainable=``/``frozen=``."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from ...errors import BridgeError, InvalidOptionError
+from .program import OnnxProgram
+
+
+@dataclass
+class ExampleRun:
+    """What one training-mode run of the model on example inputs shows (``example_run``)."""
+
+    differentiable: list[str]  # the floating-point initializers the chosen output depends on differentiably
+    output: torch.Tensor  # the chosen output (detached)
+    buffers: list[str]  # the running statistics the training forward updates
+    random: dict[str, torch.Tensor]  # the noise inputs (``<node>.noise``) its random ops read, with example values
+
+
+def example_run(program: OnnxProgram, inputs: dict[str, torch.Tensor], output_index: int) -> ExampleRun:
+    """Run the graph once eagerly in training mode, every candidate weight requiring grad.
+
+    An initializer used only as a shape, scale or index gets no gradient and stays a constant. The autograd
+    graph of the output is walked rather than differentiated (no gradient is computed: a 100M-parameter model
+    would allocate its weights' size again).
+    """
+    candidates = program.floating_initializers()
+    tensors = {name: program.initializer_tensor(name).requires_grad_(True) for name in candidates}
+    tensors.update({name: program.initializer_tensor(name) for name in program.buffer_names})
+    random: dict[str, torch.Tensor] = {}
+    outputs, updated = program.run(inputs, tensors, training=True, random=random)
+    output = outputs[output_index]
+    if not output.dtype.is_floating_point:
+        raise BridgeError(
+            f"model output '{program.output_names[output_index]}' has dtype {output.dtype}; "
+            "the loss needs a floating-point output (pick another with output=)"
+        )
+    reached = _leaves(output) if output.requires_grad else set()
+    return ExampleRun([name for name in candidates if id(tensors[name]) in reached], output.detach(),
+                      [name for name in program.buffer_names if name in updated], random)
+
+
+def differentiable_initializers(
+    program: OnnxProgram, inputs: dict[str, torch.Tensor], output_index: int
+) -> list[str]:
+    """Floating-point initializers that the chosen output depends on differentiably (``example_run``)."""
+    return example_run(program, inputs, output_index).differentiable
+
+
+def _leaves(output: torch.Tensor) -> set[int]:
+    """``id`` of every leaf tensor that ``output``'s autograd graph accumulates a gradient into; ``output``
+    itself where it is such a leaf (a graph whose output is a weight: Sum or Max of one input, Clip
+    without bounds, ReduceSum with no axes and ``noop_with_empty_axes``)."""
+    if output.grad_fn is None:
+        return {id(output)}
+    found, seen, stack = set(), set(), [output.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):  # AccumulateGrad
+            found.add(id(fn.variable))
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return found
+
+
+def _matches(patterns: Iterable[str], names: list[str], argument: str, known: Iterable[str] = ()) -> set[str]:
+    """The ``names`` that ``patterns`` match; a pattern matching none of them (nor of ``known``) is refused."""
+    chosen: set[str] = set()
+    known = list(known)
+    for pattern in patterns:
+        hits = {n for n in names if fnmatch.fnmatchcase(n, pattern)}
+        if not hits and not any(fnmatch.fnmatchcase(n, pattern) for n in known):
+            raise InvalidOptionError(
+                f"{argument} pattern '{pattern}' matches no trainable weight; weights: {', '.join(names)}"
+            )
+        chosen |= hits
+    return chosen
+
+
+def select_trainable(
+    candidates: list[str],
+    trainable: Iterable[str] | str | None,
+    frozen: Iterable[str] | str | None,
+    scalars: Iterable[str] = (),
+    initializers: Iterable[str] = (),
+) -> list[str]:
+    """Apply ``trainable=`` (keep only these) and ``frozen=`` (drop these); order is preserved.
+
+    Without ``trainable=``, 0-d ``scalars`` are not trained: exporters make them from constants
+    (the dynamo exporter's optimizer turns Gelu's 0.5 and sqrt(2), a mask's zeros into 0-d
+    initializers), and torch parameters are never 0-d in practice; ``trainable=`` can name them.
+    """
+    if isinstance(trainable, str):
+        trainable = [trainable]
+    if isinstance(frozen, str):
+        frozen = [frozen]
+    keep = set(candidates) - set(scalars) if trainable is None else _matches(trainable, candidates, "trainable=")
+    drop = set() if frozen is None else _matches(frozen, candidates, "frozen=", initializers)
+    return [name for name in candidates if name in keep and name not in drop]

@@ -1,0 +1,174 @@
+"""Stage 3, trace: regions of a ``make_fx`` trace recorded once and replayed.
+
+A region (an optimizer update, a lowering, a BatchNorm's forward or backward) traced once per key and copied for
+later calls with that key, with the call's own inputs and tags (names as tracing gives them): the graph is the one
+tracing every call records, without tracing each op again. ``key`` makes the keys (typed, hashable values of a
+call's arguments); ``replayed`` replays a function of tensors within the running trace, for code outside
+``bridge.pipeline.trace`` (the importer's converters), and in a fake-tensor run outside tracing gives later calls with a
+key fresh tensors of the first call's result layout.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Sequence
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot,
+                                               track_tensor_tree)
+from torch.multiprocessing.reductions import StorageWeakRef
+
+
+class Replay:
+    """Regions of a ``make_fx`` trace recorded once per key and replayed for later calls with that key (module
+    docstring). A constant the region captured (a ``get_attr`` node, e.g. a lowering's selection matrix) is captured
+    again by each replay, under a fresh attribute as tracing gives it. Outside tracing, and for a region that reads a
+    value it was not given, ``fn`` simply runs."""
+
+    def __init__(self):
+        self._recorded: dict[object, tuple[list[torch.fx.Node], list[torch.fx.Node], list, object]] = {}
+
+    def run(self, key: object, tensors: Sequence[torch.Tensor], fn: Callable[[], object]) -> object:
+        """``fn()``, a function of ``tensors`` whose result is a pytree of tensors (None leaves allowed),
+        traced the first time ``key`` is seen and replayed for ``tensors`` after that."""
+        mode = get_proxy_mode()
+        inputs = [] if mode is None else [_node_of(t, mode.tracer) for t in tensors]
+        if mode is None or None in inputs or len(set(inputs)) < len(inputs):
+            return fn()
+        if key in self._recorded:
+            return self._replay(mode.tracer, self._recorded[key], dict(zip(inputs, tensors)), inputs)
+        graph = mode.tracer.graph
+        last = graph._root.prev
+        result = fn()
+        nodes, node = [], last.next
+        while node is not graph._root:
+            nodes.append(node)
+            node = node.next
+        leaves, spec = pytree.tree_flatten(result)
+        if all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves):
+            outputs = [None if leaf is None else _node_of(leaf, mode.tracer) for leaf in leaves]
+            if (all(out is None or out in nodes or out in inputs for out in outputs)
+                    and all(n.op in ("call_function", "get_attr") for n in nodes)):
+                self._recorded[key] = (inputs, nodes, outputs, spec)
+        return result
+
+    @staticmethod
+    def _replay(tracer, recorded: tuple, values: dict[torch.fx.Node, torch.Tensor],
+                inputs: list[torch.fx.Node]) -> object:
+        """Copy the ``recorded`` nodes reading ``inputs``; the copies of its outputs as tracked fake tensors."""
+        template_inputs, nodes, outputs, spec = recorded
+        env = dict(zip(template_inputs, inputs))
+        custom = dict(fx_traceback.current_meta.get("custom") or {})
+        graph = tracer.graph
+        for node in nodes:
+            if node.op == "get_attr":  # the same value under a fresh attribute, as tracing the region again makes it
+                with unset_fake_temporarily(), disable_proxy_modes_tracing():
+                    value = getattr(tracer.root, node.target).detach()
+                env[node] = tracer.create_arg(value)
+                continue
+            target = node.target
+            name = getattr(getattr(target, "overloadpacket", None), "__name__", None) or node.name
+            copy = graph.create_node(node.op, target, *torch.fx.node.map_arg((node.args, node.kwargs),
+                                                                            lambda n: env.get(n, n)),
+                                     name=graph._target_to_str(name))
+            copy.meta = {**node.meta, "custom": custom}
+            env[node] = copy
+        results = []
+        for out in outputs:
+            if out is None or out in template_inputs:
+                results.append(None if out is None else values[env[out]])
+                continue
+            with disable_proxy_modes_tracing():
+                result = torch.empty_like(out.meta["val"])
+            track_tensor_tree(result, torch.fx.Proxy(env[out], tracer), constant=None, tracer=tracer)
+            results.append(result)
+        return pytree.tree_unflatten(results, spec)
+
+
+def _node_of(tensor: torch.Tensor, tracer) -> torch.fx.Node | None:
+    """The FX node a tracked tensor is the value of (None for an untracked one)."""
+    return get_proxy_slot(tensor, tracer, None, lambda p: p.proxy.node)
+
+
+_REPLAYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tracer -> its Replay of ``replayed``'s calls
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fake mode -> {key: layout of fn's result}
+
+
+def replayed(fn: Callable[..., object], *args) -> object:
+    """``fn(*args)``, traced once per ``(fn, key of every argument)`` in the running trace and replayed after
+    that (``Replay``); ``fn``'s result must depend on nothing but its arguments (and on a tensor argument only
+    through what ``key`` keys). An argument ``key`` does not know, or a tensor of symbolic size: ``fn`` is traced.
+    Outside tracing, in a fake-tensor run (the conversion's example run, ``bridge.api._probe``), where a result
+    is only its layout: ``fn`` runs once per key, later calls get fresh tensors of that layout (``_fake_run``).
+
+    Not at symbolic sizes: a replay there reuses the size nodes of the first call, and which ones tracing shares
+    depends on torch's fake-tensor cache, i.e. on what the process traced before (measured: resnet18's BatchNorms
+    replayed at a symbolic batch gave 3520 or 3503 training-graph nodes, fresh or after another conversion)."""
+    mode = get_proxy_mode()
+    fake = _active_fake_mode() if mode is None else None
+    if (mode is None and fake is None) or any(_symbolic(arg) for arg in args):
+        return fn(*args)
+    try:
+        signature = tuple(key(arg) for arg in args)
+    except Unkeyable:
+        return fn(*args)
+    if mode is None:
+        return _fake_run(_LAYOUTS.setdefault(fake, {}), (fn, signature), args, lambda: fn(*args))
+    replay = _REPLAYS.setdefault(mode.tracer, Replay())
+    return replay.run((fn, signature), [arg for arg in args if isinstance(arg, torch.Tensor)], lambda: fn(*args))
+
+
+def _active_fake_mode() -> FakeTensorMode | None:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
+def _fake_run(layouts: dict, signature: object, args: tuple, fn: Callable[[], object]) -> object:
+    """``fn()`` in the active fake mode, its result's layout recorded under ``signature``; a later call with
+    ``signature`` gets fresh (fake) tensors of that layout instead. Recorded only where that is all the result
+    is: every leaf None or a tensor outside autograd's graph, at storage offset 0, sharing no argument's storage."""
+    if signature in layouts:
+        layout, spec = layouts[signature]
+        return pytree.tree_unflatten([None if leaf is None else torch.empty_strided(leaf[0], leaf[1], dtype=leaf[2],
+                                                                                     device=leaf[3])
+                                      for leaf in layout], spec)
+    result = fn()
+    leaves, spec = pytree.tree_flatten(result)
+    storages = {StorageWeakRef(arg.untyped_storage()) for arg in args if isinstance(arg, torch.Tensor)}
+    if all(leaf is None or isinstance(leaf, FakeTensor) and leaf.storage_offset() == 0 and not leaf.requires_grad
+           and StorageWeakRef(leaf.untyped_storage()) not in storages for leaf in leaves):
+        layouts[signature] = ([None if leaf is None else (leaf.shape, leaf.stride(), leaf.dtype, leaf.device)
+                               for leaf in leaves], spec)
+    return result
+
+
+def _symbolic(value) -> bool:
+    return isinstance(value, torch.Tensor) and any(isinstance(size, torch.SymInt)
+                                                   for size in (*value.shape, *value.stride()))
+
+
+class Unkeyable(Exception):
+    """A value ``key`` cannot tell from others by its value (the call is traced, not replayed)."""
+
+
+_VALUE_TYPES = (type(None), bool, int, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def key(value) -> tuple:
+    """What a traced result may depend on of one value (a pytree leaf: lists and tuples are flattened by the
+    callers, their structure keyed by the tree spec), as a typed, hashable key: a symbolic size by its expression,
+    a tensor by its sizes, strides, storage offset, dtype and device, a float by its bits (``-0.0`` is not
+    ``0.0``), None, bools, ints, strings, dtypes, devices, layouts and memory formats by their value (typed:
+    ``True`` is not ``1``). Anything else raises ``Unkeyable``."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return (type(value).__name__, value.node.expr)
+    if isinstance(value, torch.Tensor):
+        sizes = (*value.shape, *value.stride(), value.storage_offset())
+        return ("tensor", tuple(key(size) for size in sizes), value.dtype, value.device)
+    if type(value) is float:
+        return ("float", value.hex())
+    if type(value) in _VALUE_TYPES:
+        return (type(value).__name__, value)
+    raise Unkeyable(type(value).__name__)

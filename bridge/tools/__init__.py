@@ -1,0 +1,1 @@
+"""Tools on a training graph: check (what a target compiler rejects), compile, show, verify."""

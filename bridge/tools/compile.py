@@ -1,0 +1,232 @@
+"""Compile a training ONNX model with an MLIR compiler (IREE) for the host CPU.
+
+ONNX -> MLIR (torch-mlir's ONNX importer, what ``iree-import-onnx`` runs) -> ``iree-compile``
+(llvm-cpu) -> a ``.vmfb`` module. Each imported op carries its ONNX node's name as its MLIR
+location, so a compiler error is reported with the offending node; the entry function carries
+the graph's input and output names (IREE reflection), so a ``.vmfb`` is self-describing and
+``bridge.training.runtime_iree.IreeTrainingSession`` runs it like the onnxruntime session.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import onnx
+
+from ..contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
+from ..errors import BridgeError, InvalidOptionError
+from ..onnx_file import read_model
+from ..training.runtime import is_gradient, outputs_dropped
+from ..training.runtime_iree import IreeTrainingSession, require_iree
+
+if TYPE_CHECKING:
+    from ..training.training_model import TrainingModel
+
+BACKENDS = ("iree",)
+_MAX_ERRORS = 5
+# IREE demotes float64 to float32 by default; bridge's optimizer rules compute bias corrections
+# in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
+_IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+# Opt-in (``extra_args=FAST_CONV_FLAGS``): IREE 3.13 compiles a Conv as a direct convolution, which
+# took 2-6x onnxruntime's CPU time per Conv at resnet18's sizes; im2col + a data-tiled matmul is on
+# par with onnxruntime (docs/onnx-mlir.md section 8). Not the default until the whole zoo is checked.
+FAST_CONV_FLAGS = ("--iree-global-opt-use-im2col-for-convs", "--iree-opt-data-tiling")
+
+
+class CompileError(BridgeError):
+    """The MLIR compiler rejected the model; the message names the offending ONNX nodes.
+
+    ``diagnostics`` holds each error as ``(node name, op type, message)`` (empty names when the
+    compiler located the error nowhere in the graph)."""
+
+    def __init__(self, message: str, diagnostics: list[tuple[str, str, str]] | None = None):
+        super().__init__(message)
+        self.diagnostics = diagnostics or []
+
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class CompiledModel:
+    """A compiled training step (``vmfb``) and, when compiled from a TrainingModel, its initial state."""
+
+    vmfb: bytes = field(repr=False)
+    backend: str = "iree"
+    seconds: float = 0.0
+    initial_state: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.vmfb)
+        return path
+
+    def session(self, state: dict[str, np.ndarray] | None = None, driver: str = "local-task",
+                seed: int | None = None) -> IreeTrainingSession:
+        """An IREE session holding ``state`` (default: the TrainingModel's initial state)."""
+        if state is None:
+            if self.initial_state is None:
+                raise InvalidOptionError("this module was not compiled from a TrainingModel: pass state=")
+            state = {name: value.copy() for name, value in self.initial_state.items()}
+        return IreeTrainingSession(self.vmfb, state, driver=driver, seed=seed)
+
+
+def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
+    """The model as MLIR in torch-mlir's ONNX form (``iree-import-onnx``), node names as locations."""
+    require_iree()
+    from iree.compiler import ir
+    from iree.compiler.extras import onnx_importer
+
+    proto = read_model(model)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, check_type=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:
+        raise CompileError(f"ONNX shape inference failed before import: {exc}") from exc
+    context = ir.Context()
+    info = onnx_importer.ModelInfo(proto)
+    module = info.create_module(context=context).operation
+    try:
+        importer = onnx_importer.NodeImporter.define_function(info.main_graph, module)
+        importer.import_all()
+    except onnx_importer.OnnxImportError as exc:
+        raise CompileError(f"the ONNX importer (torch-mlir) rejected graph '{proto.graph.name}': {exc}") from exc
+    function = module.regions[0].blocks[0].operations[0]
+    with context:
+        function.attributes["iree.reflection"] = ir.DictAttr.get({
+            INPUTS: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.input])),
+            OUTPUTS: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.output])),
+            INPUT_SPECS: ir.StringAttr.get(json.dumps(_input_specs(proto))),
+            # the same payload as the model metadata's
+            RANDOM_INPUTS: ir.StringAttr.get(props(proto.metadata_props).get(RANDOM_INPUTS, encode_random_inputs([]))),
+        })
+    module.verify()
+    return module.get_asm(enable_debug_info=True)
+
+
+def compile(  # noqa: A001 - bridge.compile is the public name
+    model: TrainingModel | onnx.ModelProto | str | os.PathLike,
+    backend: str = "iree",
+    output: str | os.PathLike | None = None,
+    *,
+    target_cpu: str = "host",
+    extra_args: tuple[str, ...] = (),
+    progress: Progress | None = None,
+    gradients: bool = True,
+) -> CompiledModel:
+    """Compile a training ONNX model for the CPU; returns the module (also written to ``output``).
+
+    Args:
+        model: a TrainingModel, a training ModelProto, or the path of a training ``.onnx``.
+        backend: only ``"iree"`` (llvm-cpu target).
+        output: where to write the ``.vmfb`` (optional).
+        target_cpu: ``--iree-llvmcpu-target-cpu`` (``host``; ``generic`` for a portable module).
+        extra_args: further ``iree-compile`` flags (e.g. ``FAST_CONV_FLAGS``).
+        progress: called with a line as each phase starts and ends (``import``: ONNX -> MLIR,
+            ``compile``: iree-compile), with the elapsed time; ``bridge compile`` prints them.
+        gradients: ``False``: the module does not return the ``grad_*`` outputs (a ``bridge.Trainer``
+            never reads them), so IREE need not write them out; the step computes the same
+            (resnet18 and small_cnn steps 0.95-0.96x, benchmarks/RESULTS.md).
+    """
+    if backend not in BACKENDS:
+        raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
+    if not isinstance(gradients, bool):
+        raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
+    require_iree()
+    import iree.compiler.tools as iree_tools
+
+    proto = read_model(model)
+    if not gradients:  # a copy: the caller's model stays whole while the (seconds-long) import runs
+        proto = _without_gradients(proto)
+    report = progress or (lambda line: None)
+    start = time.perf_counter()
+    report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
+    mlir = to_mlir(proto)
+    report(f"import: done ({time.perf_counter() - start:.1f} s)")
+    report(f"compile: iree-compile, llvm-cpu, target cpu {target_cpu}")
+    try:
+        vmfb = iree_tools.compile_str(
+            mlir,
+            input_type="onnx",
+            target_backends=["llvm-cpu"],
+            extra_args=[*_IREE_FLAGS, f"--iree-llvmcpu-target-cpu={target_cpu}", *extra_args],
+        )
+    except iree_tools.CompilerToolError as exc:
+        report(f"compile: failed ({time.perf_counter() - start:.1f} s)")
+        diagnostics = compiler_diagnostics(str(exc), proto)
+        raise CompileError(_describe_failure(diagnostics, str(exc), proto), diagnostics) from exc
+    report(f"compile: done ({time.perf_counter() - start:.1f} s in all)")
+    compiled = CompiledModel(vmfb, backend, time.perf_counter() - start, _initial_state(model))
+    if output is not None:
+        compiled.save(output)
+    return compiled
+
+
+def _without_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` without its ``grad_*`` graph outputs."""
+    lean = onnx.ModelProto()
+    with outputs_dropped(model, is_gradient):
+        lean.CopyFrom(model)
+    return lean
+
+
+def _input_specs(model: onnx.ModelProto) -> dict[str, list]:
+    """Each graph input's ``[shape (a symbolic dim: None), numpy dtype name]``, from which the runner
+    draws the noise inputs (``bridge.contract.RANDOM_INPUTS``) each step."""
+    return {
+        v.name: [
+            [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim],
+            onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+        ]
+        for v in model.graph.input
+    }
+
+
+def _initial_state(model) -> dict[str, np.ndarray] | None:
+    """The initial state of a ``TrainingModel`` (None for a ModelProto or a path)."""
+    initial_state = getattr(model, "initial_state", None)
+    return initial_state() if callable(initial_state) else None
+
+
+_ERROR = re.compile(r"error: (.*)")
+_LOCATION = re.compile(r"loc\((?:[^()]|\([^()]*\))*\)")
+_QUOTED = re.compile(r'"([^"]+)"')
+
+
+def compiler_diagnostics(report: str, model: onnx.ModelProto) -> list[tuple[str, str, str]]:
+    """Each ``error:`` of an iree-compile report as ``(node name, op type, message)``.
+
+    A diagnostic's MLIR location is the ONNX node's name, plain (``loc("name")``) or nested in
+    fused/callsite locations; the first quoted name that is a node of ``model`` is the node."""
+    diagnostics = report.split("Diagnostics:\n", 1)[-1].split("\n\nInvoked with:", 1)[0]
+    nodes = {node.name: node for node in model.graph.node}
+    found = []
+    for line in diagnostics.splitlines():
+        error = _ERROR.search(line)
+        if not error:
+            continue
+        message = _LOCATION.sub("", error.group(1)).lstrip(": ")
+        message = message.split(": %", 1)[0].split(" %", 1)[0][:300]
+        names = [name for name in _QUOTED.findall(line) if name in nodes]
+        node = nodes[names[0]] if names else None
+        found.append((node.name if node else "", node.op_type if node else "", message))
+    return found
+
+
+def _describe_failure(diagnostics: list[tuple[str, str, str]], report: str, model: onnx.ModelProto) -> str:
+    """The compiler's errors, each with the ONNX node (name, op type, bridge layer) it is about."""
+    layers = {node.name: props(node.metadata_props).get(LAYER) for node in model.graph.node}
+    lines = []
+    for name, op, message in diagnostics:
+        layer = f", layer {layers[name]}" if layers.get(name) else ""
+        lines.append(f"{f'node {name!r} ({op}{layer})' if name else 'the graph'}: {message}")
+    if not lines:
+        lines = [report.split("Diagnostics:\n", 1)[-1].strip()[:1000]]
+    more = f"\n  ... and {len(lines) - _MAX_ERRORS} more" if len(lines) > _MAX_ERRORS else ""
+    return "IREE could not compile the model:\n  " + "\n  ".join(lines[:_MAX_ERRORS]) + more

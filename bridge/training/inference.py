@@ -1,0 +1,90 @@
+"""Back to inference: the source model with trained values in its initializers.
+
+A model exported in training mode (torch's ``TrainingMode.TRAINING`` keeps BatchNormalization
+and Dropout as nodes) is put in inference mode without changing its ops: BatchNormalization's
+``training_mode`` becomes 0 (its unused running-statistic outputs are dropped) and Dropout's
+``training_mode`` input is removed (the default: off). That is the form bridge's eval graph
+computes, so the exported model gives the eval graph's outputs.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..contract import ROLE, STATE_ROLES, Role, props
+from ..errors import BridgeError
+
+TRAINED_SUFFIX = ".trained"
+
+
+def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``source`` in inference mode whose initializers hold ``values`` (by name).
+
+    Inputs, outputs, nodes and value names are kept. A name that is not an initializer of
+    ``source`` but the output of ``Identity(initializer)`` (a running statistic that a legacy
+    exporter shared with an equal tensor; bridge trains it as its own buffer) gets its own
+    initializer ``<name>.trained``, read by that Identity, so the shared tensor is untouched.
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(source)
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    identities = {node.output[0]: node for node in graph.node
+                  if node.op_type == "Identity" and node.input[0] in initializers}
+    for name, value in values.items():
+        if name in initializers:
+            initializers[name].CopyFrom(_tensor(value, initializers[name], name))
+        elif name in identities:
+            node = identities[name]
+            tensor = _tensor(value, initializers[node.input[0]], name + TRAINED_SUFFIX)
+            graph.initializer.append(tensor)
+            node.input[0] = tensor.name
+        else:
+            raise BridgeError(f"trained value '{name}' is neither an initializer of the source model "
+                              "nor an Identity of one; cannot write it back")
+    inference_mode(model)
+    return model
+
+
+def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoint: str | os.PathLike) -> onnx.ModelProto:
+    """``source`` with the weights and buffers of a checkpoint of the training graph ``training``
+    (refused if the checkpoint belongs to another graph)."""
+    from .checkpoint import read_checkpoint
+    from .runtime import graph_hash
+
+    roles = {v.name: props(v.metadata_props).get(ROLE) for v in training.graph.input}
+    state_names = {name for name, role in roles.items() if role in STATE_ROLES}
+    state, _ = read_checkpoint(checkpoint, graph_hash(training), state_names)
+    trained = {name: state[name] for name, role in roles.items() if role in (Role.WEIGHT, Role.BUFFER)}
+    return with_trained_values(source, trained)
+
+
+def inference_mode(model: onnx.ModelProto) -> None:
+    """Turn BatchNormalization and Dropout nodes to inference mode (in place); see the module doc."""
+    graph = model.graph
+    used = {name for node in graph.node for name in node.input} | {out.name for out in graph.output}
+    for node in graph.node:
+        if node.op_type == "BatchNormalization":
+            extra = [name for name in node.output[1:] if name]
+            if any(name in used for name in extra):
+                raise BridgeError(f"BatchNormalization node '{node.name}': its batch statistics {extra} are read by "
+                                  "the model, so it cannot be written back in inference mode")
+            del node.output[1:]
+            for attribute in node.attribute:
+                if attribute.name == "training_mode":
+                    attribute.i = 0
+        elif node.op_type == "Dropout" and len(node.input) > 2:
+            del node.input[2:]
+
+
+def _tensor(value: np.ndarray, like: onnx.TensorProto, name: str) -> onnx.TensorProto:
+    """``value`` as a TensorProto named ``name``, checked against the initializer it replaces."""
+    if tuple(value.shape) != tuple(like.dims):
+        raise BridgeError(f"trained value '{name}' has shape {list(value.shape)}, the source initializer "
+                          f"'{like.name}' {list(like.dims)}")
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(like.data_type)
+    return numpy_helper.from_array(np.ascontiguousarray(value, dtype=dtype), name)

@@ -1,0 +1,369 @@
+"""Stage 7, runtime: run training steps of a training ONNX model in onnxruntime.
+
+``StepSession`` keeps the state (weights, buffers, optimizer state, ``step``, ``lr``),
+feeds it with a batch, and feeds every ``updated_<x>`` output back as ``<x>``; a backend
+only says how to run one step (``TrainingSession``: onnxruntime; ``bridge.training.runtime_iree``: IREE).
+
+Before a step the batch is checked (``bridge.training.feed_checks.StepChecks``: names, dtypes, shapes,
+NaN/inf, class indices); after it, a non-finite loss or updated value raises
+``NonFiniteError`` with the state unchanged, unless ``on_nonfinite`` is ``"skip"`` (state
+unchanged, ``skipped_steps`` counts it) or ``"ignore"`` (the values are kept).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+import numpy as np
+import onnx
+
+from .feed_checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
+from ..contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs,
+                       props, strip_prefix, updated_name)
+from ..errors import BridgeError, InvalidOptionError
+from ..onnx_file import external_copy, is_large, model_digest, read_model
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+
+class StepSession(ABC):
+    """Training state plus ``step(inputs, target)``; subclasses implement ``_run``.
+
+    ``graph_hash`` identifies the training graph (sha256 of the ONNX model), so a checkpoint
+    is only loaded into a session of the graph that wrote it.
+    """
+
+    def __init__(self, state: Mapping[str, np.ndarray], seed: int | None = None, *,
+                 checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = "",
+                 eval_model: onnx.ModelProto | None = None):
+        self.state = {name: np.asarray(value) for name, value in state.items()}
+        # name -> (shape, dtype); a dim is an int, a dim name or expression (``seq``, ``batch*seq``), or None: the batch
+        self.random_inputs: dict[str, tuple[list, np.dtype]] = {}
+        self.dim_bounds: dict[str, int] = {}  # the largest size of a symbolic dim the graph holds for
+        self._rng = np.random.default_rng(seed)
+        self.checks = checks
+        self.on_nonfinite = check_policy(on_nonfinite)
+        self.skipped_steps = 0
+        self.graph_hash = graph_hash
+        self.eval_graph = None if eval_model is None else EvalGraph(eval_model)
+        self.split_step: SplitStep | None = None
+        self.covered_outputs: frozenset[str] = frozenset()  # skipped by the non-finite check (checks.covered_outputs)
+
+    @property
+    def lr(self) -> float:
+        return float(self.state["lr"])
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.state["lr"] = np.asarray(value, dtype=self.state["lr"].dtype)
+
+    def step(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
+        """Run one training step; returns every output (loss, grad_*, updated_*, output_*)."""
+        if self.checks is not None:
+            self.checks.check(inputs, target)
+        feed = {**self.state, **self._noise(self.random_inputs, self.checks, inputs, target), **inputs, "target": target}
+        return self._commit(self._run(feed))
+
+    def enable_accumulation(self, gradient_model: onnx.ModelProto, update_model: onnx.ModelProto,
+                            providers=None) -> None:
+        """Load the step's two halves (``TrainingModel.gradient_model`` / ``update_model``, run in
+        onnxruntime on this session's state) so that ``accumulate`` can run."""
+        self.split_step = SplitStep(gradient_model, update_model, providers)
+
+    def accumulate(self, micro_batches: list[tuple[Mapping[str, np.ndarray], np.ndarray]],
+                   reduce: Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]] | None = None
+                   ) -> dict[str, np.ndarray]:
+        """One optimizer step on the effective batch made of ``micro_batches`` (``(inputs, target)``
+        pairs): the gradient graph on each, gradients and loss averaged weighted by micro-batch size
+        (1 for a sum-reduced loss), then the update graph once (clipping included). Buffers (BatchNorm
+        statistics) are updated per micro-batch, as torch does with accumulation. Returns ``loss``,
+        ``grad_*`` (accumulated), ``updated_*`` and ``output_*`` (micro-batches concatenated); the
+        state is committed, or not, as for ``step`` (``on_nonfinite``).
+
+        ``reduce`` (data-parallel training, ``bridge.training.distributed``) maps the float64 ``loss`` and
+        ``grad_*`` averaged over these micro-batches, and their sample count, to the values of the
+        whole (all-ranks) batch, before the update graph runs."""
+        if self.split_step is None:
+            raise BridgeError(f"this {type(self).__name__} has no gradient/update graphs: call "
+                              "enable_accumulation(tm.gradient_model, tm.update_model) first")
+        if not micro_batches:
+            raise BridgeError("accumulate needs at least one micro-batch")
+        graph = self.split_step
+        total = sum(len(target) for _, target in micro_batches)
+        buffers = {name: self.state[name] for name in graph.buffers}
+        sums: dict[str, np.ndarray] = {}
+        outputs: dict[str, list[np.ndarray]] = {}
+        for inputs, target in micro_batches:
+            graph.checks.check(inputs, target)
+            feed = {**self.state, **buffers, **self._noise(graph.random_inputs, graph.checks, inputs, target),
+                    **inputs, "target": target}
+            results = graph.gradient(feed)
+            weight = len(target) / total if graph.mean_loss else 1.0
+            for name in ["loss"] + graph.gradients:
+                sums[name] = sums.get(name, 0.0) + weight * results[name].astype(np.float64)
+            buffers.update({name: results[updated_name(name)] for name in graph.buffers})
+            for name in (n for n in results if n.startswith(OUTPUT_PREFIX)):
+                outputs.setdefault(name, []).append(results[name])
+        if reduce is not None:
+            sums = reduce(sums, total)
+        grads = {name: sums[name].astype(self.state[strip_prefix(name, GRAD_PREFIX)].dtype) for name in graph.gradients}
+        results = graph.update({**self.state, **grads})
+        results.update({updated_name(name): value for name, value in buffers.items()})
+        results.update({"loss": np.asarray(sums["loss"], dtype=graph.loss_dtype), **grads})
+        results.update({name: np.concatenate(parts) for name, parts in outputs.items()})
+        return self._commit(results)
+
+    def _noise(self, random_inputs: Mapping[str, tuple[list, np.dtype]], checks: StepChecks | None,
+               inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
+        """Uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step, for the noise inputs
+        that ``inputs`` does not give, shaped from the batch: a symbolic dim of a noise input (its
+        name, or an expression of names) takes the size that dim has in ``inputs`` and ``target``;
+        None is the batch (the target's length)."""
+        sizes = self._dim_sizes(checks, inputs, target)
+        sizes.setdefault(None, _batch(target))
+        return {name: self._rng.random([_size(d, sizes, name) for d in shape]).astype(dtype)
+                for name, (shape, dtype) in random_inputs.items() if name not in inputs}
+
+    def _dim_sizes(self, checks: StepChecks | None, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict:
+        """The size of every named (symbolic) dim in this batch (by the graph's declared shapes,
+        ``checks``), each within the largest size the graph holds for (``dim_bounds``)."""
+        feed = {**inputs, "target": target}
+        sizes = {}
+        for name, (shape, _) in ({} if checks is None else checks.specs).items():
+            value = feed.get(name)
+            if value is not None and np.ndim(value) == len(shape):
+                sizes.update({dim: size for dim, size in zip(shape, np.shape(value)) if isinstance(dim, str)})
+        for dim, bound in self.dim_bounds.items():
+            if sizes.get(dim, 0) > bound:
+                raise StepInputError(f"dim '{dim}' is {sizes[dim]} in this batch, but the model holds for sizes up to "
+                                     f"{bound} only (its graph slices a constant of that length, e.g. a position table)")
+        return sizes
+
+    def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Feed ``updated_*`` back into the state, unless the loss or an update is not finite
+        (then as ``on_nonfinite`` says)."""
+        updated = [name for name in results if name.startswith(UPDATED_PREFIX)]
+        checked = ["loss"] + [name for name in updated if name not in self.covered_outputs]
+        bad = nonfinite_outputs(results, checked) if self.on_nonfinite != "ignore" else []
+        if bad:
+            if self.on_nonfinite == "raise":
+                raise NonFiniteError(f"step {int(self.state.get('step', 0))} produced NaN/inf in {bad}; the state "
+                                     "is unchanged (lower the lr, clip gradients, or on_nonfinite='skip')")
+            self.skipped_steps += 1
+            return results
+        for name in updated:
+            self.state[strip_prefix(name, UPDATED_PREFIX)] = results[name]
+        return results
+
+    def save_checkpoint(self, path: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> Path:
+        """Write the state, the noise generator and ``extra`` (JSON-able) atomically to an ``.npz``."""
+        from .checkpoint import write_checkpoint
+
+        meta = {"graph_hash": self.graph_hash, "rng": self._rng.bit_generator.state,
+                "skipped_steps": self.skipped_steps, "extra": dict(extra or {})}
+        return write_checkpoint(path, self.state, meta)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Restore what ``save_checkpoint`` wrote (refused for another graph); returns its ``extra``."""
+        from .checkpoint import read_checkpoint
+
+        state, meta = read_checkpoint(path, self.graph_hash, set(self.state))
+        self.state = state
+        self._rng.bit_generator.state = meta["rng"]
+        self.skipped_steps = meta["skipped_steps"]
+        return meta["extra"]
+
+    def evaluate(self, inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
+        """Run the eval graph (inference-mode forward + loss, in onnxruntime) on the current weights
+        and buffers: ``loss`` and ``output_<name>`` for every model output."""
+        if self.eval_graph is None:
+            raise BridgeError(f"this {type(self).__name__} has no eval graph: create it with "
+                              "eval_model=TrainingModel.eval_model (TrainingModel.session() does)")
+        return self.eval_graph(self.state, inputs, target)
+
+    @abstractmethod
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the training graph on ``feed`` (every graph input by name); outputs by name."""
+
+
+def graph_hash(model: onnx.ModelProto | bytes) -> str:
+    """The identity of a training graph: sha256 of its serialized ONNX model."""
+    return model_digest(model) if isinstance(model, onnx.ModelProto) else hashlib.sha256(model).hexdigest()
+
+
+def unchecked_run(session) -> Callable:
+    """``session.run`` without InferenceSession.run's Python re-validation of the feed (a pybind
+    lookup per input and a list search: ~0.1 ms a step, 5-10% of a small model's step, measured on
+    the benchmarks' MLP): onnxruntime's private binding, whose ``run`` takes the public method's
+    positional arguments. bridge's feeds hold every input by construction. Falls back to the public
+    method where a release of onnxruntime lacks the binding."""
+    run = getattr(getattr(session, "_sess", None), "run", None)
+    return run if callable(run) else session.run
+
+
+def session_options(threads: int | None = None, spinning: bool = True) -> onnxruntime.SessionOptions:
+    """bridge's onnxruntime session options: BASIC graph optimizations; ``threads`` intra-op threads
+    (default: onnxruntime's own, one per physical core); ``spinning=False``: they block instead of
+    spinning between the parallel parts of a step. Spinning (onnxruntime's default) is faster on
+    cores of one's own (steady steps, 2 threads, quiet 2-core machine, benchmarks/run.py's settled
+    bursts: blocking took 1.10x resnet18's step and 1.19x small_cnn's); on cores shared with other busy
+    processes a spinning worker holds its core for the whole step and the step ran up to 1.8x slower
+    (load 4-6: 0.56 vs 0.32 s wall, 0.37 vs 0.20 s CPU), so pass ``spinning=False`` there."""
+    import onnxruntime as ort
+
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InvalidOptionError(f"threads={threads!r} is not valid; give an integer >= 1, or None for "
+                                 "onnxruntime's default (one per physical core)")
+    if not isinstance(spinning, bool):
+        raise InvalidOptionError(f"spinning={spinning!r} is not valid; give True or False")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return options
+
+
+@contextlib.contextmanager
+def outputs_dropped(model: onnx.ModelProto, dropped: Callable[[str], bool] | None) -> Iterator[onnx.ModelProto]:
+    """``model`` without the graph outputs whose names ``dropped`` picks, for the time of the ``with``
+    (a session built from it); the outputs are restored after, and the model is not copied."""
+    outputs = list(model.graph.output)
+    if dropped is not None:
+        del model.graph.output[:]
+        model.graph.output.extend(o for o in outputs if not dropped(o.name))
+    try:
+        yield model
+    finally:
+        if dropped is not None:
+            del model.graph.output[:]
+            model.graph.output.extend(outputs)
+
+
+class OrtGraph:
+    """One ONNX graph in onnxruntime, run by input name."""
+
+    def __init__(self, model: onnx.ModelProto, providers=None, threads: int | None = None, spinning: bool = True,
+                 dropped_outputs: Callable[[str], bool] | None = None):
+        """``dropped_outputs``: graph outputs (by name) the session does not return; onnxruntime then
+        plans their buffers as intermediate values (reused in place once read)."""
+        import onnxruntime as ort
+
+        options = session_options(threads, spinning)
+        providers = providers or ["CPUExecutionProvider"]
+        with outputs_dropped(model, dropped_outputs):
+            if is_large(model):  # past protobuf's 2 GiB: through a file with external data
+                with external_copy(model) as path:
+                    self.session = ort.InferenceSession(path, options, providers=providers)
+            else:
+                self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        self.input_names = [value.name for value in self.session.get_inputs()]
+        self.output_names = [value.name for value in self.session.get_outputs()]
+        self._run = unchecked_run(self.session)
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {name: feed[name] for name in self.input_names}
+        return dict(zip(self.output_names, self._run(self.output_names, feed, None)))
+
+
+class EvalGraph:
+    """The eval graph in onnxruntime, fed with a session's weights and buffers and a checked batch."""
+
+    def __init__(self, model: onnx.ModelProto, providers=None):
+        self.graph = OrtGraph(model, providers)
+        self.checks = StepChecks.from_model(model)
+
+    def __call__(self, state: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray],
+                 target: np.ndarray) -> dict[str, np.ndarray]:
+        self.checks.check(inputs, target)
+        return self.graph({**state, **inputs, "target": target})
+
+
+class SplitStep:
+    """The gradient and update graphs of a step in onnxruntime (see ``StepSession.accumulate``)."""
+
+    def __init__(self, gradient_model: onnx.ModelProto, update_model: onnx.ModelProto, providers=None):
+        self.gradient = OrtGraph(gradient_model, providers)
+        self.update = OrtGraph(update_model, providers)
+        self.checks = StepChecks.from_model(gradient_model)
+        self.random_inputs = random_inputs(gradient_model, self.gradient)
+        self.gradients = [name for name in self.gradient.output_names if is_gradient(name)]
+        loss_type = gradient_model.graph.output[0].type.tensor_type.elem_type  # "loss" is the first output
+        self.loss_dtype = onnx.helper.tensor_dtype_to_np_dtype(loss_type)
+        self.buffers = [strip_prefix(name, UPDATED_PREFIX) for name in self.gradient.output_names
+                        if name.startswith(UPDATED_PREFIX)]
+        options = json.loads(props(gradient_model.metadata_props).get(LOSS_OPTIONS, "{}"))
+        self.mean_loss = options.get("reduction", "mean") != "sum"
+
+
+def random_inputs(model: onnx.ModelProto, graph: OrtGraph) -> dict[str, tuple[list, np.dtype]]:
+    """The noise inputs of ``model`` (model metadata): name -> (shape, dtype), a symbolic dim by its dim_param."""
+    random = decode_random_inputs(props(model.metadata_props))
+    found = {}
+    for value in graph.session.get_inputs():
+        if value.name in random:
+            shape = [d if isinstance(d, (int, str)) else None for d in value.shape]
+            found[value.name] = (shape, np.float64 if value.type == "tensor(double)" else np.float32)
+    return found
+
+
+def is_gradient(name: str) -> bool:
+    """Whether graph output ``name`` is a gradient (``grad_<weight>``)."""
+    return name.startswith(GRAD_PREFIX)
+
+
+class TrainingSession(StepSession):
+    """Train with a training ONNX model in onnxruntime: ``session.step(inputs, target)`` -> outputs.
+
+    With ``eval_model`` (``TrainingModel.eval_model``), ``evaluate(inputs, target)`` runs it.
+    """
+
+    def __init__(self, model: onnx.ModelProto | str | os.PathLike, state: Mapping[str, np.ndarray], providers=None,
+                 seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise",
+                 threads: int | None = None, spinning: bool = True, gradients: bool = True):
+        """``threads``, ``spinning``: onnxruntime's intra-op thread count (default: its own, one per
+        physical core) and whether they spin between parallel ops (``session_options``).
+        ``gradients=False``: ``step`` does not return the ``grad_*`` outputs, so onnxruntime need not
+        keep them past the update (it reuses their buffers in place: resnet18's step 0.94-0.97x, small_cnn's
+        0.95-1.00x at 2 threads, two A/Bs); the step computes the same."""
+        if not isinstance(gradients, bool):
+            raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
+        model = read_model(model)
+        super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
+                         graph_hash=graph_hash(model), eval_model=eval_model)
+        dropped = None if gradients else is_gradient
+        self._graph = OrtGraph(model, providers, threads, spinning, dropped)
+        self.output_names = self._graph.output_names
+        self.random_inputs.update(random_inputs(model, self._graph))
+        self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
+        self.covered_outputs = covered_outputs(model)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._graph(feed)
+
+
+def _size(dim, sizes: Mapping, noise: str) -> int:
+    """A dim of noise input ``noise``: an int, a named dim, or an expression of named dims (``batch*seq``)."""
+    if isinstance(dim, int):
+        return dim
+    if dim in sizes:
+        return sizes[dim]
+    import sympy  # only for a dim written as an expression: importing sympy costs ~0.5 s
+
+    symbols = {name: sympy.Symbol(name) for name in sizes if isinstance(name, str)}
+    value = sympy.parse_expr(dim, local_dict=symbols).subs({symbols[n]: v for n, v in sizes.items() if n in symbols})
+    if not value.is_Integer:
+        raise BridgeError(f"noise input '{noise}' has dim '{dim}', which the batch's dims {sorted(symbols)} do not give")
+    return int(value)
+
+
+def _batch(target) -> int | None:
+    """The batch size a target gives (None for a 0-d target: a graph without a batch dim)."""
+    return len(target) if np.ndim(target) else None

@@ -1,0 +1,103 @@
+"""Run training steps of a compiled training module (``.vmfb``, ``bridge.compile``) with IREE.
+
+``IreeTrainingSession`` has the interface of the onnxruntime ``TrainingSession`` (same inputs,
+``updated_*`` fed back, ``.state``, ``.lr``), so one training loop can use either backend.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+import onnx
+
+from ..contract import INPUT_SPECS, INPUTS, OUTPUTS, decode_random_inputs
+from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
+from .feed_checks import StepChecks
+from .runtime import StepSession, graph_hash
+
+if TYPE_CHECKING:
+    from ..tools.compile import CompiledModel
+
+def require_iree(part: str = "compiler") -> None:
+    """Raise ``MissingExtraError`` naming ``pip install bridge[iree]`` unless IREE's ``part`` imports."""
+    try:
+        __import__(f"iree.{part}")
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"IREE ({'iree-base-compiler' if part == 'compiler' else 'iree-base-runtime'}) is not installed: "
+            f"pip install 'bridge[iree]' ({exc})"
+        ) from exc
+
+
+class IreeTrainingSession(StepSession):
+    """Train with a compiled training module: ``session.step(inputs, target)`` -> outputs."""
+
+    def __init__(self, module: CompiledModel | bytes | str | os.PathLike, state: Mapping[str, np.ndarray],
+                 driver: str = "local-task", seed: int | None = None, *,
+                 training_model: onnx.ModelProto | None = None, eval_model: onnx.ModelProto | None = None,
+                 on_nonfinite: str = "raise"):
+        """``training_model``, the ONNX graph the module was compiled from, enables the batch checks
+        and makes checkpoints interchangeable with onnxruntime sessions of that graph (same hash);
+        ``eval_model`` enables ``evaluate`` (run in onnxruntime on this session's state)."""
+        require_iree("runtime")
+        import iree.runtime as rt
+
+        module = getattr(module, "vmfb", module)  # a bridge.tools.compile.CompiledModel
+        if not isinstance(module, bytes):
+            path = Path(module)
+            if not path.is_file():
+                raise ModelLoadError(f"no such compiled module: {path}")
+            module = path.read_bytes()
+        checks = None if training_model is None else StepChecks.from_model(training_model)
+        super().__init__(state, seed, checks=checks, on_nonfinite=on_nonfinite,
+                         graph_hash=graph_hash(module if training_model is None else training_model),
+                         eval_model=eval_model)
+        self._config = rt.Config(driver)
+        try:
+            vm_module = rt.VmModule.copy_buffer(self._config.vm_instance, module)
+        except (RuntimeError, ValueError) as exc:
+            raise ModelLoadError(f"not an IREE module (.vmfb): {exc}") from exc
+        entry = _entry_function(vm_module)
+        reflection = vm_module.lookup_function(entry).reflection
+        self.input_names: list[str] = json.loads(reflection[INPUTS])
+        self.output_names: list[str] = json.loads(reflection[OUTPUTS])
+        specs = json.loads(reflection.get(INPUT_SPECS, "{}"))
+        for name in decode_random_inputs(reflection):
+            shape, dtype = specs[name]
+            self.random_inputs[name] = (shape, np.dtype(dtype))
+        self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [name for name in self.input_names if name not in feed]
+        if missing:
+            raise InvalidOptionError(f"missing inputs {missing}; the module takes {self.input_names}")
+        results = self._function(*(np.asarray(feed[name], order="C") for name in self.input_names))
+        if len(self.output_names) == 1:
+            results = (results,)
+        return {name: value.to_host() for name, value in zip(self.output_names, results)}
+
+
+def _entry_function(vm_module) -> str:
+    """The (synchronous) function that ``bridge.compile`` tagged with the graph's input names."""
+    for name in vm_module.function_names:
+        if "$" in name:  # IREE's generated variants (``<name>$async`` takes fences)
+            continue
+        function = vm_module.lookup_function(name)
+        if function is not None and INPUTS in function.reflection:
+            return name
+    raise ModelLoadError("the module was not compiled by bridge.compile (no function lists its inputs)")
+
+
+class IreeGraph:
+    """A compiled graph called like ``bridge.training.runtime.OrtGraph`` (inputs and outputs by name): the
+    gradient or update half of a step, for accumulation and data parallelism."""
+
+    def __init__(self, module: bytes, model: onnx.ModelProto):
+        self._session = IreeTrainingSession(module, {}, training_model=model)  # stateless: only its graph runs
+        self.input_names, self.output_names = self._session.input_names, self._session.output_names
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._session._run(dict(feed))
