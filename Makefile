@@ -8,17 +8,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# onnx-mlir (its backend and test tier): ONNX_MLIR_HOME, else the build beside the clone, if any.
+ONNX_MLIR_HOME ?= $(wildcard $(abspath ../shared/onnx-mlir/install))
+export ONNX_MLIR_HOME
 
-.PHONY: demo test test-fast test-all venv clean system-deps
+.PHONY: demo test test-fast test-all lint venv clean system-deps
 
-# pip byte-compiles all it installs (~50 s of CPU, 15,000 files). Kept: `--no-compile` saved those 50 s
-# (measured 2026-11-30), but this machine's environment sets PYTHONDONTWRITEBYTECODE=1, so every later
-# Python process would compile what it imports (torch + bridge: +8 s of CPU each, two pytest workers,
-# spawned ranks and CLI subprocesses); `compileall -j 0` afterwards took 77 s of CPU and exits 1 on a
-# file that does not compile.
-# No constraints file either: `pip install --dry-run` of '.[test,iree]' in a fresh venv (2026-12-01, load 3-10,
-# three runs each, alternating) took 22.6-28.1 s of CPU as it is and 25.2-27.4 s with `-c` of the 91 resolved `==`
-# pins (wall 46-296 s vs 76-202 s, set by the load): the resolver does not backtrack; its time is fetching indexes.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[test,iree]'
@@ -30,9 +25,14 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 	$(PY) examples/digits.py out
 
-# Debian's chromium renders `bridge show --html` pictures headless in the tests.
+# Debian packages the tests use: chromium renders `bridge show --html` pictures headless; onnx-mlir
+# (ONNX_MLIR_HOME, ../shared/onnx-mlir/README.md) runs on LLVM 22's libraries and links each model
+# with clang-22. Installed only where missing; onnx-mlir's only where an onnx-mlir is present.
+ONNX_MLIR_APT := libllvm22 libprotobuf32 llvm-22 clang-22 binutils libstdc++-12-dev
 system-deps:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@if [ -n "$$ONNX_MLIR_HOME" ] && [ -x "$$ONNX_MLIR_HOME/bin/onnx-mlir" ] && ! command -v clang++-22 >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(ONNX_MLIR_APT) >/dev/null; fi
 
 # Two workers: the machines here have 2 cores. loadgroup hands each test to whichever worker is
 # free, in the order tests/conftest.py gives (slow tests first, so none ends up alone at the tail),
@@ -40,7 +40,7 @@ system-deps:
 # on one thread (tests/conftest.py).
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps lint
 	$(PYTEST) -m "not exhaustive" tests
 
 test-fast: $(STAMP)
@@ -48,6 +48,12 @@ test-fast: $(STAMP)
 
 test-all: $(STAMP) system-deps
 	$(PYTEST) tests
+
+# ruff (pyflakes, bugbear, isort, pyupgrade) everywhere; mypy on the public API, the contract, the
+# runtime and the IR (pyproject.toml's [tool.ruff] and [tool.mypy]).
+lint: $(STAMP)
+	$(PY) -m ruff check bridge tests docs benchmarks examples
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) out

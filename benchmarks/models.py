@@ -7,9 +7,9 @@ and bridge do the same arithmetic), one fixed batch, its target and the loss nam
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

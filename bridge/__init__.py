@@ -50,16 +50,16 @@ _SUBMODULES = ("ir",)
 if TYPE_CHECKING:
     from . import ir
     from .api import to_training_onnx
+    from .pipeline.from_torch import export_for_training
+    from .pipeline.source_checks import InferenceExportError, InferenceExportWarning
+    from .tools.compile import CompiledModel, CompileError, compile  # noqa: A004
     from .tools.target_check import Violation, check
+    from .tools.verify import VerifyReport, verify
     from .training.checkpoint import CheckpointError
     from .training.feed_checks import NonFiniteError, StepInputError
-    from .tools.compile import CompileError, CompiledModel, compile  # noqa: A004
-    from .pipeline.from_torch import export_for_training
     from .training.runtime import TrainingSession
-    from .pipeline.source_checks import InferenceExportError, InferenceExportWarning
     from .training.trainer import History, Trainer
     from .training.training_model import TrainingModel
-    from .tools.verify import VerifyReport, verify
 
 
 def __getattr__(name: str) -> Any:

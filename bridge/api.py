@@ -6,8 +6,9 @@ import functools
 import gc
 import json
 import os
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -15,20 +16,21 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
-from .pipeline.annotate import annotate_model
 from .atomic import check_output_path
-from .pipeline.broadcast import match_scalar_ranks
-from .pipeline.cleanup import clean_up
-from .contract import LOSS, LOSS_OUTPUT, LR, STEP, TARGET, TARGET_CLASSES as CLASSES, StepSignature, slot_name
+from .contract import LOSS, LOSS_OUTPUT, LR, STEP, TARGET, StepSignature, slot_name
+from .contract import TARGET_CLASSES as CLASSES
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
+from .onnx_file import check_onnx, model_digest
+from .pipeline.annotate import annotate_model
+from .pipeline.broadcast import match_scalar_ranks
+from .pipeline.cleanup import clean_up
 from .pipeline.export import export_step
 from .pipeline.from_torch import is_torch_source, load_torch_source
 from .pipeline.importer.program import OnnxProgram
 from .pipeline.importer.registry import buffer_inputs
 from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_model
-from .onnx_file import check_onnx, model_digest
 from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
 from .pipeline.progress import phase

@@ -17,8 +17,8 @@ import secrets
 import shutil
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .errors import OutputPathError
 

@@ -8,9 +8,9 @@ import sys
 import traceback
 import warnings
 
-from .tools.target_check import TARGETS as CHECK_TARGETS
-from .tools.compile import BACKENDS
 from .errors import BridgeError, InvalidOptionError
+from .tools.compile import BACKENDS
+from .tools.target_check import TARGETS as CHECK_TARGETS
 
 
 def _json_option(text: str | None, flag: str) -> dict | None:
@@ -66,11 +66,10 @@ def _dynamic_dims(args: argparse.Namespace) -> bool | dict | None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .pipeline import progress
     from .api import to_training_onnx
-    from .errors import BridgeWarning
-
     from .atomic import check_output_path
+    from .errors import BridgeWarning
+    from .pipeline import progress
 
     state_path = args.state or str(args.output).removesuffix(".onnx") + ".state.npz"
     for path, flag in ((args.output, "-o"), (state_path, "--state")):
@@ -213,8 +212,8 @@ def _train_rank(args: argparse.Namespace) -> int:
 
 
 def _export_inference(args: argparse.Namespace) -> int:
-    from .training.inference import from_checkpoint
     from .onnx_file import read_model
+    from .training.inference import from_checkpoint
     from .training.training_model import save_atomically
 
     model = from_checkpoint(read_model(args.source), read_model(args.train), args.checkpoint)

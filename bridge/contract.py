@@ -15,8 +15,9 @@ reading a saved training graph never needs torch.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

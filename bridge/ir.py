@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import onnx
 

@@ -10,8 +10,8 @@ import hashlib
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import onnx

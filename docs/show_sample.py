@@ -36,9 +36,10 @@ def _shorten(text: str) -> list[str]:
 
 
 def render() -> str:
+    from traverse_ir import export_cnn
+
     import bridge
     from bridge.tools.show import summary
-    from traverse_ir import export_cnn
 
     with tempfile.TemporaryDirectory() as tmp:
         source = export_cnn(Path(tmp) / "cnn.onnx")

@@ -2,14 +2,14 @@
 onnxruntime, and the structural promises of the exported training graph."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 import torch
+from helpers.importer import importer_and_onnxruntime
 
 import bridge
-from helpers.importer import importer_and_onnxruntime
 
 
 def assert_forward_matches_onnxruntime(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5) -> None:

@@ -26,8 +26,9 @@ import json
 import re
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -37,14 +38,15 @@ from onnx.backend.test.runner import Runner, _normalize_tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers.importer import run_onnxruntime  # noqa: E402
+from helpers.oracle import check_training_step  # noqa: E402
+
 from bridge.errors import UnsupportedOpError  # noqa: E402
 from bridge.pipeline.importer.program import OnnxProgram  # noqa: E402
 from bridge.pipeline.importer.program import all_nodes as _all_nodes  # noqa: E402
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters  # noqa: E402
 from bridge.pipeline.importer.weights import differentiable_initializers  # noqa: E402
 from bridge.pipeline.load import MAX_OPSET, load_model  # noqa: E402
-from helpers.oracle import check_training_step  # noqa: E402
-from helpers.importer import run_onnxruntime  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 EXPECTATIONS = Path(__file__).parent / "onnx_node_expectations.json"

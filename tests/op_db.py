@@ -20,7 +20,6 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-
 from single_op import ELEM
 
 DATA, WEIGHT, CONST, ABSENT = "data", "weight", "const", "absent"
@@ -410,6 +409,11 @@ def _pool() -> list[OpRow]:
         row("GlobalMaxPool", "2d", x((2, 3, 4, 4), "distinct")),
         row("GlobalAveragePool", "2d", x((2, 3, 4, 4))),
         row("GlobalAveragePool", "1d", x((2, 3, 5))),
+        # onnx's reference evaluator has no GlobalLpPool: the oracle is the same norm as ReduceL2 / ReduceL1.
+        row("GlobalLpPool", "2d_p2", x((2, 3, 4, 4)),
+            oracle=(const("axes", [2, 3], np.int64), Node("ReduceL2", ("x", "axes"), ("y",)))),
+        row("GlobalLpPool", "1d_p1", x((2, 3, 5)), attrs={"p": 1},
+            oracle=(const("axes", [2], np.int64), Node("ReduceL1", ("x", "axes"), ("y",)))),
     ]
     x2 = x((2, 3, 6, 6))
     rows += [

@@ -6,7 +6,7 @@ comparison is against PyTorch itself, never against bridge's own code.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch

@@ -6,16 +6,16 @@ weights written with torch.nn.functional (never with bridge's code).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
+from reference import assert_steps_match, bridge_steps, torch_steps
 
 import bridge
-from reference import assert_steps_match, bridge_steps, torch_steps
 
 ELEM = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float64): onnx.TensorProto.DOUBLE,
         np.dtype(np.int64): onnx.TensorProto.INT64, np.dtype(np.bool_): onnx.TensorProto.BOOL}

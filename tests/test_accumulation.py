@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from lifecycle_models import assert_close_to_float64, batch, features, small_cnn, small_mlp
 
 import bridge
 from bridge.pipeline.annotate import PHASE, ROLE, props
 from bridge.training.runtime import OrtGraph
 from bridge.training.training_model import part_path
-from lifecycle_models import assert_close_to_float64, batch, features, small_cnn, small_mlp
 
 MICRO = [3, 5, 4, 4]  # micro-batch sizes of one effective batch of 16 (unequal on purpose)
 LR = {"sgd": 0.1, "adam": 0.01}

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers.models import gemm_mlp, matmul_add_mlp
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main
 from bridge.errors import InvalidOptionError
-from helpers.models import gemm_mlp, matmul_add_mlp
 
 TABLE = json.loads((Path(bridge.__file__).parent / "data" / "onnx_mlir_cpu_ops.json").read_text())["ops"]
 F, I64 = TensorProto.FLOAT, TensorProto.INT64

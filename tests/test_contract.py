@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from generated_docs import assert_generated_block_current
 
 import bridge
 from bridge import contract
 from bridge.pipeline.load import load_model
-from generated_docs import assert_generated_block_current
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ROOT / "bridge" / "contract.py"

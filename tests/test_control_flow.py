@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
+from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 import bridge
 from bridge.errors import ShapeError
 from bridge.pipeline.importer.ops import control_flow
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 BATCH, STEPS, FEATURES, HIDDEN = 3, 5, 4, 6
 LR = 0.1

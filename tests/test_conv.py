@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
-from bridge.pipeline.lowering import conv as lowering
 from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
 from helpers.training import assert_trains_like, module_weights
 from reference import random_batches
 from single_op import batches_for, one_node_model, train_and_compare
+
+import bridge
+from bridge.pipeline.lowering import conv as lowering
 
 aten = torch.ops.aten
 ALL = [True, True, True]

@@ -6,12 +6,12 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from helpers.models import matmul_add_mlp
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
 import bridge.pipeline.trace
 from bridge.pipeline.cse import eliminate_common_subexpressions, eliminate_dead_code
-from helpers.models import matmul_add_mlp
 
 aten = torch.ops.aten
 

@@ -7,9 +7,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
+from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 import bridge
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 BATCH, CHANNELS, SIDE, FEATURES, K = 2, 3, 6, 4, 5
 ANCHORS = SIDE * SIDE

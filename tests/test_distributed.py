@@ -21,11 +21,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from lifecycle_models import CLASSES, SIZE, batch, features, small_cnn, small_mlp
 
 import bridge
 from bridge.training.distributed import BUCKET_BYTES, DataParallelTrainer, DistributedError, _free_port, run_local
 from bridge.training.runtime import OrtGraph
-from lifecycle_models import CLASSES, SIZE, batch, features, small_cnn, small_mlp
 
 SHARDS = [3, 5]  # per-rank batch sizes of one step (unequal on purpose: the reduction is weighted)
 STEPS = 5

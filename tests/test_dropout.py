@@ -10,11 +10,11 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import seed_of
+from reference import assert_steps_match, bridge_steps, torch_steps
+from single_op import one_node_model, train_and_compare
 
 import bridge
-from reference import assert_steps_match, bridge_steps, torch_steps
-from conftest import seed_of
-from single_op import one_node_model, train_and_compare
 
 rng = np.random.default_rng(11)  # re-seeded for each test from its id (tests/conftest.py)
 SHAPE = (3, 4, 5)

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
+from reference import assert_steps_match, bridge_steps, torch_steps
 
 import bridge
-from reference import assert_steps_match, bridge_steps, torch_steps
 
 EXAMPLE = "examples/models/mlp.onnx"
 

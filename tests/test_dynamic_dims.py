@@ -13,12 +13,12 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
+from zoo.harness import Case, assert_first_step, assert_onnx_mlir_clean, module_oracle, name_map, perturb
+from zoo.torch_models import VOCAB, _LSTMTagger
 
 import bridge
 from bridge.cli import main
 from bridge.pipeline.from_torch import HFLogits
-from zoo.harness import Case, assert_first_step, assert_onnx_mlir_clean, module_oracle, name_map, perturb
-from zoo.torch_models import VOCAB, _LSTMTagger
 
 LR = 1e-3
 RTOL = 1e-4  # as the zoo

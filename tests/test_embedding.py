@@ -9,10 +9,10 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
 from helpers.training import assert_trains_like
 from single_op import one_node_model, train_and_compare
+
+import bridge
 
 rng = np.random.default_rng(3)
 SCATTERS = {"ScatterElements", "ScatterND", "Scatter"}

@@ -9,8 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
-from bridge.training import training_model
 from bridge.cli import main
+from bridge.training import training_model
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "mlp.onnx")
 

@@ -16,13 +16,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from zoo.harness import NOISE, NOISE_FACTOR, assert_onnx_mlir_clean, perturb, torch_loss
 
 import bridge
 from bridge.cli import main
-from bridge.pipeline.importer.program import OnnxProgram
 from bridge.errors import BridgeWarning
+from bridge.pipeline.importer.program import OnnxProgram
 from bridge.pipeline.source_checks import InferenceExportError, InferenceExportWarning, find_inference_export
-from zoo.harness import NOISE, NOISE_FACTOR, assert_onnx_mlir_clean, perturb, torch_loss
 
 STEPS = 5
 LR = 1e-3

@@ -26,14 +26,24 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.oracle import (
+    FD_NOISE_FACTOR,
+    FLOAT32_EPS,
+    FLOAT32_ULPS,
+    FLOAT64_FLOOR,
+    LR,
+    REFERENCE_OPS,
+    TORCH_NOISE_FACTOR,
+    as_float64,
+    run_reference,
+    weights_as_inputs,
+)
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.pipeline.load import load_model
-from helpers.oracle import (FD_NOISE_FACTOR, FLOAT32_EPS, FLOAT32_ULPS, FLOAT64_FLOOR, LR, REFERENCE_OPS,
-                            TORCH_NOISE_FACTOR, as_float64, run_reference, weights_as_inputs)
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "models" / "mlp.onnx"

@@ -4,9 +4,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
-
 from helpers.importer import assert_importer_matches_onnxruntime, import_and_run, run_onnxruntime
+from onnx import TensorProto, helper
 
 
 def _model(nodes, inputs: dict[str, np.ndarray], outputs: list[str], opset: int, initializers=()) -> onnx.ModelProto:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
 from helpers.importer import assert_importer_matches_onnxruntime, import_and_run, run_onnxruntime
 from single_op import one_node_model
+
+import bridge
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 3, 4)).astype(np.float32)

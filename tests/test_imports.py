@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import subprocess
 import sys
 import time

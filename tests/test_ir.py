@@ -10,11 +10,11 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.models import gemm_mlp, matmul_add_mlp
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.errors import ModelLoadError
-from helpers.models import gemm_mlp, matmul_add_mlp
 
 PHASES = {"forward", "loss", "backward", "optimizer"}
 VALUE_ROLE = {"forward": "activation", "loss": "activation", "backward": "gradient", "optimizer": "update"}

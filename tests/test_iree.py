@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from reference import assert_steps_match
 
 import bridge
 from bridge.cli import main as cli_main
 from bridge.errors import MissingExtraError
 from bridge.training.runtime_iree import IreeTrainingSession
-from reference import assert_steps_match
 
 pytestmark = pytest.mark.iree
 

@@ -16,7 +16,6 @@ the float64 gradients every gradient matches onnxruntime's within 4e-6 of its sc
 from __future__ import annotations
 
 import pytest
-
 from repros.zoo_activation_near_kink import plain_inputs
 from zoo.harness import flip_effect, near_decisions
 from zoo.torch_models import DRAWS

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import assert_steps_match, bridge_steps, torch_steps
+from single_op import one_node_model
 
 import bridge
 from bridge.tools.compile import FAST_CONV_FLAGS
-from reference import assert_steps_match, bridge_steps, torch_steps
-from single_op import one_node_model
 
 pytestmark = pytest.mark.iree  # skipped without the bridge[iree] extra (conftest.py)
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
-from bridge.tools.target_check import check
-from bridge.pipeline.losses import available_losses
-from bridge.pipeline.lowering.loss import xlogy
 from helpers.training import assert_trains_like
 from reference import assert_steps_match, bridge_steps, torch_steps
+
+import bridge
+from bridge.pipeline.losses import available_losses
+from bridge.pipeline.lowering.loss import xlogy
+from bridge.tools.target_check import check
 
 C = 4
 WEIGHT = [0.5, 2.0, 1.0, 3.0]

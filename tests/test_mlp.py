@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
 from helpers.models import gemm_mlp, matmul_add_mlp
 from helpers.training import assert_trains_like, module_weights
 from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
+
+import bridge
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}
 LOSSES = {"mse": F.mse_loss, "ce": F.cross_entropy}

@@ -10,14 +10,14 @@ import io
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.importer import assert_importer_matches_onnxruntime
+from onnx import numpy_helper
+from single_op import batches_for, one_node_model, train_and_compare
 
 import bridge
-from helpers.importer import assert_importer_matches_onnxruntime
-from single_op import batches_for, one_node_model, train_and_compare
 
 RTOL = 1e-9
 EPS = 2.0 ** -10  # exact in the float32 epsilon attribute

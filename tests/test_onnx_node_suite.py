@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 import onnx_node_suite as suite
+import pytest
 from generated_docs import assert_generated_block_current
 
 # One pytest-xdist work unit (tests/conftest.py): every process that runs one of these tests first

@@ -9,15 +9,14 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime
 import pytest
+from generated_docs import assert_generated_block_current
+from helpers.importer import import_and_run, run_onnxruntime
+from helpers.oracle import FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, _scale, check_training_step, run_reference, step_outputs
+from op_db import ROWS, OpRow
+from reference import assert_steps_match
 
 import bridge
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters
-from generated_docs import assert_generated_block_current
-from helpers.importer import import_and_run, run_onnxruntime
-from helpers.oracle import (FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, _scale, check_training_step, run_reference,
-                            step_outputs)
-from op_db import ROWS, OpRow
-from reference import assert_steps_match
 
 OPTIONS = {"loss": "mse", "optim": "sgd", "optim_options": {"lr": LR}}
 FLOAT32_BOUND = FLOAT32_ULPS * FLOAT32_EPS  # of a tensor's scale: float32 results vs each other

@@ -9,21 +9,21 @@ onnx-mlir's op table accepts every training graph.
 from __future__ import annotations
 
 import io
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.training import assert_trains_like
 from onnx import helper, numpy_helper
+from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
+from single_op import batches_for, one_node_model, train_and_compare
 
 import bridge
 from bridge.pipeline.lowering.reduce import cumprod
 from bridge.pipeline.lowering.softmax import softmax_backward
-from helpers.training import assert_trains_like
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
-from single_op import batches_for, one_node_model, train_and_compare
 
 SHAPE = (2, 3, 4)
 RTOL = 1e-9  # float64 on both sides: measured differences are below 1e-13

@@ -17,12 +17,12 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
 from helpers.importer import run_onnxruntime
 from helpers.training import assert_trains_like, module_weights
 from reference import assert_steps_match, bridge_steps, torch_steps
 from single_op import batches_for, one_node_model, train_and_compare
+
+import bridge
 
 RTOL = 1e-12  # float64 vs torch float64: measured <= 1e-15 relative
 RTOL32 = 1e-5  # float32 vs torch float32: measured <= 3.4e-7 relative (a few ulps)

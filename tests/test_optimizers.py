@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
-from bridge.tools.target_check import check
-from bridge.pipeline.optimizers import available_optimizers, make_optimizer
 from helpers.training import module_steps
 from reference import assert_steps_match, bridge_steps, random_batches
+
+import bridge
+from bridge.pipeline.optimizers import available_optimizers, make_optimizer
+from bridge.tools.target_check import check
 
 STEPS, HALVE_AT = 20, 10
 

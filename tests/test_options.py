@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 import torch
+from onnx import TensorProto, helper
 
 import bridge
 from bridge.cli import main

@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
+from helpers.importer import run_onnxruntime
 from onnx import TensorProto, helper
+from reference import bridge_steps
+from single_op import batches_for, one_node_model, train_and_compare
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
@@ -18,10 +22,6 @@ from bridge.pipeline.export.builder import GraphBuilder, Value
 from bridge.pipeline.export.ops.nn import emit_max_pool
 from bridge.pipeline.importer.program import OnnxProgram, relus_pooled_first
 from bridge.pipeline.lowering import LOWERINGS, import_all_lowerings
-from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
-from helpers.importer import run_onnxruntime
-from reference import bridge_steps
-from single_op import batches_for, one_node_model, train_and_compare
 
 import_all_lowerings()  # LOWERINGS is looked up directly below: register them also when this file runs alone
 

@@ -5,6 +5,8 @@ import io
 import threading
 
 from bridge.pipeline import progress
+
+
 def test_a_long_conversion_reports_its_phase_and_the_elapsed_time():
     stream, reported = io.StringIO(), threading.Event()
     with progress.phase("tracing the training step"), progress.report(stream, after=0.01, every=0.01):

@@ -8,12 +8,12 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.importer import import_and_run, run_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
+from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 import bridge
 from bridge.errors import UnsupportedOpError
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
-from helpers.importer import import_and_run, run_onnxruntime
 
 RNG = np.random.default_rng(0)
 W = (2.0 * RNG.standard_normal((4, 3))).astype(np.float32)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from generated_docs import assert_generated_block_current
 
 from bridge.pipeline.export.builder import EMITTERS, emits, import_all_emitters
 from bridge.pipeline.importer.registry import CONVERTERS, converter, import_all_converters
 from bridge.pipeline.lowering import LOWERINGS, import_all_lowerings, lowers
-from generated_docs import assert_generated_block_current
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -25,9 +25,9 @@ import bridge
 import bridge.onnx_file
 import bridge.training.training_model
 from bridge.atomic import TAG
-from bridge.training.feed_checks import covered_outputs, nonfinite_outputs
 from bridge.cli import main
 from bridge.errors import InvalidModelError, OutputPathError
+from bridge.training.feed_checks import covered_outputs, nonfinite_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "models" / "mlp.onnx"  # features [batch, 8] -> logits [batch, 3]
@@ -50,7 +50,7 @@ def _linear(batch: int | str = 2, out: int = 3, extra_nodes=(), extra_inits=(), 
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _converted(loss: str = "ce", loss_options: str = "{}", optim_options: str = "{}") -> bridge.TrainingModel:
     """The static classifier ``_linear()`` (batch 2, 3 classes) converted once per option set (JSON)."""
     return bridge.to_training_onnx(_linear(), loss, loss_options=json.loads(loss_options),

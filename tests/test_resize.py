@@ -10,11 +10,11 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
 from helpers.importer import assert_importer_matches_onnxruntime
 from helpers.training import assert_trains_like
 from single_op import batches_for, one_node_model, train_and_compare
+
+import bridge
 
 rng = np.random.default_rng(5)
 SHAPE = (2, 3, 4, 5)

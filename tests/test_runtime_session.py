@@ -8,10 +8,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from single_op import one_node_model
 
 import bridge
 from bridge.training.runtime import OrtGraph, session_options, unchecked_run
-from single_op import one_node_model
 
 
 def _scaled_sum() -> onnx.ModelProto:

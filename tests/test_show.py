@@ -10,14 +10,14 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
+from generated_docs import assert_generated_block_current
+from helpers.models import gemm_mlp
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import bridge
 from bridge.cli import main
 from bridge.tools.show import PHASE_COLORS, summary, to_html
-from generated_docs import assert_generated_block_current
-from helpers.models import gemm_mlp
 
 
 def _props(entries) -> dict[str, str]:

@@ -31,9 +31,8 @@ def test_an_xdist_group_is_in_the_node_id_the_scheduler_reads(request):
     tests/conftest.py names it (without it both workers spawned test_distributed.py's ranks)."""
     from types import SimpleNamespace
 
-    from xdist.scheduler.loadgroup import LoadGroupScheduling
-
     import conftest
+    from xdist.scheduler.loadgroup import LoadGroupScheduling
 
     item, before = request.node, request.node.nodeid
     item.add_marker(pytest.mark.xdist_group("probe"))
@@ -49,11 +48,10 @@ def test_an_xdist_group_is_in_the_node_id_the_scheduler_reads(request):
 def test_onnxruntime_sessions_run_one_thread_unless_told(monkeypatch):
     """tests/conftest.py gives each xdist worker's onnxruntime sessions one intra-op thread, as its
     torch, but leaves a count a test sets."""
+    import conftest
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
-
-    import conftest
 
     monkeypatch.setattr(ort.InferenceSession, "__init__", ort.InferenceSession.__init__)  # restored after
     conftest._one_onnxruntime_thread()

@@ -9,10 +9,10 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from lifecycle_models import assert_close_to_float64, batch, features, small_cnn, small_mlp
 
 import bridge
 from bridge.training.runtime import OrtGraph
-from lifecycle_models import assert_close_to_float64, batch, features, small_cnn, small_mlp
 
 EPOCHS, SAMPLES, BATCH = 3, 20, 6  # 4 batches per epoch, the last one partial (2 samples)
 LR = 0.1

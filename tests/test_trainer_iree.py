@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import bridge
 from lifecycle_models import features, small_mlp
 from reference import assert_steps_match
+
+import bridge
 
 pytest.importorskip("iree.runtime")
 pytestmark = pytest.mark.slow

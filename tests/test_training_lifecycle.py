@@ -9,12 +9,12 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from lifecycle_models import assert_close_to_float64, batch, load_state, small_cnn
 
 import bridge
 from bridge.pipeline.annotate import PHASE, ROLE, props
 from bridge.training.runtime import OrtGraph
 from bridge.training.training_model import eval_path
-from lifecycle_models import assert_close_to_float64, batch, load_state, small_cnn
 
 
 @pytest.fixture(scope="module")

@@ -5,23 +5,23 @@ from __future__ import annotations
 import importlib
 import io
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import helper, numpy_helper
-
-import bridge
-from bridge.pipeline.annotate import PHASE
-from bridge.cli import main
+from test_zoo_text import MATRIX as TEXT_MATRIX
+from test_zoo_vision import MATRIX as VISION_MATRIX
 from zoo.exporters import export
 from zoo.handbuilt import CASES, layernorm_gelu, lstm_classifier
 from zoo.torch_models import TEXT, VISION
-from test_zoo_text import MATRIX as TEXT_MATRIX
-from test_zoo_vision import MATRIX as VISION_MATRIX
+
+import bridge
+from bridge.cli import main
+from bridge.pipeline.annotate import PHASE
 
 MLP = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "mlp.onnx")
 verify_module = importlib.import_module("bridge.tools.verify")

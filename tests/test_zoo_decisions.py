@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import bridge
 from zoo.harness import _window_top2, flip_effect, flip_fit, near_decisions, safe_attempt, window_gaps
 from zoo.torch_models import BATCH, DRAWS, VISION, search_draw, symbolic_batches
+
+import bridge
 
 
 @pytest.mark.parametrize("kernel, stride, padding, ceil_mode", [(3, 2, 1, False), (3, 2, 0, True), (2, 2, 0, False)])

@@ -8,7 +8,6 @@ import warnings
 import numpy as np
 import onnx
 import torch
-
 from zoo.harness import Case, check_case, twin_oracle
 
 

@@ -4,10 +4,8 @@ independent torch twin, every float weight is trained, and its loss falls
 from __future__ import annotations
 
 import pytest
-
 from zoo.handbuilt import CASES
 from zoo.harness import check_case
-
 
 # ``slow`` (make test and CI): the recurrent, embedding and depthwise models, the costliest (7-11 s
 # each under load); their ops train in make test-fast through tests/test_op_db.py's rows.

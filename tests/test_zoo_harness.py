@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from zoo.harness import (LOSS_STEPS, MIN_STEPS, MISMATCH_BOUND, Case, FlipFit, assert_first_step, assert_loss_falls,
-                         check_batch)
+from zoo.harness import LOSS_STEPS, MIN_STEPS, MISMATCH_BOUND, Case, FlipFit, assert_first_step, assert_loss_falls, check_batch
 
 
 def _case(allowed_mismatch: float) -> Case:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-
 from zoo.exporters import SYMBOLIC_BATCH, export
 from zoo.harness import check_case, module_case
 from zoo.torch_models import TEXT, symbolic_batches

@@ -10,7 +10,6 @@ whose families the others already exercise, are ``exhaustive`` (make test-all).
 from __future__ import annotations
 
 import pytest
-
 from zoo.exporters import SYMBOLIC_BATCH, export
 from zoo.harness import check_case, module_case
 from zoo.torch_models import VISION, draws, symbolic_batches

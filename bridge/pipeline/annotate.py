@@ -18,9 +18,32 @@ from collections import defaultdict
 
 import onnx
 
-from ..contract import (KIND, LAYER, LOSS_LAYER, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, PHASE,
-                       RANDOM_INPUTS, ROLE, SOURCE_MODEL, SOURCE_SHA256, STEP, TAG_KEYS, VALUE_ROLES, VERSION, Phase,
-                       StepSignature, encode_random_inputs, grad_name, node_prefix, props, slot_name, updated_name)
+from ..contract import (
+    KIND,
+    LAYER,
+    LOSS_LAYER,
+    LOSS_NAME,
+    LOSS_OPTIONS,
+    OPTIMIZER_NAME,
+    OPTIMIZER_OPTIONS,
+    PHASE,
+    RANDOM_INPUTS,
+    ROLE,
+    SOURCE_MODEL,
+    SOURCE_SHA256,
+    STEP,
+    TAG_KEYS,
+    VALUE_ROLES,
+    VERSION,
+    Phase,
+    StepSignature,
+    encode_random_inputs,
+    grad_name,
+    node_prefix,
+    props,
+    slot_name,
+    updated_name,
+)
 from ..onnx_file import inferred_values
 from .losses import Loss
 from .optimizers import Optimizer

@@ -18,7 +18,8 @@ optimizer layers (a per-step scalar) is re-tagged to the optimizer's ``step`` la
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 import torch
 

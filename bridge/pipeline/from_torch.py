@@ -15,9 +15,10 @@ import inspect
 import io
 import os
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import onnx
 import torch
@@ -49,7 +50,7 @@ def is_torch_source(model: Any) -> bool:
 
 
 def load_torch_source(model: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike,
-                      example_inputs: Sequence[Any] | None, dynamic_batch: bool | None) -> TorchSource:
+                      example_inputs: Iterable[torch.Tensor] | torch.Tensor | None, dynamic_batch: bool | None) -> TorchSource:
     """Export ``model`` for training (``export_for_training``) and list its trained parameters.
 
     An ExportedProgram brings its own example inputs and (with a ``torch.export.Dim`` on dim 0)

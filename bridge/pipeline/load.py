@@ -10,8 +10,8 @@ Clean-up steps (each a small pure function on a ModelProto):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import onnx
 import onnx.inliner

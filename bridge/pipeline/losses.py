@@ -17,8 +17,9 @@ For an output [N, T, V] with indices [N, T], ``ce``/``nll`` take the last dim as
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

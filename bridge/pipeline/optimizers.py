@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator, TextIO
+from collections.abc import Iterator
+from typing import TextIO
 
 _current = {"phase": ""}
 

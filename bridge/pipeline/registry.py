@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Callable, Iterable, MutableMapping, TypeVar
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -10,15 +10,14 @@ key fresh tensors of the first call's result layout.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
-from torch.fx.experimental.proxy_tensor import (disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot,
-                                               track_tensor_tree)
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot, track_tensor_tree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import onnx
 import sympy
@@ -29,15 +29,15 @@ from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_modu
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from ..contract import (DIM_BOUNDS, DIM_NAMES, LOSS, LOSS_LAYER, LR, STEP, TARGET, Phase, StepSignature, output_name,
-                       slot_name, updated_name)
-from .cse import eliminate_common_subexpressions, eliminate_dead_code
+from ..contract import DIM_BOUNDS, DIM_NAMES, LOSS, LOSS_LAYER, LR, STEP, TARGET, Phase, StepSignature, output_name, slot_name, updated_name
 from ..errors import LoweringError, ShapeError
+from .cse import eliminate_common_subexpressions, eliminate_dead_code
 from .importer.program import OnnxProgram
 from .losses import Loss
 from .lowering import LOWERINGS, decomposition_table
 from .optimizers import Optimizer, clip_grad_norm
-from .replay import Replay, Unkeyable, key as replay_key
+from .replay import Replay, Unkeyable
+from .replay import key as replay_key
 
 
 class _LayerTags:

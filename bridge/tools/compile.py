@@ -1,38 +1,48 @@
-"""Compile a training ONNX model with an MLIR compiler (IREE) for the host CPU.
+"""Compile a training ONNX model with an MLIR compiler (IREE or onnx-mlir) for the host CPU.
 
-ONNX -> MLIR (torch-mlir's ONNX importer, what ``iree-import-onnx`` runs) -> ``iree-compile``
+IREE: ONNX -> MLIR (torch-mlir's ONNX importer, what ``iree-import-onnx`` runs) -> ``iree-compile``
 (llvm-cpu) -> a ``.vmfb`` module. Each imported op carries its ONNX node's name as its MLIR
 location, so a compiler error is reported with the offending node; the entry function carries
 the graph's input and output names (IREE reflection), so a ``.vmfb`` is self-describing and
 ``bridge.training.runtime_iree.IreeTrainingSession`` runs it like the onnxruntime session.
+
+onnx-mlir: ``onnx-mlir --EmitLib -O3`` (its phases: ONNX -> MLIR, ONNX-level passes, LLVM, object,
+link) -> a model ``.so``, which ``bridge.training.runtime_onnx_mlir.OnnxMlirTrainingSession`` runs.
+onnx-mlir's ops carry the ONNX node's name (``onnx_node_name``, ``loc("name")``), so its errors
+are reported with the node too.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import subprocess
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from ..contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
 from ..errors import BridgeError, InvalidOptionError
-from ..onnx_file import read_model
-from ..training.runtime import is_gradient, outputs_dropped
+from ..onnx_file import external_copy, is_large, read_model
+from ..training.runtime import StepSession, is_gradient, outputs_dropped
 from ..training.runtime_iree import IreeTrainingSession, require_iree
+from ..training.runtime_onnx_mlir import INSTALL_HINT, OnnxMlirNotFoundError, OnnxMlirTrainingSession, find_onnx_mlir
 
 if TYPE_CHECKING:
     from ..training.training_model import TrainingModel
 
-BACKENDS = ("iree",)
+BACKENDS = ("iree", "onnx-mlir")
 _MAX_ERRORS = 5
 # IREE demotes float64 to float32 by default; bridge's optimizer rules compute bias corrections
 # in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
 _IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+_ONNX_MLIR_FLAGS = ("--EmitLib", "-O3")  # onnx-mlir's defaults for a library, at its optimization level 3
 # Opt-in (``extra_args=FAST_CONV_FLAGS``): IREE 3.13 compiles a Conv as a direct convolution, which
 # took 2-6x onnxruntime's CPU time per Conv at resnet18's sizes; im2col + a data-tiled matmul is on
 # par with onnxruntime (docs/onnx-mlir.md section 8). Not the default until the whole zoo is checked.
@@ -55,27 +65,42 @@ Progress = Callable[[str], None]
 
 @dataclass
 class CompiledModel:
-    """A compiled training step (``vmfb``) and, when compiled from a TrainingModel, its initial state."""
+    """A compiled training step: ``module``, the bytes of an IREE ``.vmfb`` or an onnx-mlir ``.so``; ``graph``,
+    the training graph it was compiled from (its noise inputs, batch checks and checkpoint identity); when
+    compiled from a TrainingModel, its initial state."""
 
-    vmfb: bytes = field(repr=False)
+    module: bytes = field(repr=False)
     backend: str = "iree"
     seconds: float = 0.0
     initial_state: dict[str, np.ndarray] | None = field(default=None, repr=False)
+    graph: onnx.ModelProto | None = field(default=None, repr=False)
+
+    @property
+    def vmfb(self) -> bytes:
+        """The IREE module (``module``)."""
+        return self.module
 
     def save(self, path: str | os.PathLike) -> Path:
+        """Write ``module`` to ``path`` (``.vmfb`` for IREE, ``.so`` for onnx-mlir)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self.vmfb)
+        path.write_bytes(self.module)
         return path
 
     def session(self, state: dict[str, np.ndarray] | None = None, driver: str = "local-task",
-                seed: int | None = None) -> IreeTrainingSession:
-        """An IREE session holding ``state`` (default: the TrainingModel's initial state)."""
+                seed: int | None = None, *, eval_model: onnx.ModelProto | None = None,
+                on_nonfinite: str = "raise") -> StepSession:
+        """A session of this backend holding ``state`` (default: the TrainingModel's initial state);
+        ``driver``: IREE's (onnx-mlir runs on one thread); ``eval_model`` enables ``evaluate``."""
         if state is None:
             if self.initial_state is None:
                 raise InvalidOptionError("this module was not compiled from a TrainingModel: pass state=")
             state = {name: value.copy() for name, value in self.initial_state.items()}
-        return IreeTrainingSession(self.vmfb, state, driver=driver, seed=seed)
+        if self.backend == "onnx-mlir":
+            return OnnxMlirTrainingSession(self.module, state, seed, training_model=self.graph,
+                                           eval_model=eval_model, on_nonfinite=on_nonfinite)
+        return IreeTrainingSession(self.module, state, driver=driver, seed=seed, training_model=self.graph,
+                                   eval_model=eval_model, on_nonfinite=on_nonfinite)
 
 
 def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:

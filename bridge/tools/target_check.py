@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -307,7 +307,8 @@ def iree_installed() -> bool:
 
 def _check_iree(model: onnx.ModelProto) -> list[Violation]:
     """IREE's pattern rules; if they pass and IREE is installed, the compile's own errors."""
-    from .compile import CompileError, compile as compile_model
+    from .compile import CompileError
+    from .compile import compile as compile_model
 
     graph = _Graph(model)
     violations = [

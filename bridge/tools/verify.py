@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,7 +31,7 @@ from ..errors import InvalidOptionError
 from ..pipeline.importer.program import OnnxProgram
 from ..pipeline.importer.registry import buffer_inputs
 from ..pipeline.load import load_model
-from ..pipeline.losses import _LOSSES, _flatten_sequence, INDICES, Loss, make_loss
+from ..pipeline.losses import _LOSSES, INDICES, Loss, _flatten_sequence, make_loss
 from ..pipeline.optimizers import Optimizer, make_optimizer
 from ..training.training_model import TrainingModel
 

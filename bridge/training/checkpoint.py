@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

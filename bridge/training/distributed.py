@@ -15,8 +15,9 @@ import datetime
 import os
 import socket
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx

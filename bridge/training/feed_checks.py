@@ -8,14 +8,13 @@ for a loss on class indices, the class count and ``ignore_index`` (model metadat
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import onnx
 
-from ..contract import (DATA_ROLES, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, ROLE, TARGET_CLASSES, UPDATED_PREFIX, Role,
-                       props)
+from ..contract import DATA_ROLES, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, ROLE, TARGET_CLASSES, UPDATED_PREFIX, Role, props
 from ..errors import BridgeError, InvalidOptionError
 
 NONFINITE_POLICIES = ("raise", "skip", "ignore")
@@ -45,7 +44,7 @@ class StepChecks:
         return [name for name in self.specs if name not in self.optional]
 
     @classmethod
-    def from_model(cls, model: onnx.ModelProto) -> "StepChecks":
+    def from_model(cls, model: onnx.ModelProto) -> StepChecks:
         """The checks of a bridge training or eval graph (``bridge.role`` of its inputs)."""
         specs, optional = {}, set()
         for value in model.graph.input:

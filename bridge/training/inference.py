@@ -9,7 +9,7 @@ computes, so the exported model gives the eval graph's outputs.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import onnx

@@ -7,8 +7,9 @@ per-epoch accuracy and validation accuracy; one colour per run, so runs can be o
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from ..errors import BridgeError
 

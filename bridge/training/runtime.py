@@ -16,20 +16,33 @@ import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from .feed_checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
-from ..contract import (DIM_BOUNDS, GRAD_PREFIX, LOSS_OPTIONS, OUTPUT_PREFIX, UPDATED_PREFIX, decode_random_inputs,
-                       props, strip_prefix, updated_name)
+from ..contract import (
+    DIM_BOUNDS,
+    GRAD_PREFIX,
+    LOSS_OPTIONS,
+    OUTPUT_PREFIX,
+    UPDATED_PREFIX,
+    decode_random_inputs,
+    props,
+    strip_prefix,
+    updated_name,
+)
 from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import external_copy, is_large, model_digest, read_model
+from .feed_checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
 
 if TYPE_CHECKING:
     import onnxruntime
+
+# a noise input's (shape, dtype); a dim is an int, a dim name or expression (``seq``, ``batch*seq``), or None: the batch
+NoiseSpec = tuple[list[int | str | None], np.dtype]
 
 
 class StepSession(ABC):
@@ -43,8 +56,7 @@ class StepSession(ABC):
                  checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = "",
                  eval_model: onnx.ModelProto | None = None):
         self.state = {name: np.asarray(value) for name, value in state.items()}
-        # name -> (shape, dtype); a dim is an int, a dim name or expression (``seq``, ``batch*seq``), or None: the batch
-        self.random_inputs: dict[str, tuple[list, np.dtype]] = {}
+        self.random_inputs: dict[str, NoiseSpec] = {}
         self.dim_bounds: dict[str, int] = {}  # the largest size of a symbolic dim the graph holds for
         self._rng = np.random.default_rng(seed)
         self.checks = checks
@@ -119,7 +131,7 @@ class StepSession(ABC):
         results.update({name: np.concatenate(parts) for name, parts in outputs.items()})
         return self._commit(results)
 
-    def _noise(self, random_inputs: Mapping[str, tuple[list, np.dtype]], checks: StepChecks | None,
+    def _noise(self, random_inputs: Mapping[str, NoiseSpec], checks: StepChecks | None,
                inputs: Mapping[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
         """Uniform [0, 1) noise of random ops (e.g. Dropout), fresh each step, for the noise inputs
         that ``inputs`` does not give, shaped from the batch: a symbolic dim of a noise input (its
@@ -303,14 +315,14 @@ class SplitStep:
         self.mean_loss = options.get("reduction", "mean") != "sum"
 
 
-def random_inputs(model: onnx.ModelProto, graph: OrtGraph) -> dict[str, tuple[list, np.dtype]]:
+def random_inputs(model: onnx.ModelProto, graph: OrtGraph) -> dict[str, NoiseSpec]:
     """The noise inputs of ``model`` (model metadata): name -> (shape, dtype), a symbolic dim by its dim_param."""
     random = decode_random_inputs(props(model.metadata_props))
-    found = {}
+    found: dict[str, NoiseSpec] = {}
     for value in graph.session.get_inputs():
         if value.name in random:
             shape = [d if isinstance(d, (int, str)) else None for d in value.shape]
-            found[value.name] = (shape, np.float64 if value.type == "tensor(double)" else np.float32)
+            found[value.name] = (shape, np.dtype(np.float64 if value.type == "tensor(double)" else np.float32))
     return found
 
 

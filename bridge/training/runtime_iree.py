@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -45,7 +46,8 @@ class IreeTrainingSession(StepSession):
         require_iree("runtime")
         import iree.runtime as rt
 
-        module = getattr(module, "vmfb", module)  # a bridge.tools.compile.CompiledModel
+        if not isinstance(module, (bytes, str, os.PathLike)):
+            module = module.vmfb  # a bridge.tools.compile.CompiledModel
         if not isinstance(module, bytes):
             path = Path(module)
             if not path.is_file():

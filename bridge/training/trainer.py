@@ -13,15 +13,17 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 
-from ..contract import LOSS_OUTPUT, OPTIMIZER_OPTIONS, OUTPUT_PREFIX, TARGET_CLASSES as CLASSES, output_name
+from ..contract import LOSS_OUTPUT, OPTIMIZER_OPTIONS, OUTPUT_PREFIX, output_name
+from ..contract import TARGET_CLASSES as CLASSES
 from ..errors import InvalidOptionError, ModelLoadError
 from ..onnx_file import read_model
 from .runtime import StepSession, TrainingSession

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 import onnx

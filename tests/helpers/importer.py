@@ -2,7 +2,7 @@
 (one copy, used by the op, op-database, conv/pool, resize, normalization and zoo-op tests)."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import onnx

@@ -7,13 +7,13 @@ initializers) and the batch's data inputs; ``reference.torch_steps`` runs it und
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from reference import Batch, assert_steps_match, bridge_steps, torch_steps
 
 import bridge
-from reference import Batch, assert_steps_match, bridge_steps, torch_steps
 
 
 def module_weights(module: torch.nn.Module) -> dict[str, np.ndarray]:

@@ -30,11 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bridge  # noqa: E402
-from repros.zoo_activation_near_kink import plain_inputs  # noqa: E402
 from zoo.exporters import SYMBOLIC_BATCH, export  # noqa: E402
 from zoo.harness import flip_fit, module_oracle, name_map  # noqa: E402
 from zoo.torch_models import BATCH, VISION  # noqa: E402
+
+import bridge  # noqa: E402
+from repros.zoo_activation_near_kink import plain_inputs  # noqa: E402
 
 
 def fit(name: str, batch: int, attempt: int, folder: Path) -> None:

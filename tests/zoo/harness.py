@@ -25,19 +25,19 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
+from reference import torch_steps
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bridge
-from reference import torch_steps
 
 LOSS_STEPS = 30  # the most steps the loss may take to fall by LOSS_FALL
 MIN_STEPS = 3

@@ -6,7 +6,7 @@ tensor, ``inputs`` a fixed batch (numpy, in forward-argument order).
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

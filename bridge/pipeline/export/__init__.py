@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import operator
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 import onnx
 import sympy

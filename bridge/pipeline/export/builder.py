@@ -15,8 +15,9 @@ layer of the FX node being emitted: the exporter runs each emitter inside
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -29,6 +30,7 @@ from ...dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, TORCH_TO_ONNX  # noqa: F40
 from ...errors import ShapeError
 from ...onnx_file import STUB_BYTES, STUB_FILE, raw_bytes
 from ..registry import import_submodules, registering
+
 
 class Value(str):
     """An ONNX value name with the traced shape and dtype (``None`` when not known)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections import ChainMap
-from typing import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 
 import numpy as np
 import onnx
@@ -29,8 +29,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from ...errors import ShapeError, UnsupportedOpError
-from ..load import default_opset
 from ...onnx_file import skeleton
+from ..load import default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
 from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
 

@@ -8,7 +8,7 @@ consumers still receive concrete-or-symbolic sizes instead of traced int tensors
 from __future__ import annotations
 
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx

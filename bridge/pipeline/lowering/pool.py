@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

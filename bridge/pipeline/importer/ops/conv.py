@@ -6,7 +6,7 @@ explicit constant pad before the op (Conv) or a crop after it (ConvTranspose).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""Pooling: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (1-D, 2-D, 3-D).
+"""Pooling: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, GlobalLpPool (1-D, 2-D, 3-D).
 
 Pads that torch cannot take (asymmetric, or more than half the window) become an explicit
 pad before the op (``-inf`` for MaxPool, zeros for AveragePool, whose divisor is then
@@ -8,7 +8,7 @@ window that starts in the right padding is dropped.
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -122,6 +122,16 @@ def _dilated_average(x, kernel, strides, dilations, begins, ends, sizes, include
 @converter("GlobalAveragePool")
 def global_average_pool(ctx, x):
     return x.mean(dim=list(range(2, x.dim())), keepdim=True)
+
+
+@converter("GlobalLpPool")
+def global_lp_pool(ctx, x):
+    """``(sum |x|^p) ** (1/p)`` over the whole plane (``p`` defaults to 2). As torch's lp_pool, a
+    plane of zeros has no finite gradient."""
+    p = ctx.attr("p", 2)
+    if p < 1:
+        raise ctx.unsupported(f"p={p} (the p-norm needs p >= 1)")
+    return x.abs().pow(p).sum(dim=list(range(2, x.dim())), keepdim=True).pow(1.0 / p)
 
 
 @converter("GlobalMaxPool")

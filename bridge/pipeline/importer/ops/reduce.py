@@ -16,7 +16,8 @@ to the FIRST maximum, as ``max_pool2d`` does).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

@@ -9,7 +9,7 @@ Gate orders are ONNX's: LSTM ``i, o, f, c``, GRU ``z, r, h``.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
