@@ -9,6 +9,8 @@ printed. The same CNN (same initial weights) is trained side by side in torch wi
 optimizer, schedule and batch order; the loss and accuracy of both are printed each epoch and
 drawn in ``<out_dir>/digits.png`` (if matplotlib is installed). Exits non-zero unless the test
 accuracy is >= 95%, within 1 point of torch's, and the inference model's equals the eval graph's.
+When onnx-mlir is installed (``ONNX_MLIR_HOME`` or ``PATH``), the same Trainer also runs on onnx-mlir
+(``backend="onnx-mlir"``), whose test accuracy is printed beside onnxruntime's and must be within 1 point.
 Needs scikit-learn (the test extra), only for the data.
 """
 import copy
@@ -115,15 +117,15 @@ def main(out: Path) -> None:
                                  extra_outputs=True)
     tm.save(out / "digits.train.onnx")
     steps = EPOCHS * -(-len(train_y) // BATCH)
-    trainer = bridge.Trainer(tm, schedule="onecycle", schedule_options={"max_lr": MAX_LR, "total_steps": steps},
-                             seed=SEED)
+    options = {"schedule": "onecycle", "schedule_options": {"max_lr": MAX_LR, "total_steps": steps}, "seed": SEED}
+    trainer = bridge.Trainer(tm, **options)
     start = time.perf_counter()
     history = trainer.fit((train_x, train_y), epochs=EPOCHS, batch_size=BATCH, validation=(test_x, test_y))
     seconds = time.perf_counter() - start
     start = time.perf_counter()
     reference = torch_fit(torch_twin(tm), (train_x, train_y), (test_x, test_y), steps)
     torch_seconds = time.perf_counter() - start
-    for mine, theirs in zip(history.epochs, reference.epochs):
+    for mine, theirs in zip(history.epochs, reference.epochs, strict=True):
         print(f"epoch {mine['epoch']}  bridge: loss {mine['loss']:.4f}  accuracy {mine['accuracy']:.3f}  "
               f"val_loss {mine['val_loss']:.4f}  val_accuracy {mine['val_accuracy']:.3f}   |   torch: loss "
               f"{theirs['loss']:.4f}  accuracy {theirs['accuracy']:.3f}  val_loss {theirs['val_loss']:.4f}  "
@@ -131,6 +133,7 @@ def main(out: Path) -> None:
     accuracy, torch_accuracy = history["val_accuracy"][-1], reference["val_accuracy"][-1]
     print(f"test accuracy: bridge {accuracy:.3f} ({seconds:.1f} s in onnxruntime), torch {torch_accuracy:.3f} "
           f"({torch_seconds:.1f} s), difference {100 * abs(accuracy - torch_accuracy):.1f} points")
+    compiled_accuracy = onnx_mlir_accuracy(tm, options, (train_x, train_y), (test_x, test_y), accuracy)
     trainer.save_checkpoint(out / "digits.ckpt.npz")
     path = trainer.export_inference(out / "digits.trained.onnx")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -141,6 +144,26 @@ def main(out: Path) -> None:
     if accuracy < 0.95 or abs(accuracy - torch_accuracy) > 0.01 or exported != accuracy:
         raise SystemExit("FAILED: expected test accuracy >= 0.95, within 1 point of torch, and the inference "
                          "model's equal to the eval graph's")
+    if compiled_accuracy is not None and abs(compiled_accuracy - accuracy) > 0.01:
+        raise SystemExit("FAILED: expected onnx-mlir's test accuracy within 1 point of onnxruntime's")
+
+
+def onnx_mlir_accuracy(tm: bridge.TrainingModel, options: dict, train: tuple, test: tuple, ort_accuracy: float) -> float | None:
+    """The same training on onnx-mlir (compiled by bridge.compile); its test accuracy, None without onnx-mlir."""
+    from bridge.training.runtime_onnx_mlir import OnnxMlirNotFoundError
+
+    start = time.perf_counter()
+    try:
+        trainer = bridge.Trainer(tm, backend="onnx-mlir", **options)
+    except OnnxMlirNotFoundError as exc:
+        print(f"onnx-mlir: not run ({exc})")
+        return None
+    compiled = time.perf_counter() - start
+    history = trainer.fit(train, epochs=EPOCHS, batch_size=BATCH, validation=test)
+    accuracy = history["val_accuracy"][-1]
+    print(f"onnx-mlir: test accuracy {accuracy:.3f} (compiled in {compiled:.1f} s, trained in "
+          f"{time.perf_counter() - start - compiled:.1f} s), onnxruntime {ort_accuracy:.3f}")
+    return accuracy
 
 
 def plot(path: Path, history: bridge.History, reference: bridge.History) -> None:

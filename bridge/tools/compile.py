@@ -13,6 +13,7 @@ are reported with the node too.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,7 +30,7 @@ import onnx
 
 from ..contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
 from ..errors import BridgeError, InvalidOptionError
-from ..onnx_file import external_copy, is_large, read_model
+from ..onnx_file import external_copy, is_large, model_digest, read_model
 from ..training.runtime import StepSession, is_gradient, outputs_dropped
 from ..training.runtime_iree import IreeTrainingSession, require_iree
 from ..training.runtime_onnx_mlir import INSTALL_HINT, OnnxMlirNotFoundError, OnnxMlirTrainingSession, find_onnx_mlir
@@ -45,7 +46,7 @@ _IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
 _ONNX_MLIR_FLAGS = ("--EmitLib", "-O3")  # onnx-mlir's defaults for a library, at its optimization level 3
 # Opt-in (``extra_args=FAST_CONV_FLAGS``): IREE 3.13 compiles a Conv as a direct convolution, which
 # took 2-6x onnxruntime's CPU time per Conv at resnet18's sizes; im2col + a data-tiled matmul is on
-# par with onnxruntime (docs/onnx-mlir.md section 8). Not the default until the whole zoo is checked.
+# par with onnxruntime (docs/notes/onnx-mlir-iree-investigations.md section 8). Not the default until the whole zoo is checked.
 FAST_CONV_FLAGS = ("--iree-global-opt-use-im2col-for-convs", "--iree-opt-data-tiling")
 
 
@@ -91,14 +92,16 @@ class CompiledModel:
                 seed: int | None = None, *, eval_model: onnx.ModelProto | None = None,
                 on_nonfinite: str = "raise") -> StepSession:
         """A session of this backend holding ``state`` (default: the TrainingModel's initial state);
-        ``driver``: IREE's (onnx-mlir runs on one thread); ``eval_model`` enables ``evaluate``."""
+        ``driver``: IREE's (onnx-mlir runs on one thread); ``eval_model`` enables ``evaluate`` (onnx-mlir:
+        compiled too; IREE: run in onnxruntime)."""
         if state is None:
             if self.initial_state is None:
                 raise InvalidOptionError("this module was not compiled from a TrainingModel: pass state=")
             state = {name: value.copy() for name, value in self.initial_state.items()}
         if self.backend == "onnx-mlir":
-            return OnnxMlirTrainingSession(self.module, state, seed, training_model=self.graph,
-                                           eval_model=eval_model, on_nonfinite=on_nonfinite)
+            eval_library = None if eval_model is None else compile(eval_model, backend="onnx-mlir").module
+            return OnnxMlirTrainingSession(self.module, state, seed, training_model=self.graph, eval_model=eval_model,
+                                           eval_library=eval_library, on_nonfinite=on_nonfinite)
         return IreeTrainingSession(self.module, state, driver=driver, seed=seed, training_model=self.graph,
                                    eval_model=eval_model, on_nonfinite=on_nonfinite)
 
@@ -140,7 +143,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     backend: str = "iree",
     output: str | os.PathLike | None = None,
     *,
-    target_cpu: str = "host",
+    target_cpu: str | None = None,
     extra_args: tuple[str, ...] = (),
     progress: Progress | None = None,
     gradients: bool = True,
@@ -149,12 +152,14 @@ def compile(  # noqa: A001 - bridge.compile is the public name
 
     Args:
         model: a TrainingModel, a training ModelProto, or the path of a training ``.onnx``.
-        backend: only ``"iree"`` (llvm-cpu target).
-        output: where to write the ``.vmfb`` (optional).
-        target_cpu: ``--iree-llvmcpu-target-cpu`` (``host``; ``generic`` for a portable module).
-        extra_args: further ``iree-compile`` flags (e.g. ``FAST_CONV_FLAGS``).
-        progress: called with a line as each phase starts and ends (``import``: ONNX -> MLIR,
-            ``compile``: iree-compile), with the elapsed time; ``bridge compile`` prints them.
+        backend: ``"iree"`` (llvm-cpu target) or ``"onnx-mlir"`` (``--EmitLib -O3``; found by ``find_onnx_mlir``).
+        output: where to write the ``.vmfb`` (IREE) or ``.so`` (onnx-mlir) (optional).
+        target_cpu: IREE: ``--iree-llvmcpu-target-cpu`` (default ``host``; ``generic`` for a portable module);
+            onnx-mlir: ``--mcpu`` (default: onnx-mlir's own).
+        extra_args: further compiler flags (e.g. IREE's ``FAST_CONV_FLAGS``).
+        progress: called with a line as each phase starts and ends, with the elapsed time (IREE:
+            ``import``, ONNX -> MLIR, and ``compile``, iree-compile; onnx-mlir: each phase it reports,
+            ``onnx-mlir [1/6] Importing ONNX Model to MLIR Module`` to ``[5/6] Linking``); ``bridge compile`` prints them.
         gradients: ``False``: the module does not return the ``grad_*`` outputs (a ``bridge.Trainer``
             never reads them), so IREE need not write them out; the step computes the same
             (resnet18 and small_cnn steps 0.95-0.96x, benchmarks/RESULTS.md).
@@ -163,14 +168,21 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
     if not isinstance(gradients, bool):
         raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
-    require_iree()
-    import iree.compiler.tools as iree_tools
-
-    proto = read_model(model)
-    if not gradients:  # a copy: the caller's model stays whole while the (seconds-long) import runs
-        proto = _without_gradients(proto)
+    if backend == "onnx-mlir":
+        tools = find_onnx_mlir()
+    else:
+        require_iree()
+    graph = read_model(model)
+    proto = graph if gradients else _without_gradients(graph)  # a copy: the caller's model stays whole
     report = progress or (lambda line: None)
     start = time.perf_counter()
+    if backend == "onnx-mlir":
+        flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
+        module = _onnx_mlir(tools.compiler, proto, flags, report, start)
+        return _compiled(CompiledModel(module, backend, time.perf_counter() - start, _initial_state(model), graph),
+                         output)
+    import iree.compiler.tools as iree_tools
+
     report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
     mlir = to_mlir(proto)
     report(f"import: done ({time.perf_counter() - start:.1f} s)")
@@ -180,17 +192,65 @@ def compile(  # noqa: A001 - bridge.compile is the public name
             mlir,
             input_type="onnx",
             target_backends=["llvm-cpu"],
-            extra_args=[*_IREE_FLAGS, f"--iree-llvmcpu-target-cpu={target_cpu}", *extra_args],
+            extra_args=[*_IREE_FLAGS, f"--iree-llvmcpu-target-cpu={target_cpu or 'host'}", *extra_args],
         )
     except iree_tools.CompilerToolError as exc:
         report(f"compile: failed ({time.perf_counter() - start:.1f} s)")
         diagnostics = compiler_diagnostics(str(exc), proto)
-        raise CompileError(_describe_failure(diagnostics, str(exc), proto), diagnostics) from exc
+        report_text = str(exc).split("Diagnostics:\n", 1)[-1]
+        raise CompileError(_describe_failure("IREE", diagnostics, report_text, proto), diagnostics) from exc
     report(f"compile: done ({time.perf_counter() - start:.1f} s in all)")
-    compiled = CompiledModel(vmfb, backend, time.perf_counter() - start, _initial_state(model))
+    return _compiled(CompiledModel(vmfb, backend, time.perf_counter() - start, _initial_state(model), graph), output)
+
+
+def _compiled(compiled: CompiledModel, output: str | os.PathLike | None) -> CompiledModel:
     if output is not None:
         compiled.save(output)
     return compiled
+
+
+_PHASE = re.compile(r"^\[(\d+)/(\d+)\] .*? \(\d+s\) (.*)$")  # onnx-mlir: "[2/6] <date> (0s) Compiling and Optimizing ..."
+_LOADER = re.compile(r"error while loading shared libraries: (\S+)")
+
+
+def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report: Progress, start: float) -> bytes:
+    """``proto`` compiled by onnx-mlir into a model library (the ``.so``'s bytes); its phase lines reported."""
+    with tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-") as folder, contextlib.ExitStack() as stack:
+        if is_large(proto):  # past protobuf's 2 GiB: onnx-mlir reads the external data beside the file
+            source = stack.enter_context(external_copy(proto))
+        else:
+            source = os.path.join(folder, "model.onnx")
+            Path(source).write_bytes(proto.SerializeToString())
+        # the symbols' tag (onnx-mlir names it after the output file): unique per graph, so that several
+        # libraries (a step's two halves) live in one process
+        base = os.path.join(folder, f"bridge_{model_digest(proto)[:16]}")
+        report(f"onnx-mlir: {len(proto.graph.node)} ONNX nodes, {' '.join(flags)}")
+        log = []
+        with subprocess.Popen([str(compiler), *flags, source, "-o", base], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace") as process:
+            for line in process.stdout:
+                log.append(line.rstrip("\n"))
+                phase = _PHASE.match(log[-1])
+                if phase:
+                    report(f"onnx-mlir [{phase[1]}/{phase[2]}] {phase[3]} ({time.perf_counter() - start:.1f} s)")
+        if process.returncode != 0:
+            report(f"onnx-mlir: failed ({time.perf_counter() - start:.1f} s)")
+            raise _onnx_mlir_failure(process.returncode, "\n".join(log), proto)
+        report(f"onnx-mlir: done ({time.perf_counter() - start:.1f} s in all)")
+        return Path(base + ".so").read_bytes()
+
+
+def _onnx_mlir_failure(returncode: int, log: str, proto: onnx.ModelProto) -> BridgeError:
+    """The error for a failed onnx-mlir run: a missing shared library, a crash, or its diagnostics by node."""
+    library = _LOADER.search(log)
+    if library:
+        return OnnxMlirNotFoundError(f"onnx-mlir does not start, {library[1]} is missing: {INSTALL_HINT}")
+    diagnostics = onnx_mlir_diagnostics(log, proto)
+    if returncode < 0:
+        tail = " ".join(log.splitlines()[-3:])[-300:]
+        return CompileError(f"onnx-mlir crashed (signal {-returncode}) compiling graph '{proto.graph.name}'"
+                            f"{f': {tail}' if tail else ''}", diagnostics)
+    return CompileError(_describe_failure("onnx-mlir", diagnostics, log[-1000:], proto), diagnostics)
 
 
 def _without_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -244,7 +304,34 @@ def compiler_diagnostics(report: str, model: onnx.ModelProto) -> list[tuple[str,
     return found
 
 
-def _describe_failure(diagnostics: list[tuple[str, str, str]], report: str, model: onnx.ModelProto) -> str:
+_OP_ERROR = re.compile(r"'(?:onnx|krnl|zhigh)\.(\w+)' op (.*)")  # onnx-mlir: "'onnx.Mul' op <message>: %1 = ..."
+_NODE_NAME = re.compile(r'onnx_node_name = "([^"]+)"|loc\("([^"]+)"')
+
+
+def onnx_mlir_diagnostics(log: str, model: onnx.ModelProto) -> list[tuple[str, str, str]]:
+    """Each distinct op error in an onnx-mlir log as ``(node name, op type, message)``.
+
+    onnx-mlir prints ``'onnx.<Op>' op <message>``, often followed by the op and its ``onnx_node_name``
+    (or location ``loc("name")``); a line that names no node is about the last node named for that op type."""
+    nodes = {node.name: node for node in model.graph.node}
+    last: dict[str, str] = {}  # op type -> the last node of that type a line named
+    found: list[tuple[str, str, str]] = []
+    for line in log.splitlines():
+        error = _OP_ERROR.search(line)
+        if not error:
+            continue
+        op, message = error[1], error[2].split(": %", 1)[0].strip()[:300]
+        names = [a or b for a, b in _NODE_NAME.findall(line) if (a or b) in nodes]
+        if names:
+            last[op] = names[0]
+        name = names[0] if names else last.get(op, "")
+        entry = (name, nodes[name].op_type if name else op, message)
+        if entry not in found:
+            found.append(entry)
+    return found
+
+
+def _describe_failure(compiler: str, diagnostics: list[tuple[str, str, str]], report: str, model: onnx.ModelProto) -> str:
     """The compiler's errors, each with the ONNX node (name, op type, bridge layer) it is about."""
     layers = {node.name: props(node.metadata_props).get(LAYER) for node in model.graph.node}
     lines = []
@@ -252,6 +339,6 @@ def _describe_failure(diagnostics: list[tuple[str, str, str]], report: str, mode
         layer = f", layer {layers[name]}" if layers.get(name) else ""
         lines.append(f"{f'node {name!r} ({op}{layer})' if name else 'the graph'}: {message}")
     if not lines:
-        lines = [report.split("Diagnostics:\n", 1)[-1].strip()[:1000]]
+        lines = [report.strip()[:1000]]
     more = f"\n  ... and {len(lines) - _MAX_ERRORS} more" if len(lines) > _MAX_ERRORS else ""
-    return "IREE could not compile the model:\n  " + "\n  ".join(lines[:_MAX_ERRORS]) + more
+    return f"{compiler} could not compile the model:\n  " + "\n  ".join(lines[:_MAX_ERRORS]) + more

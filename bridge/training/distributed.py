@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from ..errors import BridgeError, InvalidOptionError
+from ..errors import BridgeError, InvalidOptionError, positive_int
 from .runtime import StepSession, TrainingSession
 from .trainer import BACKENDS, Trainer, _Totals
 from .training_model import TrainingModel
@@ -94,7 +94,7 @@ class Collectives:
 
         self._run(what, run)
         result = {}
-        for bucket, flat in zip(buckets, flats):
+        for bucket, flat in zip(buckets, flats, strict=True):
             values, offset = flat.numpy(), 0
             for name in bucket:
                 size = arrays[name].size
@@ -183,14 +183,13 @@ class DataParallelTrainer(Trainer):
                                on_nonfinite=on_nonfinite, threads=threads, spinning=spinning)
 
     def _compiled(self, graphs: Sequence[onnx.ModelProto]) -> list:
-        """The graphs compiled by IREE on rank 0, the modules sent to every rank."""
+        """The graphs compiled by the backend (IREE, onnx-mlir) on rank 0, the modules sent to every rank."""
         from ..tools.compile import compile as compile_model
+        from .trainer import compiled_graph
 
-        modules = [compile_model(graph).vmfb for graph in graphs] if self.rank == 0 else None
-        modules = self.collectives.broadcast_object(modules, "sharing the IREE modules compiled on rank 0")
-        from .runtime_iree import IreeGraph
-
-        return [IreeGraph(module, graph) for module, graph in zip(modules, graphs)]
+        modules = [compile_model(graph, backend=self.backend).module for graph in graphs] if self.rank == 0 else None
+        modules = self.collectives.broadcast_object(modules, f"sharing the {self.backend} modules compiled on rank 0")
+        return [compiled_graph(self.backend, module, graph) for module, graph in zip(modules, graphs, strict=True)]
 
     def _accumulate(self, batches: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
         results = self.session.accumulate(batches, reduce=self._reduce_gradients)
@@ -290,8 +289,7 @@ def run_local(function: Callable[..., Any], nproc: int, args: tuple = (), timeou
     """Run ``function(*args)`` in ``nproc`` new local processes, each inside a gloo process group on
     loopback (a free port; ``timeout`` for the group). Raises ``DistributedError`` naming the first
     rank that failed; with ``join=False``, returns the processes (``torch.multiprocessing``) instead."""
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise InvalidOptionError(f"nproc={nproc!r} must be an integer >= 1")
+    nproc = positive_int(nproc, "nproc")
     port = _free_port()
     context = mp.start_processes(_rank_main, args=(nproc, port, timeout, function, args), nprocs=nproc,
                                  join=False, start_method="spawn")

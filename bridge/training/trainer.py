@@ -1,4 +1,4 @@
-"""``bridge.Trainer``: a training loop on a training graph (onnxruntime or IREE session).
+"""``bridge.Trainer``: a training loop on a training graph (onnxruntime, IREE or onnx-mlir session).
 
 The Trainer owns a ``StepSession`` (the state lives there), an lr schedule fed through the
 graph's live ``lr`` input, the shuffling generator, and the history of losses and metrics.
@@ -29,7 +29,7 @@ from ..onnx_file import read_model
 from .runtime import StepSession, TrainingSession
 from .training_model import TrainingModel, eval_path, part_path
 
-BACKENDS = ("onnxruntime", "iree")
+BACKENDS = ("onnxruntime", "iree", "onnx-mlir")
 # name -> (torch.optim.lr_scheduler class, default interval)
 SCHEDULES: dict[str, tuple[str, str]] = {
     "step": ("StepLR", "epoch"),
@@ -119,8 +119,9 @@ class Trainer:
         model: a ``TrainingModel``, or the path of a saved training graph (its state is read from
             ``state=`` or the ``<name>.state.npz`` that ``bridge convert`` writes beside it; its eval
             graph from ``<name>.eval.onnx``).
-        backend: ``"onnxruntime"`` or ``"iree"`` (compiled here with ``bridge.compile``; evaluation
-            runs the eval graph in onnxruntime on the IREE session's state).
+        backend: ``"onnxruntime"``, ``"iree"`` or ``"onnx-mlir"`` (compiled here with ``bridge.compile``;
+            evaluation runs the eval graph on the compiled session's state: compiled too on onnx-mlir,
+            in onnxruntime on IREE).
         schedule: an lr schedule name (``SCHEDULES``) or a callable ``position -> lr``; its keyword
             arguments in ``schedule_options``; ``interval`` ``"epoch"`` or ``"step"`` (default per name).
         seed: seeds the Dropout noise and the shuffling.
@@ -133,7 +134,7 @@ class Trainer:
         threads, spinning: onnxruntime's intra-op threads (default: one per physical core) and whether
             they spin between parallel ops (default) or block (``spinning=False``: for cores shared with
             other busy processes); see ``bridge.training.runtime.session_options``. IREE's come from
-            ``iree.runtime.flags``.
+            ``iree.runtime.flags``; onnx-mlir's runtime runs on one thread.
     """
 
     def __init__(self, model: TrainingModel | str | os.PathLike, backend: str = "onnxruntime", *,
@@ -145,8 +146,8 @@ class Trainer:
             raise InvalidOptionError(f"backend={backend!r} is not one of {BACKENDS}")
         if backend != "onnxruntime" and (threads is not None or not spinning):
             raise InvalidOptionError(f"threads= and spinning= are onnxruntime's (bridge.training.runtime.session_options); "
-                                     f"backend={backend!r} takes IREE's from iree.runtime.flags "
-                                     "(--task_topology_max_group_count=N)")
+                                     f"backend={backend!r} takes none (IREE's come from iree.runtime.flags, "
+                                     "--task_topology_max_group_count=N; onnx-mlir runs on one thread)")
         self.accumulation_steps = _check_accumulation(accumulation_steps)
         self.backend = backend
         self.training_model = model if isinstance(model, TrainingModel) else None
@@ -201,17 +202,17 @@ class Trainer:
             raise InvalidOptionError("gradient accumulation needs the gradient and update graphs: create the "
                                      "Trainer from a TrainingModel, or save it with TrainingModel.save")
         self.session.enable_accumulation(*graphs)
-        if self.backend == "iree":  # the two halves compiled too, not run in onnxruntime
+        if self.backend != "onnxruntime":  # the two halves compiled too, not run in onnxruntime
             split = self.session.split_step
             split.gradient, split.update = self._compiled(graphs)
 
     def _compiled(self, graphs: Sequence[onnx.ModelProto]) -> list:
-        """The gradient and update graphs compiled by IREE, called by input name like ``OrtGraph``
+        """The gradient and update graphs compiled by the backend, called by input name like ``OrtGraph``
         (a hook: ``bridge.training.distributed`` compiles once and shares the modules)."""
         from ..tools.compile import compile as compile_model
-        from .runtime_iree import IreeGraph
 
-        return [IreeGraph(compile_model(graph).vmfb, graph) for graph in graphs]
+        return [compiled_graph(self.backend, compile_model(graph, backend=self.backend).module, graph)
+                for graph in graphs]
 
     def _optimizer_step(self, run: Callable[[], dict[str, np.ndarray]]) -> dict[str, Any]:
         """``run`` one optimizer step at the schedule's lr; record it and advance a per-step schedule."""
@@ -422,11 +423,20 @@ def _session(backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto |
         return TrainingSession(graph, state, seed=seed, eval_model=evaluation, on_nonfinite=on_nonfinite,
                                threads=threads, spinning=spinning, gradients=False)
     from ..tools.compile import compile as compile_model
-    from .runtime_iree import IreeTrainingSession
 
-    compiled = compile_model(graph, backend="iree", gradients=False)
-    return IreeTrainingSession(compiled.vmfb, state, seed=seed, training_model=graph, eval_model=evaluation,
-                               on_nonfinite=on_nonfinite)
+    compiled = compile_model(graph, backend=backend, gradients=False)
+    return compiled.session(state, seed=seed, eval_model=evaluation, on_nonfinite=on_nonfinite)
+
+
+def compiled_graph(backend: str, module: bytes, graph: onnx.ModelProto):
+    """``module``, ``graph`` compiled by ``backend`` (``bridge.compile``), called by input name like ``OrtGraph``."""
+    if backend == "onnx-mlir":
+        from .runtime_onnx_mlir import OnnxMlirGraph
+
+        return OnnxMlirGraph(module, graph)
+    from .runtime_iree import IreeGraph
+
+    return IreeGraph(module, graph)
 
 
 def _static_batch(session: StepSession) -> int | None:

@@ -15,7 +15,7 @@ from ..contract import StepSignature
 from ..errors import BridgeError
 from ..onnx_file import copy_field, data_bytes, raw_bytes, read_model, tensor_bytes
 from .inference import with_trained_values
-from .runtime import TrainingSession
+from .runtime import StepSession, TrainingSession
 
 PARTS = ("eval", "gradient", "update")  # the graphs saved beside the training step
 # bytes of tensor data past which a saved model keeps its tensors in an external-data file
@@ -140,11 +140,18 @@ class TrainingModel:
         return Path(path)
 
     def session(self, providers=None, seed: int | None = None, on_nonfinite: str = "raise",
-                threads: int | None = None, spinning: bool = True, gradients: bool = True) -> TrainingSession:
+                threads: int | None = None, spinning: bool = True, gradients: bool = True,
+                backend: str = "onnxruntime") -> StepSession:
         """An onnxruntime session holding the initial state, ready for ``.step(inputs, target)``
         and ``.evaluate(inputs, target)`` (the eval graph); ``threads`` / ``spinning``: its intra-op
         threads and whether they spin (``bridge.training.runtime.session_options``); ``gradients=False``: steps
-        do not return ``grad_*`` (faster, ``TrainingSession``)."""
+        do not return ``grad_*`` (faster, ``TrainingSession``). ``backend="iree"`` or ``"onnx-mlir"``: the
+        graph compiled by ``bridge.compile`` and stepped there (``providers``, ``threads``, ``spinning`` unused)."""
+        if backend != "onnxruntime":
+            from ..tools.compile import compile as compile_model
+
+            return compile_model(self, backend=backend, gradients=gradients).session(
+                seed=seed, eval_model=self.eval_model, on_nonfinite=on_nonfinite)
         return TrainingSession(self.model, self.initial_state(), providers, seed, eval_model=self.eval_model,
                                on_nonfinite=on_nonfinite, threads=threads, spinning=spinning, gradients=gradients)
 

@@ -1,0 +1,151 @@
+"""Run training steps of a training graph compiled by onnx-mlir (a model ``.so``, ``bridge.compile``).
+
+``OnnxMlirTrainingSession`` has the interface of the onnxruntime ``TrainingSession`` (same inputs,
+``updated_*`` fed back, ``.state``, ``.lr``, Dropout noise drawn each step), so one training loop
+can use any backend. onnx-mlir's Python runtime (``PyRuntime.OMExecutionSession``, in the install's
+``lib/``) takes the graph inputs positionally, in graph order; the library's signature names them.
+``find_onnx_mlir`` locates the compiler and runtime (``ONNX_MLIR_HOME``, else ``PATH``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from ..contract import DIM_BOUNDS, decode_random_inputs, props
+from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
+from .feed_checks import StepChecks, covered_outputs
+from .runtime import StepSession, graph_hash
+
+if TYPE_CHECKING:
+    from ..tools.compile import CompiledModel
+
+HOME = "ONNX_MLIR_HOME"
+# What onnx-mlir --EmitLib runs after its own passes (paths fixed in the Debian LLVM 22 build it was made with).
+LLVM_TOOLS = (Path("/usr/lib/llvm-22/bin/opt"), Path("/usr/lib/llvm-22/bin/llc"), Path("/usr/bin/clang++-22"))
+INSTALL_HINT = (
+    "set ONNX_MLIR_HOME to an onnx-mlir install (bin/onnx-mlir, lib/PyRuntime*) or put onnx-mlir on PATH; get one "
+    "from onnx-mlir's docker image (ghcr.io/onnxmlir/onnx-mlir) or build it with the recipe in shared/onnx-mlir/build; "
+    "it needs Debian's packages libllvm22 libprotobuf32 llvm-22 clang-22 (apt-get install, or make system-deps)"
+)
+
+
+class OnnxMlirNotFoundError(MissingExtraError):
+    """onnx-mlir, its Python runtime or the LLVM tools it calls are missing; the message says what to install."""
+
+
+@dataclass(frozen=True)
+class OnnxMlir:
+    """An onnx-mlir install: the compiler driver and the folder holding ``libcruntime.a`` and ``PyRuntime``."""
+
+    compiler: Path
+    lib: Path
+
+
+def find_onnx_mlir(compiling: bool = True) -> OnnxMlir:
+    """The onnx-mlir install named by ``ONNX_MLIR_HOME``, else the ``onnx-mlir`` on ``PATH`` (its lib:
+    ``<bin>/../lib``). ``compiling``: also check the LLVM tools ``--EmitLib`` calls (opt, llc, clang++).
+    Raises ``OnnxMlirNotFoundError`` naming what is missing and what to install."""
+    home = os.environ.get(HOME)
+    if home:
+        compiler, where = Path(home) / "bin" / "onnx-mlir", f"{HOME}={home}"
+    else:
+        found = shutil.which("onnx-mlir")
+        if found is None:
+            raise OnnxMlirNotFoundError(f"onnx-mlir was not found (no {HOME}, none on PATH): {INSTALL_HINT}")
+        compiler, where = Path(found).resolve(), "PATH"
+    lib = compiler.parent.parent / "lib"
+    missing = [] if compiler.is_file() else [str(compiler)]
+    if not list(lib.glob("PyRuntime*.py")):
+        missing.append(f"{lib}/PyRuntime.py")
+    if compiling:
+        missing += [str(tool) for tool in LLVM_TOOLS if not tool.is_file()]
+    if missing:
+        raise OnnxMlirNotFoundError(f"onnx-mlir ({where}) is incomplete, missing {', '.join(missing)}: {INSTALL_HINT}")
+    return OnnxMlir(compiler, lib)
+
+
+def _execution_session_class():
+    """``PyRuntime.OMExecutionSession`` of the install that ``find_onnx_mlir`` finds."""
+    lib = str(find_onnx_mlir(compiling=False).lib)
+    if lib not in sys.path:
+        sys.path.append(lib)
+    try:
+        from PyRuntime import OMExecutionSession
+    except ImportError as exc:
+        raise OnnxMlirNotFoundError(f"onnx-mlir's Python runtime in {lib} does not load ({exc}): {INSTALL_HINT}") from exc
+    return OMExecutionSession
+
+
+class OnnxMlirTrainingSession(StepSession):
+    """Train with a model library compiled by onnx-mlir: ``session.step(inputs, target)`` -> outputs."""
+
+    def __init__(self, library: CompiledModel | bytes | str | os.PathLike, state: Mapping[str, np.ndarray],
+                 seed: int | None = None, *, training_model: onnx.ModelProto | None = None,
+                 eval_model: onnx.ModelProto | None = None, eval_library: bytes | None = None,
+                 on_nonfinite: str = "raise"):
+        """``library``: a ``CompiledModel``, the bytes of a ``.so`` or its path. ``training_model``, the ONNX
+        graph the library was compiled from (a ``CompiledModel`` carries it), gives the Dropout noise inputs
+        and the batch checks, and makes checkpoints interchangeable with the other backends' sessions of
+        that graph (same hash); ``eval_model`` enables ``evaluate`` on this state, run by ``eval_library``
+        (``eval_model`` compiled by onnx-mlir) when given, else in onnxruntime."""
+        training_model = getattr(library, "graph", None) if training_model is None else training_model
+        library = getattr(library, "module", library)  # a bridge.tools.compile.CompiledModel
+        session_class = _execution_session_class()
+        if isinstance(library, bytes):
+            self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
+            path = Path(self._folder.name) / "model.so"
+            path.write_bytes(library)
+        else:
+            path = Path(library).resolve()
+            if not path.is_file():
+                raise ModelLoadError(f"no such compiled model library: {path}")
+        checks = None if training_model is None else StepChecks.from_model(training_model)
+        super().__init__(state, seed, checks=checks, on_nonfinite=on_nonfinite,
+                         graph_hash=graph_hash(path.read_bytes() if training_model is None else training_model),
+                         eval_model=eval_model)
+        try:
+            self._session = session_class(str(path), tag="NONE")  # the untagged entry points: any file name
+            self.input_names: list[str] = [v["name"] for v in json.loads(self._session.input_signature())]
+            self.output_names: list[str] = [v["name"] for v in json.loads(self._session.output_signature())]
+        except (RuntimeError, ValueError) as exc:
+            raise ModelLoadError(f"{path} is not a model library compiled by onnx-mlir: {exc}") from exc
+        if training_model is not None:
+            meta = props(training_model.metadata_props)
+            for name in decode_random_inputs(meta):
+                shape, dtype = checks.specs[name]
+                self.random_inputs[name] = ([None if d == "?" else d for d in shape], dtype)
+            self.dim_bounds = json.loads(meta.get(DIM_BOUNDS, "{}"))
+            self.covered_outputs = covered_outputs(training_model)
+        if eval_library is not None and self.eval_graph is not None:
+            self.eval_graph.graph = OnnxMlirGraph(eval_library, eval_model)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [name for name in self.input_names if name not in feed]
+        if missing:
+            hint = "" if self.checks is not None else " (noise inputs are drawn only with training_model=, the ONNX graph)"
+            raise InvalidOptionError(f"missing inputs {missing}; the library takes {self.input_names}{hint}")
+        # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
+        results = self._session.run([np.asarray(feed[name], order="C") for name in self.input_names])
+        return dict(zip(self.output_names, results, strict=True))
+
+
+class OnnxMlirGraph:
+    """A compiled graph called like ``bridge.training.runtime.OrtGraph`` (inputs and outputs by name): the
+    gradient or update half of a step, for accumulation and data parallelism."""
+
+    def __init__(self, library: bytes, model: onnx.ModelProto):
+        self._session = OnnxMlirTrainingSession(library, {}, training_model=model)  # stateless: only its graph runs
+        self.input_names, self.output_names = self._session.input_names, self._session.output_names
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._session._run(dict(feed))

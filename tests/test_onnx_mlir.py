@@ -1,0 +1,265 @@
+"""Training graphs compiled by onnx-mlir (``bridge.compile(backend="onnx-mlir")``) train like onnxruntime.
+
+An MLP (symbolic batch, adam) and a CNN (Conv/BatchNorm/MaxPool/Dropout, static batch, SGD with
+momentum) are compiled once per module and stepped 3 times with their updates fed back; every
+output (loss, grad_*, updated_*) is compared with the same steps in onnxruntime at one thread (onnx-mlir
+runs on one), which tests/test_*.py compare with PyTorch. The tolerance, ``TOLERANCE``, is 16 units
+of float32 rounding (``eps``) of each tensor's largest magnitude: the largest deviation measured on
+these graphs, element by element over every output and step, was 3.6 units (the MLP's
+``updated_0.weight.exp_avg_sq``; the CNN's 3.4, its running mean and momentum buffer).
+"""
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from helpers.reference import assert_steps_match
+from lifecycle_models import features, small_mlp
+from onnx import TensorProto, helper, numpy_helper
+
+import bridge
+from bridge.cli import main as cli_main
+from bridge.training.runtime_onnx_mlir import OnnxMlirGraph, OnnxMlirNotFoundError, OnnxMlirTrainingSession, find_onnx_mlir
+
+TOLERANCE = 16 * float(np.finfo(np.float32).eps)
+
+
+def _onnx_mlir_missing() -> str | None:
+    try:
+        find_onnx_mlir()
+    except OnnxMlirNotFoundError as exc:
+        return str(exc)
+    return None
+
+
+_MISSING = _onnx_mlir_missing()
+pytestmark = pytest.mark.onnx_mlir
+needs_onnx_mlir = pytest.mark.skipif(_MISSING is not None, reason=f"onnx-mlir is not available: {_MISSING}")
+
+
+def _export(module: torch.nn.Module, shape: tuple[int, ...], dynamic: bool) -> onnx.ModelProto:
+    """``module`` exported in training mode (BatchNorm and Dropout stay nodes), input ``x``, output ``y``."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.train(), (torch.randn(shape),), buffer, dynamo=False,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}} if dynamic else None)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _cnn() -> torch.nn.Module:
+    # no conv bias: before BatchNorm its gradient is exactly zero, and each backend returns its own rounding noise
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1, bias=False), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Dropout(0.25), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3),
+    )
+
+
+@dataclass
+class Case:
+    build: Callable[[], torch.nn.Module]
+    shape: tuple[int, ...]
+    dynamic: bool
+    optim: str
+    options: dict
+    sizes: tuple[int, ...]  # the batch size of each step
+
+
+CASES = {
+    "mlp-symbolic-batch": Case(_mlp, (4, 6), True, "adam", {"lr": 0.05}, (5, 3, 5)),
+    "cnn": Case(_cnn, (4, 1, 8, 8), False, "sgd", {"lr": 0.05, "momentum": 0.9}, (4, 4, 4)),
+}
+
+
+@dataclass
+class Compiled:
+    tm: bridge.TrainingModel
+    compiled: bridge.CompiledModel
+    case: Case
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def compiled(request) -> Compiled:
+    if _MISSING is not None:
+        pytest.skip(f"onnx-mlir is not available: {_MISSING}")
+    case = CASES[request.param]
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
+                                 optim_options=case.options, dynamic_batch=case.dynamic)
+    return Compiled(tm, bridge.compile(tm, backend="onnx-mlir"), case)
+
+
+def _batches(session, case: Case, seed: int = 1) -> list:
+    """Random batches of ``case``'s sizes, the Dropout noise given (so both backends see the same)."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for size in case.sizes:
+        inputs = {"x": rng.standard_normal((size, *case.shape[1:])).astype(np.float32)}
+        for name, (shape, dtype) in session.random_inputs.items():
+            inputs[name] = rng.random([d if isinstance(d, int) else size for d in shape]).astype(dtype)
+        batches.append((inputs, rng.integers(0, 3, size).astype(np.int64)))
+    return batches
+
+
+@needs_onnx_mlir
+def test_compiled_steps_match_onnxruntime(compiled):
+    """3 steps, updates fed back, every output against onnxruntime at one thread (a symbolic batch:
+    one .so stepped at batch sizes 5, 3, 5)."""
+    session = compiled.compiled.session()
+    assert isinstance(session, OnnxMlirTrainingSession)
+    if compiled.case.build is _cnn:
+        assert list(session.random_inputs), "the CNN's Dropout has a noise input"
+    ort = compiled.tm.session(threads=1)
+    batches = _batches(session, compiled.case)
+    got = [session.step(inputs, target) for inputs, target in batches]
+    want = [ort.step(inputs, target) for inputs, target in batches]
+    assert set(got[0]) == set(want[0]) == {o.name for o in compiled.tm.model.graph.output}
+    assert_steps_match(got, want, rtol=TOLERANCE)
+
+
+@needs_onnx_mlir
+def test_lr_is_live_and_noise_is_drawn(compiled):
+    """lr=0 leaves every weight as it was; without given noise the session draws it (the step runs)."""
+    session = compiled.compiled.session(seed=0)
+    session.lr = 0.0
+    before = {w: session.state[w].copy() for w in compiled.tm.weights}
+    inputs, target = _batches(session, compiled.case)[0]
+    session.step({"x": inputs["x"]}, target)
+    for w in compiled.tm.weights:
+        np.testing.assert_array_equal(session.state[w], before[w], err_msg=w)
+
+
+@needs_onnx_mlir
+def test_trainer_on_onnx_mlir_trains_like_onnxruntime_and_resumes_there(tmp_path):
+    """Trainer(backend="onnx-mlir") steps like the onnxruntime Trainer; a checkpoint it writes resumes on
+    onnxruntime (state is plain arrays, one graph hash) and continues as onnx-mlir does."""
+    _, model = small_mlp()
+    tm = bridge.to_training_onnx(model, loss="ce", optim="adam", optim_options={"lr": 0.05})
+    data = features(12, seed=1)
+    options = {"schedule": "step", "schedule_options": {"step_size": 1, "gamma": 0.5}, "seed": 3}
+    om = bridge.Trainer(tm, backend="onnx-mlir", **options)
+    assert isinstance(om.session, OnnxMlirTrainingSession)
+    om.fit(data, epochs=1, batch_size=4)
+    path = om.save_checkpoint(tmp_path / "om.npz")
+    om.fit(data, epochs=1, batch_size=4)
+
+    ort = bridge.Trainer(tm, threads=1, **options)
+    ort.fit(data, epochs=2, batch_size=4)
+    assert_steps_match([{"loss": s["loss"]} for s in om.history.steps], [{"loss": s["loss"]} for s in ort.history.steps],
+                       rtol=TOLERANCE)
+    assert [s["lr"] for s in om.history.steps] == [s["lr"] for s in ort.history.steps]
+
+    resumed = bridge.Trainer(tm, threads=1, **options)
+    resumed.load_checkpoint(path)
+    assert resumed.epoch == 1
+    resumed.fit(data, epochs=1, batch_size=4)
+    assert_steps_match([om.state()], [resumed.state()], rtol=TOLERANCE)
+    assert isinstance(om.session.eval_graph.graph, OnnxMlirGraph)  # the eval graph compiled too
+    assert om.evaluate(data) == pytest.approx(resumed.evaluate(data), rel=TOLERANCE)
+
+
+@needs_onnx_mlir
+def test_training_model_session_on_onnx_mlir():
+    """tm.session(backend="onnx-mlir", gradients=False): compiled without grad_*, steps as onnxruntime's; its eval
+    graph is compiled too and evaluates as onnxruntime's."""
+    _, model = small_mlp()
+    tm = bridge.to_training_onnx(model, loss="ce", optim="adamw", optim_options={"lr": 0.05})
+    session = tm.session(backend="onnx-mlir", gradients=False, seed=0)
+    assert isinstance(session, OnnxMlirTrainingSession) and not any(n.startswith("grad_") for n in session.output_names)
+    ort = tm.session(threads=1, gradients=False, seed=0)
+    x, y = features(6, seed=4)
+    assert_steps_match([session.step({"x": x}, y) for _ in range(2)], [ort.step({"x": x}, y) for _ in range(2)],
+                       rtol=TOLERANCE)
+    assert isinstance(session.eval_graph.graph, OnnxMlirGraph)
+    assert_steps_match([session.evaluate({"x": x}, y)], [ort.evaluate({"x": x}, y)], rtol=TOLERANCE)
+
+
+@needs_onnx_mlir
+def test_accumulation_runs_the_compiled_halves():
+    """With accumulation_steps, the gradient and update graphs run compiled by onnx-mlir (two more
+    libraries in the process), and train as onnxruntime's accumulation does."""
+    _, model = small_mlp()
+    tm = bridge.to_training_onnx(model, loss="ce", optim="adam", optim_options={"lr": 0.05})
+    data = features(16, seed=2)
+    om = bridge.Trainer(tm, backend="onnx-mlir", accumulation_steps=2, seed=1)
+    split = om.session.split_step
+    assert isinstance(split.gradient, OnnxMlirGraph) and isinstance(split.update, OnnxMlirGraph)
+    om.fit(data, epochs=1, batch_size=4)
+    ort = bridge.Trainer(tm, accumulation_steps=2, seed=1, threads=1)
+    ort.fit(data, epochs=1, batch_size=4)
+    assert_steps_match([{"loss": s["loss"]} for s in om.history.steps], [{"loss": s["loss"]} for s in ort.history.steps],
+                       rtol=TOLERANCE)
+    assert_steps_match([om.state()], [ort.state()], rtol=TOLERANCE)
+
+
+def _broadcast_mismatch() -> onnx.ModelProto:
+    """A Mul of a [2, 3] by a [3, 2] tensor: no broadcast exists, which onnx-mlir's shape inference reports."""
+    weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["m"], name="head/scale/Mul"),
+             helper.make_node("Relu", ["m"], ["y"], name="head/act/Relu")]
+    graph = helper.make_graph(nodes, "broadcast_mismatch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@needs_onnx_mlir
+def test_compile_error_names_the_offending_node():
+    with pytest.raises(bridge.CompileError, match=r"(?s)onnx-mlir could not compile.*node 'head/scale/Mul' \(Mul\)") as error:
+        bridge.compile(_broadcast_mismatch(), backend="onnx-mlir")
+    assert {d[:2] for d in error.value.diagnostics} == {("head/scale/Mul", "Mul")}
+
+
+@needs_onnx_mlir
+def test_cli_compile_reports_phases_and_writes_a_library(tmp_path, capsys):
+    torch.manual_seed(0)
+    source = tmp_path / "mlp.onnx"
+    onnx.save(_export(_mlp(), (4, 6), dynamic=False), str(source))
+    train = tmp_path / "train.onnx"
+    assert cli_main(["convert", str(source), "-o", str(train), "--loss", "ce", "--optim", "sgd"]) == 0
+    capsys.readouterr()
+    assert cli_main(["compile", str(train), "--backend", "onnx-mlir", "-o", str(tmp_path / "train.so")]) == 0
+    err = capsys.readouterr().err
+    for phase in (r"onnx-mlir \[1/6\] Importing ONNX Model", r"onnx-mlir \[5/6\] Linking", r"onnx-mlir: done \(\d+\.\d s"):
+        assert re.search(phase, err), (phase, err)
+    state = dict(np.load(tmp_path / "train.state.npz"))
+    session = OnnxMlirTrainingSession(tmp_path / "train.so", state, training_model=onnx.load(str(train)))
+    ort = bridge.TrainingSession(str(train), state, threads=1)
+    rng = np.random.default_rng(0)
+    inputs, target = {"x": rng.standard_normal((4, 6)).astype(np.float32)}, rng.integers(0, 3, 4).astype(np.int64)
+    assert_steps_match([session.step(inputs, target)], [ort.step(inputs, target)], rtol=TOLERANCE)
+
+
+def test_missing_onnx_mlir_names_what_to_install(tmp_path, monkeypatch, capsys):
+    """ONNX_MLIR_HOME pointing at an empty folder: one error naming the missing files and the packages."""
+    monkeypatch.setenv("ONNX_MLIR_HOME", str(tmp_path))
+    _, model = small_mlp()
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(OnnxMlirNotFoundError, match=r"bin/onnx-mlir.*libllvm22 libprotobuf32 llvm-22 clang-22") as error:
+        bridge.compile(path, backend="onnx-mlir")
+    assert isinstance(error.value, bridge.BridgeError)
+    with pytest.raises(OnnxMlirNotFoundError, match="ONNX_MLIR_HOME"):
+        OnnxMlirTrainingSession(b"", {})
+    assert cli_main(["compile", str(path), "--backend", "onnx-mlir", "-o", str(tmp_path / "m.so")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "bridge: error: onnx-mlir" in err and "docker" in err, err
+
+
+@needs_onnx_mlir
+def test_a_file_that_is_not_a_library_is_refused(tmp_path):
+    (tmp_path / "junk.so").write_bytes(b"not a library")
+    with pytest.raises(bridge.ModelLoadError, match="junk.so"):
+        OnnxMlirTrainingSession(tmp_path / "junk.so", {})
