@@ -137,7 +137,7 @@ def _value(item):
 def data_sets(case) -> list[tuple[dict[str, Any], list[Any]]]:
     """(feeds by graph input name, expected outputs) of each data set."""
     names = [i.name for i in case.model.graph.input]
-    return [(dict(zip(names, [_value(x) for x in inputs])), [_value(y) for y in outputs])
+    return [(dict(zip(names, [_value(x) for x in inputs], strict=True)), [_value(y) for y in outputs])
             for inputs, outputs in case.data_sets]
 
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import onnx
+from helpers.single_op import ELEM
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from single_op import ELEM
 
 DATA, WEIGHT, CONST, ABSENT = "data", "weight", "const", "absent"
 ELEM_ALL = {**ELEM, np.dtype(np.int32): onnx.TensorProto.INT32, np.dtype(np.uint8): onnx.TensorProto.UINT8,
@@ -164,7 +164,7 @@ class OpRow:
         graph = helper.make_graph(
             nodes, self.id,
             [helper.make_tensor_value_info(k, ELEM_ALL[v.dtype], v.shape) for k, v in data.items()],
-            [helper.make_tensor_value_info(n, ELEM_ALL[np.dtype(t)], None) for n, t in zip(model_outputs, self._out_dtypes(model_outputs))],
+            [helper.make_tensor_value_info(n, ELEM_ALL[np.dtype(t)], None) for n, t in zip(model_outputs, self._out_dtypes(model_outputs), strict=True)],
             [numpy_helper.from_array(np.asarray(v), k) for k, v in self.initializers().items()],
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
@@ -193,7 +193,7 @@ def _complete_output_shapes(model: onnx.ModelProto, data: dict[str, np.ndarray])
     missing = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
     if not missing:
         return
-    values = dict(zip([o.name for o in model.graph.output], ReferenceEvaluator(model).run(None, data)))
+    values = dict(zip([o.name for o in model.graph.output], ReferenceEvaluator(model).run(None, data), strict=True))
     for output in missing:
         output.type.tensor_type.shape.SetInParent()
         for size in values[output.name].shape:

@@ -1,9 +1,11 @@
-"""The step-time benchmark (benchmarks/run.py) measures what it says, and rewrites only its own
+"""The benchmark generator (benchmarks/run.py) measures what it says, and rewrites only its own
 section of benchmarks/RESULTS.md; the profiler (benchmarks/profile_step.py) sets bridge's step beside torch's."""
 from __future__ import annotations
 
+import json
+import re
 import sys
-import time
+import types
 from pathlib import Path
 
 import pytest
@@ -13,15 +15,31 @@ import profile_step  # noqa: E402
 import run as bench  # noqa: E402
 
 
-@pytest.mark.slow
-def test_mlp_side_by_side(capsys):
-    assert bench.main(["--models", "mlp", "--backends", "bridge-ort", "torch", "--rounds", "15",
-                       "--max-load", "1000", "--no-write"]) == 0
-    out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("| mlp |"))
+def test_the_generator_writes_its_section_from_one_run(tmp_path, monkeypatch, capsys):
+    """One run on the mlp rewrites only the generated section of RESULTS.md: the header names the command and
+    the load before and after, the step table has both backends and the ratio, the conversion table the
+    weights (64*256 + 256*256 + 256*10 weights + biases: 0.3 MB)."""
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"# Benchmark results\n\nkept intro\n\n{bench.BEGIN}\nold figures\n{bench.END}\n")
+    monkeypatch.setattr(bench, "RESULTS", results)
+    monkeypatch.setattr(bench, "RESULTS_JSON", tmp_path / "results.json")
+    monkeypatch.setattr(bench, "PLOT", tmp_path / "step_time.png")
+    argv = ["--models", "mlp", "--backends", "bridge-ort", "torch", "--sections", "step", "--rounds", "15",
+            "--warmup", "0", "--burst", "1", "--settle", "0", "--max-load", "1000"]
+    assert bench.main(argv) == 0
+    text = results.read_text()
+    assert text.startswith("# Benchmark results\n\nkept intro\n") and "old figures" not in text
+    assert text.count(bench.BEGIN) == 1 and text.rstrip().endswith(bench.END)
+    assert "python benchmarks/run.py " + " ".join(argv) in text
+    assert re.search(r"Load average \(1 / 5 / 15 min\): [\d.]+ / [\d.]+ / [\d.]+ before the run, [\d.]+ / [\d.]+ / "
+                     r"[\d.]+ after it", text)
+    row = next(line for line in text.splitlines() if line.startswith("| mlp |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == 4 and float(cells[3]) > 0  # bridge-ort, torch, and the ratio
-    assert "| mlp | 0.3 |" in out  # 64*256 + 256*256 + 256*10 weights (+ biases): 0.3 MB
+    assert "| mlp | 0.3 |" in text
+    assert "Step time, one thread" not in text  # no one-thread backend ran
+    assert json.loads((tmp_path / "results.json").read_text())["results"][0]["model"] == "mlp"
+    assert bench.BEGIN in capsys.readouterr().out
 
 
 def test_refuses_a_busy_machine(capsys, monkeypatch):
@@ -53,7 +71,7 @@ def test_a_step_that_times_itself_is_timed_by_its_own_figure():
     assert all(0 <= t < 0.5 for t in times["local"])
 
 
-def test_settling_steps_are_not_timed():
+def test_settling_steps_are_not_timed(monkeypatch):
     """Each round runs untimed steps of a backend for ``settle`` seconds (at least one: right after another
     backend, whose threads may still hold the cores), then ``burst`` timed ones whose median is the round's."""
     calls = {"a": 0, "b": 0}
@@ -67,9 +85,14 @@ def test_settling_steps_are_not_timed():
     times = bench.measure({"a": stepper("a", True), "b": stepper("b", False)}, rounds=15, warmup=0, burst=2, settle=0)
     assert calls == {"a": 45, "b": 45}
     assert times == {"a": [0.25] * 15, "b": [0.25] * 15}
-    sleeps = []
-    bench.measure({"a": lambda: sleeps.append(time.sleep(0.01))}, rounds=1, warmup=0, burst=1, settle=0.05)
-    assert len(sleeps) >= 6, "settling runs steps for 0.05 s before the timed one"
+    clock = [0.0]  # a step takes 0.25 s of a fake clock: the machine's load cannot change the count
+
+    def tick():
+        clock[0] += 0.25
+
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    bench.measure({"a": tick}, rounds=1, warmup=0, burst=1, settle=1.0)
+    assert clock[0] == 5 * 0.25, "settling runs steps for 1 s (4 steps), then the timed one"
 
 
 def test_a_burst_of_no_step_is_refused():
@@ -77,17 +100,32 @@ def test_a_burst_of_no_step_is_refused():
         bench.main(["--burst", "0"])
 
 
-def test_graph_sizes_show_the_first_landing_next_to_now():
+def test_one_thread_backends_are_compared_with_torch_at_one_thread():
+    """onnx-mlir runs on one thread: its ratio is to torch at one thread, in a table of its own, and a
+    backend's ratio is the median of the per-round ratios, not the ratio of the medians."""
+    times = {"torch": [1.0, 2.0, 4.0, 2.0, 4.0], "bridge-ort": [4.0, 1.0, 2.0, 1.0, 2.0],  # medians 2 and 2
+             "torch@1": [2.0] * 5, "bridge-onnx-mlir": [1.0] * 5}
+    summary = bench.summarise(times)
+    assert summary["bridge-ort"]["ratio_to_torch"] == 0.5  # per round 4, 0.5, 0.5, 0.5, 0.5
+    assert summary["bridge-onnx-mlir"]["ratio_to_torch"] == 0.5
+    assert "ratio_to_torch" not in summary["torch"] and "ratio_to_torch" not in summary["torch@1"]
     result = {"model": "resnet18", "weights_mb": 42.7, "import_s": 2.5, "convert_s": 4.0, "peak_rss_mb": 1500,
-              "import_rss_mb": 550,
-              "nodes": {"forward": 1, "loss": 2, "backward": 3, "optimizer": 4},
-              "steps": {"torch": {"median_ms": 1.0, "q1_ms": 1.0, "q3_ms": 1.0, "ratio_to_torch": 1.0}}}
-    info = {"date": "d", "cores": 2, "cpu": "x", "threads": 2, "load_before": 0.5, "python": "3", "torch": "t",
-            "onnxruntime": "o", "command": "c"}
-    text = bench.markdown([result], info, ["resnet18: ort-training skipped: no --ort-training-python"])
-    assert f"| 1 / 2 / 3 / 4 | {bench.BEFORE_NODES['resnet18']} |" in text
-    assert "| model | weights MB | import s | convert s |" in text and "| resnet18 | 42.7 | 2.50 | 4.00 |" in text
-    assert "- resnet18: ort-training skipped" in text
+              "import_rss_mb": 12, "iree_compile_s": 61.0, "onnx_mlir_compile_s": 33.0,
+              "nodes": {"forward": 1, "loss": 2, "backward": 3, "optimizer": 4}, "steps": summary}
+    info = {"date": "d", "cores": 2, "cpu": "x", "memory_gib": 8, "threads": 2, "versions": {"torch": "t"},
+            "load_before": (0.5, 0.4, 0.3), "load_after": (1.5, 1.0, 0.5), "command": "c", "wall_s": 90}
+    memory = [{"frozen": 5, "weights_mib": 384.0, "peak_mib": 1500.0, "import_mib": 540.0, "convert_s": 20.0,
+               "total_s": 25.0}]
+    text = bench.markdown([result], info, ["a note"], ["| mlp (85k) | 1 | 1000 | 1.00 | 1.0 ms | 0% | 0.1% |"], memory)
+    two, one = text.index("### Step time, 2 threads"), text.index("### Step time, one thread")
+    assert "| bridge-ort / torch |" in text[two:one] and "bridge-onnx-mlir" not in text[two:one]
+    assert "| model | bridge-onnx-mlir ms | torch ms | bridge-onnx-mlir / torch |" in text[one:]
+    assert "| resnet18 | 42.7 | 2.50 | 4.00 | 1500 (12) | 1 / 2 / 3 / 4 | 61.0 | 33.0 |" in text
+    assert "0.50 / 0.40 / 0.30 before the run, 1.50 / 1.00 / 0.50 after it" in text
+    assert "| 5 of 6 | 384 | 1500 | 960 MiB = 2.50x the weights | 20.0 | 25.0 |" in text
+    assert "## Data-parallel" in text and "| mlp (85k) | 1 |" in text and "- a note" in text
+    assert "exceeded the core count" not in text
+    assert "exceeded the core count" in bench.markdown([result], {**info, "load_after": (9.0, 5.0, 3.0)}, [])
 
 
 def test_bridge_kinds_and_torch_ops_meet_in_one_family():

@@ -1,5 +1,7 @@
 """``bridge.check(model, target="onnx-mlir")``: clean on bridge's graphs, and each kind of
-violation caught on a small hand-built graph, with the node, the op and onnx-mlir's own text."""
+violation caught on a small hand-built graph, with the node, the op and onnx-mlir's own text.
+Where onnx-mlir is installed, a graph the table accepts is compiled too and onnx-mlir's errors are
+violations of the node they name; without it the table alone is checked, and the CLI says so."""
 from __future__ import annotations
 
 import json
@@ -14,9 +16,13 @@ from onnx import TensorProto, helper, numpy_helper
 import bridge
 from bridge.cli import main
 from bridge.errors import InvalidOptionError
+from bridge.tools.compile import onnx_mlir_diagnostics
+from bridge.tools.target_check import onnx_mlir_missing
 
 TABLE = json.loads((Path(bridge.__file__).parent / "data" / "onnx_mlir_cpu_ops.json").read_text())["ops"]
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
+ONNX_MLIR_MISSING = onnx_mlir_missing()
+needs_onnx_mlir = pytest.mark.skipif(ONNX_MLIR_MISSING is not None, reason=f"onnx-mlir is not available: {ONNX_MLIR_MISSING}")
 
 
 @pytest.mark.parametrize("optim", ["sgd", "adam", "rmsprop"])
@@ -24,7 +30,7 @@ F, I64 = TensorProto.FLOAT, TensorProto.INT64
 @pytest.mark.parametrize("build", [matmul_add_mlp, gemm_mlp], ids=["matmul_add", "gemm"])
 def test_bridge_graphs_are_clean(build, loss, optim):
     tm = bridge.to_training_onnx(build()[0], loss=loss, optim=optim)
-    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=18, domains=()) -> onnx.ModelProto:
@@ -152,7 +158,7 @@ def test_clean_forms_of_the_same_ops_pass():
     ]
     inits = [_const("a", [1]), _const("sc", np.array([1, 1, 2, 2], np.float32))]
     model = _model(nodes, X, [("y", TensorProto.DOUBLE, None), ("z", F, None)], inits)
-    assert bridge.check(model) == []
+    assert bridge.check(model, compile=False) == []
 
 
 def test_violations_inside_subgraphs_are_found():
@@ -169,10 +175,75 @@ def test_unknown_target_is_an_error():
 
 def test_cli_check_exit_status(tmp_path, capsys):
     clean = bridge.to_training_onnx(matmul_add_mlp()[0], loss="mse", optim="sgd").save(tmp_path / "train.onnx")
-    assert main(["check", str(clean), "--target", "onnx-mlir"]) == 0
+    assert main(["check", str(clean), "--target", "onnx-mlir", "--no-compile"]) == 0
     assert "0 violation(s)" in capsys.readouterr().out
     bad = tmp_path / "bad.onnx"
     onnx.save(BAD["maxpool_indices"][0], str(bad))
     assert main(["check", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "n (MaxPool)" in out and TABLE["MaxPool"]["limitations"] in out and "1 violation(s)" in out
+
+
+def _bicubic_grid_sample(extra=()) -> onnx.ModelProto:
+    """GridSample in bicubic mode: valid ONNX and in onnx-mlir's table (2-D, zeros padding), but onnx-mlir's
+    CPU lowering has no cubic form ("failed to legalize operation 'onnx.GridSample'")."""
+    node = helper.make_node("GridSample", ["x", "g"], ["y"], name="n", mode="bicubic")
+    return _model([node, *extra], [("x", F, [1, 1, 4, 4]), ("g", F, [1, 2, 2, 2])],
+                  [("y", F, [1, 1, 2, 2])] + [(out, F, None) for e in extra for out in e.output])
+
+
+@pytest.mark.onnx_mlir
+@needs_onnx_mlir
+def test_onnx_mlir_compile_errors_are_violations_of_the_node():
+    model = _bicubic_grid_sample()
+    assert bridge.check(model, compile=False) == []
+    (violation,) = bridge.check(model)
+    assert (violation.node, violation.op) == ("n", "GridSample") and violation.problem.startswith("onnx-mlir: ")
+    # the table's violations come first: no compile while the table finds something
+    pooled = _bicubic_grid_sample([helper.make_node("MaxPool", ["x"], ["p", "idx"], name="pool", kernel_shape=[2, 2])])
+    assert [(v.node, v.op) for v in bridge.check(pooled)] == [("pool", "MaxPool")]
+
+
+@pytest.mark.onnx_mlir
+@needs_onnx_mlir
+def test_cli_check_compiles_unless_told_not_to(tmp_path, capsys):
+    clean = bridge.to_training_onnx(matmul_add_mlp()[0], loss="mse", optim="sgd").save(tmp_path / "train.onnx")
+    assert main(["check", str(clean)]) == 0
+    captured = capsys.readouterr()
+    assert "0 violation(s)" in captured.out and "onnx-mlir [1/6]" in captured.err, captured.err
+    bad = tmp_path / "grid.onnx"
+    onnx.save(_bicubic_grid_sample(), str(bad))
+    assert main(["check", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "n (GridSample): onnx-mlir: " in out and "1 violation(s)" in out, out
+    assert main(["check", str(bad), "--no-compile"]) == 0
+    assert "onnx-mlir [" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["ONNX_MLIR_HOME empty", "PATH without onnx-mlir"])
+def test_without_onnx_mlir_the_table_alone_is_checked_and_the_cli_says_so(where, tmp_path, monkeypatch, capsys):
+    if where == "ONNX_MLIR_HOME empty":
+        monkeypatch.setenv("ONNX_MLIR_HOME", str(tmp_path))
+    else:
+        monkeypatch.delenv("ONNX_MLIR_HOME", raising=False)
+        monkeypatch.setenv("PATH", str(tmp_path))
+    assert "ONNX_MLIR_HOME" in onnx_mlir_missing()
+    model = _bicubic_grid_sample()
+    assert bridge.check(model) == []  # onnx-mlir would reject it; the table accepts it
+    path = tmp_path / "grid.onnx"
+    onnx.save(model, str(path))
+    assert main(["check", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "op table only: onnx-mlir not found (ONNX_MLIR_HOME" in err, err
+    assert main(["check", str(path), "--no-compile"]) == 0
+    assert "op table only" not in capsys.readouterr().err
+
+
+def test_an_onnx_mlir_error_without_a_node_name_is_the_only_node_of_its_type():
+    """onnx-mlir's "failed to legalize operation 'onnx.<Op>'" names no node: it is the node when the
+    graph has one node of that op type, and no node when it has several."""
+    log = "[2/6] Compiling and Optimizing MLIR Module\nfailed to legalize operation 'onnx.GridSample'"
+    one = _bicubic_grid_sample()
+    assert [d[:2] for d in onnx_mlir_diagnostics(log, one)] == [("n", "GridSample")]
+    two = _bicubic_grid_sample([helper.make_node("GridSample", ["x", "g"], ["z"], name="m")])
+    assert [d[:2] for d in onnx_mlir_diagnostics(log, two)] == [("", "GridSample")]

@@ -30,7 +30,7 @@ def _cleaned(model, feed):
     cleaned.CopyFrom(model)
     counts = clean_up(cleaned)
     onnx.checker.check_model(cleaned, full_check=True)
-    for want, got in zip(before, _run(cleaned, feed)):
+    for want, got in zip(before, _run(cleaned, feed), strict=True):
         np.testing.assert_array_equal(got, want)
     return cleaned, counts
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from helpers.reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 from onnx import TensorProto, helper, numpy_helper
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 import bridge
 
@@ -66,7 +66,7 @@ def _torch_head(w: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> 
 
 def test_detection_head_trains_like_torch():
     tm = bridge.to_training_onnx(_model(), loss="mse", optim="sgd", optim_options={"lr": LR})
-    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
     assert {"TopK"} <= {n.op_type for n in tm.model.graph.node}
     batches = random_batches(tm, 3)
     got = bridge_steps(tm, batches)

@@ -124,7 +124,7 @@ def _rank_cli(directory: Path) -> None:
 
     from bridge.cli import main
 
-    np.savez(directory / "data.npz", **dict(zip(("x", "target"), features(20, seed=9))))
+    np.savez(directory / "data.npz", **dict(zip(("x", "target"), features(20, seed=9), strict=True)))
     rank = torch.distributed.get_rank()
     with open(directory / f"cli.rank{rank}.txt", "w") as out, redirect_stdout(out):
         assert main(["train", str(directory / "mlp-adam.onnx"), "--data", str(directory / "data.npz"),
@@ -361,7 +361,7 @@ def test_cli_train_nproc_spawns_local_ranks(models, tmp_path):
     from bridge.cli import main
 
     directory, converted = models
-    np.savez(tmp_path / "data.npz", **dict(zip(("x", "target"), features(16, seed=11))))
+    np.savez(tmp_path / "data.npz", **dict(zip(("x", "target"), features(16, seed=11), strict=True)))
     assert main(["train", str(directory / "mlp-sgd.onnx"), "--data", str(tmp_path / "data.npz"), "--nproc", "2",
                  "--batch-size", "4", "--checkpoint", str(tmp_path / "run.npz")]) == 0
     _assert_checkpoint_is_one_process_run(converted["mlp-sgd"], directory / "mlp-sgd.onnx", tmp_path / "run.npz")
@@ -385,7 +385,7 @@ def test_torchrun_launches_bridge_train(models, tmp_path):
     import sys
 
     directory, converted = models
-    np.savez(tmp_path / "data.npz", **dict(zip(("x", "target"), features(16, seed=11))))
+    np.savez(tmp_path / "data.npz", **dict(zip(("x", "target"), features(16, seed=11), strict=True)))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(_free_port()), "-m", "bridge", "train", str(directory / "mlp-sgd.onnx"), "--data",
                str(tmp_path / "data.npz"), "--batch-size", "4", "--checkpoint", str(tmp_path / "run.npz")]

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import seed_of
-from reference import assert_steps_match, bridge_steps, torch_steps
-from single_op import one_node_model, train_and_compare
+from helpers.reference import assert_steps_match, bridge_steps, torch_steps
+from helpers.single_op import one_node_model, train_and_compare
 
 import bridge
 
@@ -80,7 +80,7 @@ def test_torch_training_mode_export_matches_torch_dropout():
     source = onnx.load_from_string(buffer.getvalue())
     drop = next(n for n in source.graph.node if n.op_type == "Dropout")
     tm = bridge.to_training_onnx(source, loss="mse", optim="sgd", optim_options={"lr": 0.125})
-    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
     assert tm.signature.random == [f"{drop.name}.noise"]
 
     seeds = [3, 4]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.reference import assert_steps_match, bridge_steps, torch_steps
 from onnx import TensorProto, helper, numpy_helper
-from reference import assert_steps_match, bridge_steps, torch_steps
 
 import bridge
 

@@ -92,7 +92,7 @@ def _running_stats(module: torch.nn.Module) -> set[str]:
 
 
 def _feed(tm: bridge.TrainingModel, args: tuple) -> dict[str, np.ndarray]:
-    return {name: arg.numpy() for name, arg in zip(tm.data_inputs, args)}
+    return {name: arg.numpy() for name, arg in zip(tm.data_inputs, args, strict=True)}
 
 
 def _noise(tm: bridge.TrainingModel, args: tuple, steps: int) -> list[dict[str, np.ndarray]]:
@@ -153,7 +153,7 @@ def assert_trains_like_torch(tm: bridge.TrainingModel, module: torch.nn.Module, 
     want = _torch_records(module, args, target, loss, noise, torch.float64, optim)
     single = _torch_records(module, args, target, loss, noise, torch.float32, optim)
     initial = tm.initial_state()
-    for step, (g, w, s) in enumerate(zip(got, want, single)):
+    for step, (g, w, s) in enumerate(zip(got, want, single, strict=True)):
         for key, expected in w.items():
             torch_error = float(np.max(np.abs(s[key] - expected)))
             tolerance = RTOL * float(np.max(np.abs(expected))) + NOISE + NOISE_FACTOR * torch_error
@@ -341,7 +341,7 @@ def test_train_mode_dynamo_export_with_random_uniform_like_trains():
         warnings.simplefilter("error", bridge.BridgeWarning)  # the training step draws: nothing to warn of
         tm = bridge.to_training_onnx(model, "ce", "sgd")
     with pytest.warns(bridge.BridgeWarning, match="eval graph uses its median"):  # traced when first asked for
-        tm.eval_model
+        _ = tm.eval_model
     assert set(tm.weights) == _trainable(module)
     (noise_name,) = tm.signature.random
     noise = np.random.default_rng(0).random((4, 16)).astype(np.float32)
@@ -397,7 +397,7 @@ def test_real_model_module_trains_like_torch(name):
 def test_real_model_default_exports_warn_and_export_for_training_does_not(name, tmp_path):
     module, args, target, loss = REAL[name]()
     lost = "BatchNorm folded" if _running_stats(module) else "renamed"
-    for how, model in _default_exports(module, args).items():
+    for model in _default_exports(module, args).values():
         with pytest.warns(InferenceExportWarning, match=lost):
             bridge.to_training_onnx(model, loss)
     path = tmp_path / f"{name}.onnx"

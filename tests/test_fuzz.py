@@ -210,7 +210,7 @@ def _torch_float32_noise(model: onnx.ModelProto, x64: np.ndarray, weights: list[
         grads.append(torch.autograd.grad(_torch_loss(loss, output, target), list(params.values()),
                                          allow_unused=True))
     return {w: 0.0 if g32 is None else float(torch.max(torch.abs(g32.double() - g64)))
-            for w, g32, g64 in zip(weights, *grads)}
+            for w, g32, g64 in zip(weights, *grads, strict=True)}
 
 
 def _fd_gradients(model64: onnx.ModelProto, x: np.ndarray, weights: dict, loss: str, target: np.ndarray,

@@ -71,7 +71,7 @@ def test_recurrent_ops_match_onnxruntime(op, attrs, with_state):
     want = run_onnxruntime(_model([node], inputs, outputs, 14), inputs)
     if layout:  # Y [T, D, B, H] -> [B, T, D, H]; states [D, B, H] -> [B, D, H]
         want = [want[0].transpose(2, 0, 1, 3)] + [w.swapaxes(0, 1) for w in want[1:]]
-    for name, w, g in zip(outputs, want, got):
+    for name, w, g in zip(outputs, want, got, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
 
 

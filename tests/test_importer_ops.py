@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.importer import assert_importer_matches_onnxruntime, import_and_run, run_onnxruntime
-from single_op import one_node_model
+from helpers.single_op import one_node_model
 
 import bridge
 
@@ -182,7 +182,7 @@ def test_shape_and_data_movement(op, inputs, attrs):
 def test_split_and_concat_round_trip():
     model = one_node_model("Split", ["x", "split"], {"x": X}, {"split": np.array([1, 3], np.int64)}, 18, outputs=2, axis=2)
     got, want = import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
     _check("Concat", {"x": X}, {"other": np.ones((2, 1, 4), np.float32)}, axis=1)
 
@@ -254,5 +254,5 @@ def test_batch_norm_training_mode_outputs_running_statistics(opset):
                            training_mode=1)
     got, want = import_and_run(model, {"x": X}), run_onnxruntime(model, {"x": X})
     assert len(got) == len(want) == 3
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,5 @@
 """Issue 14's "IREE stem-Conv weight gradient at a symbolic batch" and resnet18d's batch-3 step were
-decisions within float32 rounding, not compiler or bridge defects (docs/onnx-mlir.md section 7): the
+decisions within float32 rounding, not compiler or bridge defects (docs/notes/onnx-mlir-iree-investigations.md section 7): the
 zoo now draws its data where no such decision's flip moves a gradient past the tolerance
 (``zoo.harness.safe_attempt``, ``zoo.torch_models.DRAWS``). With torch alone, this checks that the
 check sees the draw behind the old ``mobilenet_v2-dynamic`` failure (default tier), and that the

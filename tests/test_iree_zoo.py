@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import assert_steps_match, bridge_steps, torch_steps
-from single_op import one_node_model
+from helpers.reference import assert_steps_match, bridge_steps, torch_steps
+from helpers.single_op import one_node_model
 
 import bridge
 from bridge.tools.compile import FAST_CONV_FLAGS
@@ -165,31 +165,21 @@ TORCHVISION = {f"{name}@{size}": functools.partial(_torchvision_model, name, siz
 # float32 noise allowance counted onnxruntime's measured noise too (``_float32_noise``).
 XFAIL: dict[str, str] = {
     # resnet18-static (zoo, batch 2) was one until the Conv backward forms changed: IREE silently
-    # miscomputed the graph bridge emitted before (docs/onnx-mlir.md section 5, cause not found); the
+    # miscomputed the graph bridge emitted before (docs/notes/onnx-mlir-iree-investigations.md section 5, cause not found); the
     # GEMM/scatter forms compute right, so a regression to a wrong step fails this test.
     # vgg11_bn-static, mobilenet_v2-dynamic and resnet18d-dynamic were strict xfails until the zoo drew
     # their data where no ReLU kink or max-pool tie within float32 rounding can move a gradient past the
-    # tolerance (zoo.harness.safe_attempt, torch_models.DRAWS; docs/onnx-mlir.md section 7): there IREE
+    # tolerance (zoo.harness.safe_attempt, torch_models.DRAWS; docs/notes/onnx-mlir-iree-investigations.md section 7): there IREE
     # and onnxruntime routed one element's gradient differently (resnet18d at batch 3: onnxruntime
     # flipped layer4.0.act2's ReLU input [0, 450, 0, 0], -1.9e-6 in float64; IREE matched float64).
-    # densenet121-static and -dynamic were strict xfails (2026-11-30/12-01): no draw of 100 at batch 2 or 3
-    # keeps off ReLU decisions within float32 rounding (DRAWS None), and IREE and onnxruntime round a
-    # different few of them (static: IREE vs onnxruntime 0.62% of denselayer4.norm1.bias's elements past,
-    # densenet's allowance 0.5%). Since the test falls back to each runtime vs torch float64 up to proven
-    # near-decision flips (zoo.harness.flip_fit), measured 2026-12-01 (this tree; worst gradient in
-    # multiples of rtol 1e-4 of the scale + 4x torch's float32 noise): static (batch 2), 17 near elements,
-    # all fitted: IREE flipped denseblock1.denselayer4.relu1 [58150] (s 1.001) and denseblock2.denselayer9.
-    # relu1 [34073] (s 1.000), 4.66x -> 0.24x; onnxruntime only the latter, 4.66x -> 0.26x; the steps saved
-    # by a script doing what the test does, fit and checked by the test's own fallback function. dynamic
-    # (batch 3): the test passed on the direct comparison at its former rtol 0.1 there (BATCH_RTOL); at
-    # rtol 1e-4 (the test's rtol since) IREE flipped denseblock3.denselayer7.relu2 [2057] and
-    # denselayer24.relu2 [4855], 3.54x -> 0.15x; onnxruntime one (0.26x, within tolerance either way).
+    # densenet121: no draw keeps off ReLU decisions within float32 rounding (DRAWS None), and IREE and
+    # onnxruntime round a different few of them; the test falls back to each runtime vs torch float64 up
+    # to proven near-decision flips (zoo.harness.flip_fit).
 }
 
-# shufflenet_v2_x0_5-dynamic was a strict xfail on its plain batch-3 draw (2026-11-30, final forms, one
-# compiled module): conv5.2's ReLU has one input 3.4e-5 from 0 (float32 error 2.1e-5), and onnxruntime, not
-# IREE, is off torch float64 there (207 of 453 keys, 0.7-2.9% of their scale; grad_conv1.0.weight:
-# onnxruntime 1.0e-2, IREE 6.8e-5, allowed 4.0e-4). Its recorded draw (torch_models.DRAWS: 14) passes.
+# shufflenet_v2_x0_5-dynamic: on its plain batch-3 draw conv5.2's ReLU has one input 3.4e-5 from 0
+# (float32 error 2.1e-5), and onnxruntime, not IREE, is off torch float64 there. Its recorded draw
+# (torch_models.DRAWS: 14) passes.
 
 
 def _float32_noise(float64: dict, torch_noise: dict, onnxruntime: dict) -> dict[str, float]:

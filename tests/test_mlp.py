@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.models import gemm_mlp, matmul_add_mlp
+from helpers.reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 from helpers.training import assert_trains_like, module_weights
-from reference import assert_steps_match, bridge_steps, random_batches, torch_steps
 
 import bridge
 

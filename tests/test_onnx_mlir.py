@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -263,3 +264,39 @@ def test_a_file_that_is_not_a_library_is_refused(tmp_path):
     (tmp_path / "junk.so").write_bytes(b"not a library")
     with pytest.raises(bridge.ModelLoadError, match="junk.so"):
         OnnxMlirTrainingSession(tmp_path / "junk.so", {})
+
+
+@needs_onnx_mlir
+def test_a_compile_past_its_timeout_is_stopped(tmp_path, capsys):
+    _, model = small_mlp()
+    size = rf"compiling graph '{model.graph.name}' \({len(model.graph.node)} ONNX nodes"
+    with pytest.raises(bridge.CompileError, match=rf"onnx-mlir ran past the timeout of 0.01 s {size}"):
+        bridge.compile(model, backend="onnx-mlir", timeout=0.01)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    assert cli_main(["compile", str(path), "--backend", "onnx-mlir", "-o", str(tmp_path / "m.so"), "--timeout", "0.01"]) == 2
+    assert "ran past the timeout of 0.01 s" in capsys.readouterr().err and not (tmp_path / "m.so").exists()
+    with pytest.raises(bridge.InvalidOptionError, match="timeout=0"):
+        bridge.compile(model, backend="onnx-mlir", timeout=0)
+
+
+def test_a_timeout_also_stops_what_onnx_mlir_started(tmp_path, monkeypatch):
+    """A stand-in onnx-mlir that reports its first phase, then waits on a child process that holds its output
+    (as onnx-mlir waits on opt, llc and clang++): the timeout stops both, it does not wait for the child."""
+    home = tmp_path / "onnx-mlir"
+    (home / "bin").mkdir(parents=True)
+    (home / "lib").mkdir()
+    (home / "lib" / "PyRuntime.py").write_text("")
+    compiler = home / "bin" / "onnx-mlir"
+    compiler.write_text('#!/bin/sh\necho "[1/6] Wed Dec  2 10:00:00 2026 (0s) Importing ONNX Model to MLIR Module"\n'
+                        "sleep 120 &\nwait\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("ONNX_MLIR_HOME", str(home))
+    try:
+        find_onnx_mlir()
+    except OnnxMlirNotFoundError as exc:  # the LLVM tools onnx-mlir calls are checked too
+        pytest.skip(str(exc))
+    start = time.perf_counter()
+    with pytest.raises(bridge.CompileError, match=r"ran past the timeout of 1 s .*last phase: \[1/6\] Importing ONNX Model"):
+        bridge.compile(small_mlp()[1], backend="onnx-mlir", timeout=1)
+    assert time.perf_counter() - start < 60, "the compile waited for the child process"

@@ -11,12 +11,13 @@ import onnxruntime
 import pytest
 from generated_docs import assert_generated_block_current
 from helpers.importer import import_and_run, run_onnxruntime
-from helpers.oracle import FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, _scale, check_training_step, run_reference, step_outputs
+from helpers.oracle import FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, check_training_step, run_reference, step_outputs
+from helpers.reference import assert_steps_match
 from op_db import ROWS, OpRow
-from reference import assert_steps_match
 
 import bridge
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters
+from bridge.tools.verify import scale_of as _scale
 
 OPTIONS = {"loss": "mse", "optim": "sgd", "optim_options": {"lr": LR}}
 FLOAT32_BOUND = FLOAT32_ULPS * FLOAT32_EPS  # of a tensor's scale: float32 results vs each other
@@ -77,7 +78,7 @@ def test_forward_matches_onnxruntime(row: OpRow):
     model, feed = row.model(), row.inputs()
     got, want = import_and_run(model, feed), _ort_or_reference(model, feed)
     assert len(got) == len(want)
-    for index, (g, w) in enumerate(zip(got, want)):
+    for index, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_close_float32(g, w, f"{row.id} output {index}")
 
 

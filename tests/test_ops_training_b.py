@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.importer import run_onnxruntime
+from helpers.reference import assert_steps_match, bridge_steps, torch_steps
+from helpers.single_op import batches_for, one_node_model, train_and_compare
 from helpers.training import assert_trains_like, module_weights
-from reference import assert_steps_match, bridge_steps, torch_steps
-from single_op import batches_for, one_node_model, train_and_compare
 
 import bridge
 
@@ -71,7 +71,7 @@ def _check_against_finite_differences(model: onnx.ModelProto, x: np.ndarray) -> 
     forward = run_onnxruntime(model, feed)[0]
     target = rng.standard_normal(forward.shape)
     tm = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125})
-    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
     out = tm.session().step(feed, target)
     np.testing.assert_allclose(out["loss"], np.mean((forward - target) ** 2), rtol=RTOL)
     want = _fd_grad(model, feed, target)
@@ -142,7 +142,7 @@ def test_reflect_padded_conv1d_module_trains_like_torch():
     assert "reflect" in str([n.attribute for n in model.graph.node if n.op_type == "Pad"])
     tm = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125})
     assert sorted(tm.weights) == sorted(module_weights(module))
-    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
     batches = batches_for({"x": (2, 3, 9)}, (2, 4, 13), 3, dtype=np.float32)
     assert_trains_like(tm, module, batches, F.mse_loss, torch.optim.SGD, {"lr": 0.125}, rtol=RTOL32)
 
@@ -151,7 +151,7 @@ def test_reflect_padded_conv1d_module_trains_like_torch():
 
 def _python_slice(t: torch.Tensor, starts, ends, axes, steps) -> torch.Tensor:
     """ONNX Slice by Python's own slice clamping, as explicit indices (torch has no negative steps)."""
-    for start, end, axis, step in zip(starts, ends, axes, steps):
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         kept = list(range(t.shape[axis]))[slice(start, end, step)]
         t = t.index_select(axis, torch.tensor(kept, dtype=torch.int64))
     return t
@@ -227,7 +227,7 @@ def test_batch_norm_training_mode_outputs_train_like_torch(opset):
         return out
 
     _, got = train_and_compare(model, {"s": scale, "b": bias}, twin, batches_for({"x": shape}, shape, 2), steps_rtol=RTOL)
-    for step, (g, w) in enumerate(zip(got, history)):
+    for step, (g, w) in enumerate(zip(got, history, strict=True)):
         np.testing.assert_allclose(g["updated_rm"], w["rm"], rtol=RTOL, err_msg=f"step {step}")
         np.testing.assert_allclose(g["updated_rv"], w["rv"], rtol=RTOL, err_msg=f"step {step}")
 
@@ -256,7 +256,7 @@ def shifted_lm() -> tuple[_ShiftedLM, bridge.TrainingModel]:
     model = _exported(module, torch.zeros(2, 6, dtype=torch.int64), opset_version=17,
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     tm = bridge.to_training_onnx(model, loss="ce", optim="sgd", optim_options={"lr": 0.5}, dynamic_batch=True)
-    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
     return module, tm
 
 
@@ -309,7 +309,7 @@ def test_op_at_a_symbolic_batch_trains_like_torch(name):
         [onnx.numpy_helper.from_array(weight, "w")] + [onnx.numpy_helper.from_array(_ints(*v), k) for k, v in ints.items()])
     model = onnx.shape_inference.infer_shapes(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 19)]))
     tm = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125}, dynamic_batch=True)
-    assert bridge.check(tm.model, target="onnx-mlir") == []
+    assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
     for batch in (1, 3):
         x = rng.standard_normal((batch, 3, 8))
         batches = [({"x": x}, rng.standard_normal(twin(torch.tensor(x)).shape))]

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
+from helpers.cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
 from helpers.importer import run_onnxruntime
+from helpers.reference import bridge_steps
+from helpers.single_op import batches_for, one_node_model, train_and_compare
 from onnx import TensorProto, helper
-from reference import bridge_steps
-from single_op import batches_for, one_node_model, train_and_compare
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
@@ -64,7 +64,7 @@ def test_max_pool_backward_lowering_unbatched_and_1d_through_make_fx():
     for x, pool in ((torch.randn(2, 3, 11, dtype=torch.float64), lambda t: F.max_pool1d(t, 3, 2, 1, ceil_mode=True)),
                     (torch.randn(3, 7, 7, dtype=torch.float64), lambda t: F.max_pool2d(t, 2, 2, 1))):
         def grad(t):
-            return torch.autograd.grad((pool(t) ** 2).sum(), t)[0]
+            return torch.autograd.grad((pool(t) ** 2).sum(), t)[0]  # noqa: B023 (called within this iteration only)
 
         traced = make_fx(grad, decomposition_table=decomposition_table())(x.clone().requires_grad_())
         targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
@@ -231,16 +231,16 @@ def _torch_pads(attrs, rank, sizes, kernel):
     """ONNX (begins, ends) written out independently of bridge, including auto_pad SAME_*."""
     strides, dilations = attrs.get("strides", [1] * rank), attrs.get("dilations", [1] * rank)
     if attrs.get("auto_pad", "").startswith("SAME"):
-        totals = [max(0, (-(-n // s) - 1) * s + d * (k - 1) + 1 - n) for n, k, s, d in zip(sizes, kernel, strides, dilations)]
+        totals = [max(0, (-(-n // s) - 1) * s + d * (k - 1) + 1 - n) for n, k, s, d in zip(sizes, kernel, strides, dilations, strict=True)]
         begins = [t // 2 if attrs["auto_pad"] == "SAME_UPPER" else t - t // 2 for t in totals]
-        return begins, [t - b for t, b in zip(totals, begins)]
+        return begins, [t - b for t, b in zip(totals, begins, strict=True)]
     pads = attrs.get("pads", [0] * 2 * rank)
     return pads[:rank], pads[rank:]
 
 
 def _pad_list(begins, ends):
     pad = []
-    for b, e in reversed(list(zip(begins, ends))):
+    for b, e in reversed(list(zip(begins, ends, strict=True))):
         pad += [b, e]
     return pad
 
@@ -310,7 +310,7 @@ def test_relu_before_max_pool_runs_after_it_with_the_same_step(case, monkeypatch
     in_order = bridge.to_training_onnx(model, loss="mse", optim="sgd", optim_options={"lr": 0.125})
     forward = [n.op_type for n in bridge.ir.load(in_order.model).nodes("forward") if n.op_type in ("Relu", "MaxPool")]
     assert forward.index("Relu") < forward.index("MaxPool")
-    for mine, theirs in zip(got, bridge_steps(in_order, batches)):
+    for mine, theirs in zip(got, bridge_steps(in_order, batches), strict=True):
         assert mine.keys() == theirs.keys()
         for key in mine:
             assert np.array_equal(mine[key], theirs[key]), key

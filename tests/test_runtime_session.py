@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from helpers.single_op import one_node_model
 from onnx import TensorProto, helper
-from single_op import one_node_model
 
 import bridge
 from bridge.training.runtime import OrtGraph, session_options, unchecked_run

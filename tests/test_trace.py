@@ -108,8 +108,8 @@ def select_cnn_path(tmp_path_factory) -> str:
 def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypatch):
     """A lowering region that captures a constant is replayed too, each replay capturing it under its own
     attribute, as tracing the call again would: the same graph, initializers included."""
-    assert bridge.pipeline.lowering.conv.input_grad_form(64, 1, [3, 3], [2, 2], [1, 1], [2, 2]) == "gemm_select"
-    monkeypatch.setattr(bridge.pipeline.lowering.conv, "forward_form", lambda *args: "conv")  # no selection constants forward
+    monkeypatch.setattr(bridge.pipeline.targets, "conv_input_grad_form", lambda *args: "gemm_select")
+    monkeypatch.setattr(bridge.pipeline.targets, "conv_forward_form", lambda *args: "conv")  # no selection constants forward
     replayed, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=True)
     assert traced == 2, "a lowering that captures a constant is still traced once per signature"
     every, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=False)
@@ -160,7 +160,7 @@ def test_lowering_replay_keys_arguments_by_typed_value():
 
 @pytest.fixture(scope="module")
 def bn_path(tmp_path_factory) -> str:
-    """Three BatchNorms: the last two on one shape (3x3 planes: Conv forwards, not ``forward_form``'s
+    """Three BatchNorms: the last two on one shape (3x3 planes: Conv forwards, not ``conv_forward_gemm``'s
     MatMul, whose transposed output and gradients would key separate traces), the first on another."""
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),

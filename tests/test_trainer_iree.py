@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.reference import assert_steps_match
 from lifecycle_models import features, small_mlp
-from reference import assert_steps_match
 
 import bridge
 

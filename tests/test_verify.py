@@ -2,6 +2,7 @@
 BatchNorm and Dropout, zoo models), fails naming the tensor on deliberately broken ones."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import io
 import math
@@ -13,15 +14,17 @@ import onnx
 import pytest
 import torch
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 from test_zoo_text import MATRIX as TEXT_MATRIX
 from test_zoo_vision import MATRIX as VISION_MATRIX
 from zoo.exporters import export
-from zoo.handbuilt import CASES, layernorm_gelu, lstm_classifier
+from zoo.handbuilt import CASES, bigru_regressor, layernorm_gelu, lstm_classifier
 from zoo.torch_models import TEXT, VISION
 
 import bridge
 from bridge.cli import main
 from bridge.pipeline.annotate import PHASE
+from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters
 
 MLP = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "mlp.onnx")
 verify_module = importlib.import_module("bridge.tools.verify")
@@ -45,8 +48,9 @@ def test_mlp_rows_cover_every_output_and_state_slot():
     tm = bridge.to_training_onnx(MLP, loss="ce", optim="adam")
     report = bridge.verify(MLP, "ce", "adam", steps=1)
     outputs = [o.name for o in tm.model.graph.output]
-    assert [row.name for row in report.rows if not row.name.startswith("fd ")] == outputs
+    assert [row.name for row in report.rows if not row.name.startswith(("fd ", "forward "))] == outputs
     assert {row.name for row in report.rows if row.name.startswith("fd ")} == {f"fd grad_{w}" for w in tm.weights}
+    assert [row.name for row in report.rows if row.name.startswith("forward ")] == ["forward logits"]  # the source's output
 
 
 def test_conversion_options_apply_to_both_sides():
@@ -78,6 +82,7 @@ def test_cnn_with_batchnorm_and_dropout_passes():
     assert report.passed, str(report)
     names = {row.name for row in report.rows}
     assert {f"updated_{b}" for b in tm.signature.buffers} <= names
+    assert "forward y" in names  # a train-mode export: onnxruntime runs its Dropout as inference, as bridge's eval
 
 
 def test_cnn_fails_when_the_reference_gets_other_dropout_noise(monkeypatch):
@@ -154,13 +159,92 @@ def test_nan_where_the_reference_is_finite_fails(monkeypatch):
     assert not rows["grad_fc1.weight"].passed and rows["grad_fc1.weight"].error == math.inf
 
 
+# --- a wrong converter: the forward against onnxruntime -----------------------------------------
+
+def _leaky_relu(original):
+    return lambda ctx, x: torch.where(x > 0, x, 0.01 * x)  # Relu read as a LeakyRelu
+
+
+def _gemm_weight_scaled(original):
+    return lambda ctx, a, b, c=None: original(ctx, a, b * 1.0001, c)  # 1e-4 of the product: subtle
+
+
+@pytest.mark.parametrize("op_type, wrong", [("Relu", _leaky_relu), ("Gemm", _gemm_weight_scaled)])
+def test_wrong_converter_forward_fails(monkeypatch, op_type, wrong):
+    """A converter whose forward is wrong makes the training graph and the eager reference wrong alike
+    (both run the imported program): only onnxruntime on the source model shows it."""
+    import_all_converters()
+    converter = CONVERTERS[op_type]
+    monkeypatch.setitem(CONVERTERS, op_type, dataclasses.replace(converter, fn=wrong(converter.fn)))
+    report = bridge.verify(MLP, "ce", "adam")
+    assert _failed(report) == {"forward logits"}, str(report)
+    assert "FAIL" in str(report).splitlines()[-1] and "forward logits" in str(report).splitlines()[-1]
+
+
+def test_forward_runs_where_onnxruntime_cannot():
+    """onnxruntime has no batch-major GRU kernel (``layout=1``): ONNX's reference evaluator runs the
+    source model instead, and the forward is still checked."""
+    case = bigru_regressor()
+    report = bridge.verify(case.model, case.loss, "adam", steps=1, fd_max=0)
+    assert report.passed, str(report)
+    assert any(row.name.startswith("forward ") for row in report.rows)
+
+
+def test_outputs_of_random_ops_are_not_compared_with_onnxruntime():
+    """onnxruntime draws its own random values: an output computed from RandomUniformLike has no
+    forward row; the deterministic output beside it has one."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul"),
+             helper.make_node("RandomUniformLike", ["y"], ["u"], name="draw"),
+             helper.make_node("Add", ["y", "u"], ["noisy"], name="add")]
+    graph = helper.make_graph(nodes, "random", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 2]),
+                               helper.make_tensor_value_info("noisy", onnx.TensorProto.FLOAT, [4, 2])],
+                              [numpy_helper.from_array(rng.standard_normal((3, 2)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = bridge.verify(model, "mse", "sgd", steps=1)
+    assert report.passed, str(report)
+    assert {row.name for row in report.rows if row.name.startswith("forward ")} == {"forward y"}
+
+
 def test_scaled_error_and_tolerance_rule():
     assert verify_module.scaled_error(np.array([1.0, 2.5]), np.array([1.0, 2.0])) == pytest.approx(0.25)
+    assert verify_module.scaled_error(np.array([1.0, 0.5]), np.array([np.inf, 2.0])) == pytest.approx(0.75)  # finite part
+    assert verify_module.scale_of(np.array([-3.0, np.nan, 2.0])) == 3.0 and verify_module.scale_of(np.zeros(0)) == 0.0
     assert verify_module.scaled_error(np.zeros(2), np.zeros(2)) == 0.0
     assert verify_module.scaled_error(np.zeros(3), np.zeros(2)) == math.inf
     row = verify_module.Row("grad_w", 1, error=3e-6, noise=4e-7, limit=4e-6)
     assert row.passed and row.ratio == pytest.approx(7.5)
     assert not verify_module.Row("grad_w", 1, error=math.nan, noise=0.0, limit=1e-6).passed
+
+
+def test_as_float64_leaves_no_float32_step():
+    """``as_float64`` (verify's reference and the test oracles' float64 models): an addend float32
+    rounding loses (1e-10 on 1.0) survives every float32 place in the model, an If branch included."""
+    tiny = float(np.float32(1e-10))
+    then_branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["c2"], value=numpy_helper.from_array(np.asarray(tiny, np.float32))),
+         helper.make_node("Add", ["z", "c2"], ["out"])], "then", [],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [2])])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["z"], ["out"])], "else", [],
+                                    [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]),
+             helper.make_node("Cast", ["xw"], ["cast"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("Constant", [], ["c1"], value_float=tiny),
+             helper.make_node("Add", ["cast", "c1"], ["z"]),
+             helper.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+                              [numpy_helper.from_array(np.ones(2, np.float32), "w"),
+                               numpy_helper.from_array(np.asarray(True), "flag")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model64 = verify_module.as_float64(model)
+    onnx.checker.check_model(model64, full_check=True)
+    (y,) = ReferenceEvaluator(model64).run(None, {"x": np.ones(2)})
+    assert y.dtype == np.float64 and np.all(y == 1.0 + tiny + tiny)
+    assert verify_module.scaled_error(y, np.ones(2)) == pytest.approx(2 * tiny)
+    (y32,) = ReferenceEvaluator(model).run(None, {"x": np.ones(2, np.float32)})
+    assert np.all(y32 == 1.0)  # what the float32 model computes
 
 
 def test_bad_options_raise():

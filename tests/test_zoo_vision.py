@@ -45,29 +45,17 @@ EXHAUSTIVE = {
 }
 # Elements allowed to miss the tolerance. googlenet: a MaxPool window (channel 97 of maxpool3's
 # input) holds two values 1.7e-6 apart (relative), below float32 resolution after 20 layers, so
-# which one is the max (and gets the gradient) depends on rounding; measured 0.18% of one
-# tensor. ``flip_fit`` does not settle it (2026-12-01, legacy13 and legacy17, first step: worst 3.21x
-# the rtol-1e-4 tolerance at grad_inception3b.branch1.conv.weight, the maxpool3 pair (6239, 6231)
-# fitted at s = 0.38, inception4a.branch4.0's pair at 0.49: not 0 or 1), so the allowance stays.
-# densenet121 had 0.5% (an ill-conditioned denseblock2.denselayer1.conv2.weight) until 2026-12-01:
-# its steps are now float64's up to proven flips (dynamo18_noopt: 1 ReLU flip, 4.66x -> 0.26x).
+# which one is the max (and gets the gradient) depends on rounding (0.18% of one tensor).
+# ``flip_fit`` does not settle it (the pairs fit at s = 0.38 and 0.49: not 0 or 1), so the allowance stays.
 ALLOWED_MISMATCH = {"googlenet": 0.005}
 # Deep CNNs drift further from float64 torch than 4x torch's own float32 error at some batch sizes
-# only (deterministic; docs/dynamic_batch.md). Those were checked at a looser rtol there (BATCH_RTOL,
-# up to 0.1) until 2026-12-01; now every batch size is checked at rtol 1e-4 + 4x torch's float32 error,
-# and where the direct comparison fails ``zoo.harness.assert_step_or_flips`` accepts only a step that
-# ``flip_fit`` proves to be torch float64's with at most 16 near decisions flipped, matched at that
-# tolerance with no element allowance. Measured (legacy17 symbolic export, batch 16; worst gradient
-# in multiples of that tolerance, before -> after the flips): shufflenet_v2_x0_5 853x -> 0.23x (2 ReLU
-# flips), googlenet 1320x -> 0.20x (8 ReLU/max-pool flips; a strict xfail before), densenet121
-# 3.69x -> 0.08x (11 ReLU flips; its batch 3 passes directly).
+# only (deterministic; docs/dynamic_batch.md). Every batch size is checked at rtol 1e-4 + 4x torch's
+# float32 error; where the direct comparison fails ``zoo.harness.assert_step_or_flips`` accepts only a
+# step that ``flip_fit`` proves to be torch float64's with at most 16 near decisions flipped, matched
+# at that tolerance with no element allowance (docs/notes/float32_decisions.md).
 
 
-# Strict xfails (a fixed cause turns them into failures); none now. resnet18d-legacy17 was one at
-# batch 16 (grad_bn1.weight 4x its tolerance in 14 of 64 elements, measured 2026-11-30 19:08, before
-# that day's BatchNorm and max-pool backward forms were merged); it passes since (2026-12-01, plain
-# batch-16 draw: onnxruntime within 0.03 of the tolerance of torch float64 on every gradient, no
-# decision flipped; tests/repros/zoo_flip_fit.py).
+# Strict xfails (a fixed cause turns them into failures); none now.
 XFAIL: dict[str, str] = {}
 
 

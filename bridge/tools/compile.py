@@ -17,8 +17,10 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -147,6 +149,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     extra_args: tuple[str, ...] = (),
     progress: Progress | None = None,
     gradients: bool = True,
+    timeout: float | None = None,
 ) -> CompiledModel:
     """Compile a training ONNX model for the CPU; returns the module (also written to ``output``).
 
@@ -163,11 +166,17 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         gradients: ``False``: the module does not return the ``grad_*`` outputs (a ``bridge.Trainer``
             never reads them), so IREE need not write them out; the step computes the same
             (resnet18 and small_cnn steps 0.95-0.96x, benchmarks/RESULTS.md).
+        timeout: onnx-mlir: seconds after which the compile is stopped (a ``CompileError``); None: no limit.
+            Large graphs take minutes to compile.
     """
     if backend not in BACKENDS:
         raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
     if not isinstance(gradients, bool):
         raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
+    if timeout is not None and backend != "onnx-mlir":
+        raise InvalidOptionError(f"timeout= is for backend='onnx-mlir' only, not '{backend}' (IREE compiles in this process)")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9):
+        raise InvalidOptionError(f"timeout={timeout!r} is not valid; give a number of seconds > 0, or None for no limit")
     if backend == "onnx-mlir":
         tools = find_onnx_mlir()
     else:
@@ -178,7 +187,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     start = time.perf_counter()
     if backend == "onnx-mlir":
         flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
-        module = _onnx_mlir(tools.compiler, proto, flags, report, start)
+        module = _onnx_mlir(tools.compiler, proto, flags, report, start, timeout)
         return _compiled(CompiledModel(module, backend, time.perf_counter() - start, _initial_state(model), graph),
                          output)
     import iree.compiler.tools as iree_tools
@@ -213,8 +222,11 @@ _PHASE = re.compile(r"^\[(\d+)/(\d+)\] .*? \(\d+s\) (.*)$")  # onnx-mlir: "[2/6]
 _LOADER = re.compile(r"error while loading shared libraries: (\S+)")
 
 
-def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report: Progress, start: float) -> bytes:
-    """``proto`` compiled by onnx-mlir into a model library (the ``.so``'s bytes); its phase lines reported."""
+def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report: Progress, start: float,
+               timeout: float | None = None) -> bytes:
+    """``proto`` compiled by onnx-mlir into a model library (the ``.so``'s bytes); its phase lines reported.
+    onnx-mlir runs in its own process group, so that a timeout or an interrupt also stops the opt, llc
+    and clang++ it starts."""
     with tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-") as folder, contextlib.ExitStack() as stack:
         if is_large(proto):  # past protobuf's 2 GiB: onnx-mlir reads the external data beside the file
             source = stack.enter_context(external_copy(proto))
@@ -225,19 +237,42 @@ def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report:
         # libraries (a step's two halves) live in one process
         base = os.path.join(folder, f"bridge_{model_digest(proto)[:16]}")
         report(f"onnx-mlir: {len(proto.graph.node)} ONNX nodes, {' '.join(flags)}")
-        log = []
-        with subprocess.Popen([str(compiler), *flags, source, "-o", base], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace") as process:
-            for line in process.stdout:
-                log.append(line.rstrip("\n"))
-                phase = _PHASE.match(log[-1])
-                if phase:
-                    report(f"onnx-mlir [{phase[1]}/{phase[2]}] {phase[3]} ({time.perf_counter() - start:.1f} s)")
+        log, phases, expired = [], ["none reported"], threading.Event()
+        with subprocess.Popen([str(compiler), *flags, source, "-o", base], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace", start_new_session=True) as process:
+            watchdog = threading.Timer(timeout, lambda: (expired.set(), _stop(process))) if timeout is not None else None
+            try:
+                if watchdog:
+                    watchdog.start()
+                for line in process.stdout:
+                    log.append(line.rstrip("\n"))
+                    phase = _PHASE.match(log[-1])
+                    if phase:
+                        phases.append(f"[{phase[1]}/{phase[2]}] {phase[3]}")
+                        report(f"onnx-mlir {phases[-1]} ({time.perf_counter() - start:.1f} s)")
+                process.wait()
+            except BaseException:
+                _stop(process)
+                raise
+            finally:
+                if watchdog:
+                    watchdog.cancel()
+        if expired.is_set() and process.returncode != 0:
+            report(f"onnx-mlir: stopped after {timeout:g} s")
+            raise CompileError(f"onnx-mlir ran past the timeout of {timeout:g} s compiling graph '{proto.graph.name}' "
+                               f"({len(proto.graph.node)} ONNX nodes; last phase: {phases[-1]}) and was stopped; "
+                               "give a longer timeout= (bridge compile --timeout)")
         if process.returncode != 0:
             report(f"onnx-mlir: failed ({time.perf_counter() - start:.1f} s)")
             raise _onnx_mlir_failure(process.returncode, "\n".join(log), proto)
         report(f"onnx-mlir: done ({time.perf_counter() - start:.1f} s in all)")
         return Path(base + ".so").read_bytes()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Kill ``process``'s group (onnx-mlir and the LLVM tools it runs); nothing if it has ended."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _onnx_mlir_failure(returncode: int, log: str, proto: onnx.ModelProto) -> BridgeError:
@@ -305,6 +340,7 @@ def compiler_diagnostics(report: str, model: onnx.ModelProto) -> list[tuple[str,
 
 
 _OP_ERROR = re.compile(r"'(?:onnx|krnl|zhigh)\.(\w+)' op (.*)")  # onnx-mlir: "'onnx.Mul' op <message>: %1 = ..."
+_NOT_LOWERED = re.compile(r"failed to legalize operation '(?:onnx|krnl|zhigh)\.(\w+)'")  # no lowering for the op's form
 _NODE_NAME = re.compile(r'onnx_node_name = "([^"]+)"|loc\("([^"]+)"')
 
 
@@ -312,19 +348,27 @@ def onnx_mlir_diagnostics(log: str, model: onnx.ModelProto) -> list[tuple[str, s
     """Each distinct op error in an onnx-mlir log as ``(node name, op type, message)``.
 
     onnx-mlir prints ``'onnx.<Op>' op <message>``, often followed by the op and its ``onnx_node_name``
-    (or location ``loc("name")``); a line that names no node is about the last node named for that op type."""
+    (or location ``loc("name")``); ``failed to legalize operation 'onnx.<Op>'`` names none. A line that names
+    no node is about the last node named for that op type, else about the graph's only node of that type."""
     nodes = {node.name: node for node in model.graph.node}
+    of_type: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        of_type.setdefault(node.op_type, []).append(node.name)
     last: dict[str, str] = {}  # op type -> the last node of that type a line named
     found: list[tuple[str, str, str]] = []
     for line in log.splitlines():
-        error = _OP_ERROR.search(line)
-        if not error:
+        error, not_lowered = _OP_ERROR.search(line), _NOT_LOWERED.search(line)
+        if error:
+            op, message = error[1], error[2].split(": %", 1)[0].strip()[:300]
+        elif not_lowered:
+            op, message = not_lowered[1], not_lowered[0]
+        else:
             continue
-        op, message = error[1], error[2].split(": %", 1)[0].strip()[:300]
         names = [a or b for a, b in _NODE_NAME.findall(line) if (a or b) in nodes]
         if names:
             last[op] = names[0]
-        name = names[0] if names else last.get(op, "")
+        only = of_type.get(op, [])
+        name = names[0] if names else last.get(op, only[0] if len(only) == 1 else "")
         entry = (name, nodes[name].op_type if name else op, message)
         if entry not in found:
             found.append(entry)

@@ -3,10 +3,13 @@
 Facts come from ``bridge/data/onnx_mlir_cpu_ops.json`` (onnx-mlir's CPU op table: supported
 ops, their opset range and the limitation text). Beyond op and opset, every limitation that
 can be decided from the graph alone has a rule here (``@rule("OpType")``): attributes,
-outputs requested, inputs that must be constant, element types.
+outputs requested, inputs that must be constant, element types. When the table finds nothing and
+onnx-mlir is installed (``ONNX_MLIR_HOME`` or ``PATH``), the graph is compiled too (``bridge.compile``,
+``--EmitLib -O3``) and each compiler error becomes a violation of the node it names; ``compile=False``
+skips that (large graphs take minutes).
 
-``target="iree"``: the graph patterns IREE (3.13, torch-mlir's ONNX import) was measured to
-reject (``@rule(..., target="iree")``, docs/onnx-mlir.md), then, when IREE is installed, an
+``target="iree"``: the graph patterns IREE 3.13 (torch-mlir's ONNX import) rejects
+(``@rule(..., target="iree")``, docs/onnx-mlir.md), then, when IREE is installed, an
 actual compile whose errors become violations of the nodes they name.
 """
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -26,6 +30,9 @@ from ..attributes import attribute
 from ..errors import InvalidOptionError
 from ..geometry import pooled_size
 from ..onnx_file import read_model
+
+if TYPE_CHECKING:
+    from .compile import Progress
 
 TARGETS = ("onnx-mlir", "iree")
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE}
@@ -235,7 +242,7 @@ def _conv_unread_padded_end(node, graph):
         return
     strides, dilations = attribute(node, "strides", [1] * rank), attribute(node, "dilations", [1] * rank)
     pads = attribute(node, "pads", [0] * 2 * rank)
-    for axis, (size, k, s, d) in enumerate(zip(shape[2:], kernel, strides, dilations)):
+    for axis, (size, k, s, d) in enumerate(zip(shape[2:], kernel, strides, dilations, strict=True)):
         padded = size + pads[axis] + pads[rank + axis]
         if pooled_size(padded, k, s, 0, d, False) == 1 and s > 1 and padded > d * (k - 1) + 1:
             yield (f"strided Conv with a 1-wide output whose padded input (axis {axis + 2}: {padded}) is longer "
@@ -257,17 +264,26 @@ def _walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                 yield from _walk(sub)
 
 
-def check(model: str | os.PathLike | onnx.ModelProto, target: str = "onnx-mlir") -> list[Violation]:
+def check(model: str | os.PathLike | onnx.ModelProto, target: str = "onnx-mlir", *, compile: bool = True,
+          progress: Progress | None = None) -> list[Violation]:
     """Every node (and the opset) that ``target`` does not compile; empty when all is clean.
 
-    ``target="iree"`` checks IREE's known patterns, then compiles the model with IREE when it
-    is installed (``bridge.compile``): each compiler error is a violation of the node it names.
+    ``target="onnx-mlir"`` checks onnx-mlir's op table, ``target="iree"`` IREE's known patterns; when
+    those find nothing, ``compile`` is True and the compiler is installed (``onnx_mlir_missing``,
+    ``iree_installed``), the model is compiled (``bridge.compile``): each compiler error is a violation
+    of the node it names. ``progress``: the compile's phase lines (``bridge.compile``'s).
     """
     if target not in TARGETS:
         raise InvalidOptionError(f"unknown check target '{target}'; targets: {', '.join(TARGETS)}")
     model = read_model(model)
-    if target == "iree":
-        return _check_iree(model)
+    violations = _check_iree(model) if target == "iree" else _check_table(model)
+    if violations or not compile or not (iree_installed() if target == "iree" else onnx_mlir_missing() is None):
+        return violations
+    return _compile_errors(model, target, progress)
+
+
+def _check_table(model: onnx.ModelProto) -> list[Violation]:
+    """onnx-mlir's op table and the rules for its limitations."""
     table = op_table()
     violations = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -288,7 +304,7 @@ def check(model: str | os.PathLike | onnx.ModelProto, target: str = "onnx-mlir")
                 node.name, node.op_type,
                 f"opset {opset} outside the supported range {entry['min_opset']}..{entry['max_opset']}", limitation,
             ))
-        for check_node in RULES[target].get(node.op_type, ()):
+        for check_node in RULES["onnx-mlir"].get(node.op_type, ()):
             violations.extend(Violation(node.name, node.op_type, problem, limitation) for problem in check_node(node, graph))
     return violations
 
@@ -305,22 +321,36 @@ def iree_installed() -> bool:
     return True
 
 
-def _check_iree(model: onnx.ModelProto) -> list[Violation]:
-    """IREE's pattern rules; if they pass and IREE is installed, the compile's own errors."""
-    from .compile import CompileError
-    from .compile import compile as compile_model
+def onnx_mlir_missing() -> str | None:
+    """Why ``bridge check --target onnx-mlir`` cannot compile (no onnx-mlir found: what to install), or None."""
+    from ..training.runtime_onnx_mlir import OnnxMlirNotFoundError, find_onnx_mlir
 
+    try:
+        find_onnx_mlir()
+    except OnnxMlirNotFoundError as exc:
+        return str(exc)
+    return None
+
+
+def _check_iree(model: onnx.ModelProto) -> list[Violation]:
+    """IREE's pattern rules."""
     graph = _Graph(model)
-    violations = [
+    return [
         Violation(node.name, node.op_type, problem)
         for node in _walk(model.graph) for check_node in RULES["iree"].get(node.op_type, ())
         for problem in check_node(node, graph)
     ]
-    if violations or not iree_installed():
-        return violations
+
+
+def _compile_errors(model: onnx.ModelProto, backend: str, progress: Progress | None) -> list[Violation]:
+    """The errors of compiling ``model`` with ``backend`` (``bridge.compile``), each a violation of the node it names."""
+    from .compile import CompileError
+    from .compile import compile as compile_model
+
+    compiler = {"iree": "IREE", "onnx-mlir": "onnx-mlir"}[backend]
     try:
-        compile_model(model)
+        compile_model(model, backend=backend, progress=progress)
     except CompileError as exc:
-        return [Violation(name, op or "graph", f"IREE: {message}") for name, op, message in exc.diagnostics] or [
+        return [Violation(name, op or "graph", f"{compiler}: {message}") for name, op, message in exc.diagnostics] or [
             Violation("", "graph", str(exc))]
     return []

@@ -9,7 +9,9 @@ step, and judged in units of torch's own float32 noise: the same reference is ru
 and a tensor passes when bridge's error is at most ``tolerance_factor`` times the float32
 run's error (or a tiny floor). Errors are scale-relative: max abs error / max abs of the
 float64 tensor. Float64 central finite differences of the step-1 loss on a sample of weight
-elements check the reference's own gradients (the importer's converters under autograd).
+elements check the reference's own gradients (the importer's converters under autograd), and
+the imported program's forward is checked against onnxruntime running the source model itself
+(the importer's converters' forward meaning, which the step comparison shares with the graph).
 See docs/verify.md.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,12 +30,15 @@ import torch
 
 from ..api import _output_index, to_training_onnx
 from ..contract import STEP, UPDATED_PREFIX, grad_name, slot_name, strip_prefix, updated_name
-from ..errors import InvalidOptionError
-from ..pipeline.importer.program import OnnxProgram
+from ..errors import InvalidModelError, InvalidOptionError
+from ..onnx_file import read_model
+from ..pipeline.importer.ops.random import RandomOpInEvalWarning
+from ..pipeline.importer.program import OnnxProgram, all_nodes
 from ..pipeline.importer.registry import buffer_inputs
 from ..pipeline.load import load_model
 from ..pipeline.losses import _LOSSES, INDICES, Loss, _flatten_sequence, make_loss
 from ..pipeline.optimizers import Optimizer, make_optimizer
+from ..training.runtime import OrtGraph
 from ..training.training_model import TrainingModel
 
 JITTER = 2.0 ** -20  # relative jitter of the extra float32 runs: ~the float32 noise of deep activations
@@ -40,6 +46,8 @@ FD_STEP = 1e-6  # relative finite-difference step (of max(1, |w|)): float64 roun
 _FLOAT = onnx.TensorProto.FLOAT
 _DOUBLE = onnx.TensorProto.DOUBLE
 _UNIT_TARGET_LOSSES = {"bce", "bce_with_logits", "kl_div"}  # targets are probabilities
+FORWARD_PREFIX = "forward "  # rows of the forward check: the source model's outputs
+_RANDOM_OPS = {"RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,7 @@ def verify(
     noise_runs: int = 2,
     retry_runs: int = 6,
     inputs: Mapping[str, np.ndarray] | None = None,
+    forward: bool = True,
     **convert_options: Any,
 ) -> VerifyReport:
     """Convert ``model`` and compare its first ``steps`` training steps with eager PyTorch.
@@ -163,11 +172,13 @@ def verify(
             float32 noise of a ReLU's or max's kink flips in some runs only).
         inputs: data inputs to use at every step instead of random ones (e.g. a real
             attention mask), by name.
+        forward: check the imported program's forward against onnxruntime running the source
+            model on every step's batch (rows ``forward <output>``; see ``_forward_rows``).
 
     Returns a ``VerifyReport``; a mismatch is reported there, never raised. Raises a
     ``BridgeError`` for bad input or options.
     """
-    _check_options(steps, tolerance_factor, floor, fd_per_weight, fd_max, noise_runs, retry_runs)
+    _check_options(steps, tolerance_factor, floor, fd_per_weight, fd_max, noise_runs, retry_runs, forward)
     figures: dict[str, float] = {}
     start = time.perf_counter()
     tm = to_training_onnx(model, loss, optim, loss_options=loss_options, optim_options=optim_options,
@@ -204,54 +215,80 @@ def verify(
     clock = time.perf_counter()
     rows += run.finite_differences(program64, batches[0], want[0], rng, fd_per_weight, fd_max, tolerance_factor, floor)
     figures["fd_s"] = time.perf_counter() - clock
+    if forward:
+        clock = time.perf_counter()
+        forward_rng = np.random.default_rng([seed, 1])  # its own draws: the step rows do not depend on it
+        rows = _forward_rows(model, run, program32, program64, batches, forward_rng, noise_runs, tolerance_factor,
+                             floor) + rows
+        figures["forward_s"] = time.perf_counter() - clock
     figures["total_s"] = time.perf_counter() - start
     figures["max_ratio"] = max((row.ratio for row in rows if row.noise > 0), default=0.0)
     return VerifyReport(all(row.passed for row in rows), rows, steps, tolerance_factor, figures)
 
 
 def _check_options(steps: int, factor: float, floor: float, per_weight: int, cap: int, noise_runs: int,
-                   retry_runs: int) -> None:
+                   retry_runs: int, forward: bool) -> None:
     checks = {"steps": (steps, isinstance(steps, int) and steps >= 1, "an int >= 1"),
               "tolerance_factor": (factor, factor > 0, "a positive number"),
               "floor": (floor, floor >= 0, "a number >= 0"),
               "fd_per_weight": (per_weight, isinstance(per_weight, int) and per_weight >= 0, "an int >= 0"),
               "fd_max": (cap, isinstance(cap, int) and cap >= 0, "an int >= 0"),
               "noise_runs": (noise_runs, isinstance(noise_runs, int) and noise_runs >= 0, "an int >= 0"),
-              "retry_runs": (retry_runs, isinstance(retry_runs, int) and retry_runs >= 0, "an int >= 0")}
+              "retry_runs": (retry_runs, isinstance(retry_runs, int) and retry_runs >= 0, "an int >= 0"),
+              "forward": (forward, isinstance(forward, bool), "True or False")}
     for name, (value, ok, what) in checks.items():
         if not ok:
             raise InvalidOptionError(f"verify: {name}={value!r} is not valid; give {what}")
 
 
 def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` computing in float64: float initializers, constants, casts and graph
-    inputs/outputs become double (so the reference has no float32 step anywhere)."""
+    """A copy of ``model`` computing in float64, so that a reference run of it has no float32 step:
+    float initializers, graph inputs and outputs, tensor attributes (``Constant``,
+    ``ConstantOfShape``), ``value_float(s)`` constants, and every ``to``/``dtype``/``stash_type``
+    that names float become double, in subgraphs too; value_info is dropped (shape inference
+    redoes it). ``GroupNormalization``'s default ``stash_type`` (float32) is made explicit first.
+    The one float64 converter of verify and of the test suite's oracles."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     _graph_to_float64(copy.graph)
     return copy
 
 
+# Ops whose stash_type (the precision of the statistics) defaults to float32; onnx.reference's
+# LayerNormalization computes at the input's precision and rejects stash_type=DOUBLE.
+_STASHED = ("GroupNormalization",)
+_FLOAT_TYPE_ATTRIBUTES = ("to", "dtype", "stash_type")
+
+
 def _graph_to_float64(graph: onnx.GraphProto) -> None:
+    del graph.value_info[:]
     for index, init in enumerate(graph.initializer):
         if init.data_type == _FLOAT:
             graph.initializer[index].CopyFrom(_tensor_to_float64(init))
-    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+    for value in list(graph.input) + list(graph.output):
         if value.type.tensor_type.elem_type == _FLOAT:
             value.type.tensor_type.elem_type = _DOUBLE
     for node in graph.node:
+        if node.op_type in _STASHED and not any(a.name == "stash_type" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("stash_type", _FLOAT))
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == _FLOAT:
                 attribute.t.CopyFrom(_tensor_to_float64(attribute.t))
-            elif attribute.type == onnx.AttributeProto.GRAPH:
-                _graph_to_float64(attribute.g)
-            elif node.op_type in ("Cast", "EyeLike") and attribute.name in ("to", "dtype") and attribute.i == _FLOAT:
+            elif attribute.type == onnx.AttributeProto.INT and attribute.name in _FLOAT_TYPE_ATTRIBUTES \
+                    and attribute.i == _FLOAT:
                 attribute.i = _DOUBLE
+        for sub in _subgraphs(node):
+            _graph_to_float64(sub)
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name in ("value_float", "value_floats"):
-            value = onnx.helper.get_attribute_value(node.attribute[0])
+            value = onnx.helper.get_attribute_value(node.attribute[0])  # float32 by definition
             del node.attribute[:]
             node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(
                 np.asarray(value, dtype=np.float64))))
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The node's subgraphs (If branches, Loop/Scan bodies)."""
+    return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else []) + list(a.graphs)]
 
 
 def _tensor_to_float64(tensor: onnx.TensorProto) -> onnx.TensorProto:
@@ -398,6 +435,21 @@ class _Reference:
             records.append(record)
         return records
 
+    def forwards(self, program: OnnxProgram, dtype: torch.dtype, batches: list[_Batch],
+                 jitter: np.random.Generator | None = None) -> list[dict[str, np.ndarray]]:
+        """Per batch: every output of ``program`` in ONNX's inference meaning (``training=False``:
+        Dropout off, a BatchNormalization's running statistics unless the node asks for batch ones),
+        named ``forward <output>``; the initial weights, and ``jitter`` as in ``steps``."""
+        weights, buffers = self._state(dtype, jitter)
+        records = []
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RandomOpInEvalWarning)  # outputs of random ops are not compared
+            for batch in batches:
+                inputs = {k: _to_torch(_jittered(v, jitter), dtype) for k, v in batch.inputs.items()}
+                outputs, _ = program.run(inputs, {**weights, **buffers}, training=False)
+                records.append({FORWARD_PREFIX + n: _to_numpy(o) for n, o in zip(program.output_names, outputs, strict=True)})
+        return records
+
     def finite_differences(self, program: OnnxProgram, batch: _Batch, record: dict[str, np.ndarray],
                            rng: np.random.Generator, per_weight: int, cap: int, factor: float, floor: float) -> list[Row]:
         """Central differences of the step-1 loss (float64) at sampled elements vs ``grad_<w>``."""
@@ -472,10 +524,94 @@ def _to_numpy(value: torch.Tensor) -> np.ndarray:
     return value.detach().numpy().copy()
 
 
+# --- the forward against onnxruntime ----------------------------------------------------------
+
+def _forward_rows(model: str | os.PathLike | onnx.ModelProto, run: _Reference, program32: OnnxProgram,
+                  program64: OnnxProgram, batches: list[_Batch], rng: np.random.Generator, noise_runs: int,
+                  factor: float, floor: float) -> list[Row]:
+    """Rows ``forward <output>`` per batch: onnxruntime running the source model (as the user gave
+    it, not bridge's loaded copy; ``_source_forward``) against the imported program in float64, judged in units of
+    the float32 program's own error (plain and ``noise_runs`` jittered runs), as the step rows are.
+
+    The step comparison cannot see a converter's wrong forward meaning: the training graph and the
+    reference both run it. onnxruntime knows nothing of bridge. Outputs that depend on a random op
+    are left out (onnxruntime draws its own values); Dropout runs as inference (identity) on both
+    sides, its training behaviour being checked by the step rows (shared noise)."""
+    got = _source_forward(model, program32, batches)
+    want = run.forwards(program64, torch.float64, batches)
+    singles = [run.forwards(program32, torch.float32, batches)]
+    singles += [run.forwards(program32, torch.float32, batches, jitter=rng) for _ in range(noise_runs)]
+    return _compare(got, want, singles, factor, floor)
+
+
+def _source_forward(model: str | os.PathLike | onnx.ModelProto, program: OnnxProgram,
+                    batches: list[_Batch]) -> list[dict[str, np.ndarray]]:
+    """Per batch, the source model's deterministic outputs, named ``forward <output>``: run by
+    onnxruntime, or by ONNX's reference evaluator (``onnx.reference``) where onnxruntime has no kernel
+    for the model (a batch-major GRU). Neither knows anything of bridge."""
+    source = _dropout_off(read_model(model))
+    random = _random_outputs(source.graph)
+    feeds = [{**program.initializers, **batch.inputs} for batch in batches]  # initializers: old models list them as inputs
+    try:
+        graph = OrtGraph(source)
+        runs = [graph(feed) for feed in feeds]
+    except Exception as ort_error:  # onnxruntime raises its own types for missing kernels
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            evaluator = ReferenceEvaluator(source)
+            runs = [dict(zip(evaluator.output_names, evaluator.run(None, {n: feed[n] for n in evaluator.input_names}),
+                             strict=True)) for feed in feeds]
+        except Exception as exc:
+            raise InvalidModelError(
+                f"verify: neither onnxruntime ({type(ort_error).__name__}: {ort_error}) nor ONNX's reference "
+                f"evaluator ({type(exc).__name__}: {exc}) runs the source model, so the imported forward cannot "
+                "be checked against it; pass forward=False to bridge.verify to skip that check") from exc
+    return [{FORWARD_PREFIX + name: np.asarray(value) for name, value in outputs.items() if name not in random}
+            for outputs in runs]
+
+
+def _dropout_off(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy whose Dropout nodes get ``training_mode`` false (a train-mode export sets
+    it true, and onnxruntime would drop units at random)."""
+    def switched(node: onnx.NodeProto) -> bool:
+        return node.op_type == "Dropout" and len(node.input) > 2 and bool(node.input[2])
+
+    if not any(switched(node) for node in all_nodes(model.graph)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    off = "bridge.verify.training_mode_off"
+    copy.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(False), off))
+    for node in all_nodes(copy.graph):
+        if switched(node):
+            node.input[2] = off
+    return copy
+
+
+def _random_outputs(graph: onnx.GraphProto) -> set[str]:
+    """The graph outputs computed from a random op (also one inside a subgraph)."""
+    drawn: set[str] = set()
+    for node in graph.node:
+        nodes = [node] + [n for sub in _subgraphs(node) for n in all_nodes(sub)]  # reading outer values by name
+        if any(n.op_type in _RANDOM_OPS or drawn.intersection(n.input) for n in nodes):
+            drawn.update(node.output)
+    return {value.name for value in graph.output if value.name in drawn}
+
+
 # --- comparison -----------------------------------------------------------------------------
 
+def scale_of(array: np.ndarray) -> float:
+    """A tensor's scale: its largest finite magnitude (0 when it has none). Errors are judged
+    against it, here and in the test suite: float32 noise in an element near zero is judged
+    against the tensor, not against that element."""
+    array = np.asarray(array, np.float64)
+    finite = array[np.isfinite(array)]
+    return float(np.max(np.abs(finite))) if finite.size else 0.0
+
+
 def scaled_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """max |actual - expected| / max |expected| over the finite elements of ``expected``
+    """max |actual - expected| / ``scale_of(expected)`` over the finite elements of ``expected``
     (absolute when ``expected`` is all zero); infinite when shapes differ or ``actual`` is
     NaN/inf where ``expected`` is finite."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
@@ -486,15 +622,14 @@ def scaled_error(actual: np.ndarray, expected: np.ndarray) -> float:
         return math.inf
     if not finite.any():
         return 0.0
-    scale = float(np.max(np.abs(expected[finite]))) or 1.0
-    return float(np.max(np.abs(actual[finite] - expected[finite]))) / scale
+    return float(np.max(np.abs(actual[finite] - expected[finite]))) / (scale_of(expected) or 1.0)
 
 
 def _compare(got: list[dict], want: list[dict], singles: list[list[dict]], factor: float, floor: float) -> list[Row]:
     """Rows for every output at every step: bridge's error against the float64 reference,
     judged against torch float32's own error, the largest over the float32 runs (see ``_limit``)."""
     rows = []
-    for step, (g, w) in enumerate(zip(got, want), start=1):
+    for step, (g, w) in enumerate(zip(got, want, strict=True), start=1):
         noise = {name: max(scaled_error(run[step - 1][name], w[name]) for run in singles) for name in w}
         for name in g:  # the training graph's output order
             if name not in w:

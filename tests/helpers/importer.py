@@ -36,9 +36,9 @@ def importer_and_onnxruntime(model: onnx.ModelProto, feed: Mapping[str, np.ndarr
     """(bridge, onnxruntime) per output, after checking that both give the same outputs and shapes."""
     got, want = import_and_run(model, feed, training, checked), run_onnxruntime(model, feed)
     assert len(got) == len(want), f"{len(got)} outputs, onnxruntime {len(want)}"
-    for index, (g, w) in enumerate(zip(got, want)):
+    for index, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.shape == w.shape, f"output {index}: shape {g.shape} != onnxruntime's {w.shape}"
-    return list(zip(got, want))
+    return list(zip(got, want, strict=True))
 
 
 def assert_importer_matches_onnxruntime(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float,

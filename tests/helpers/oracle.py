@@ -2,7 +2,8 @@
 
 The gradient oracle is float64 central finite differences of the mse loss of the *source*
 model, evaluated by ONNX's own reference evaluator (``onnx.reference``): neither bridge's
-importer nor torch is involved. Tolerances are multiples of measured noise:
+importer nor torch is involved (the float64 copy is ``bridge.tools.verify.as_float64``, the one
+float64 converter, checked against the float32 model in tests/test_verify.py). Tolerances are multiples of measured noise:
 
 - the finite-difference noise of each weight is measured by differencing with two step sizes
   (``h`` and ``2h``); the float64 training graph must agree within ``FD_NOISE_FACTOR`` times it
@@ -24,13 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_grid_sample import GridSample as _ReferenceGridSample
 from onnx.reference.ops.op_resize import Resize as _ReferenceResize
 
 import bridge
+from bridge.tools.verify import as_float64, scale_of
 
 FD_NOISE_FACTOR = 20.0
 FLOAT64_FLOOR = 1e-9
@@ -72,7 +74,7 @@ class GridSample(_ReferenceGridSample):
     and opset 16's mode names (bilinear, bicubic)."""
 
     def _gs_denormalize_coordinates(self, n, dims, align_corners: bool):
-        return np.array([self._gs_denormalize(v, d, align_corners) for v, d in zip(n, dims)], dtype=n.dtype)
+        return np.array([self._gs_denormalize(v, d, align_corners) for v, d in zip(n, dims, strict=True)], dtype=n.dtype)
 
     def _run(self, X, grid, mode=None, padding_mode=None, align_corners=None):
         mode = mode or self.mode
@@ -90,44 +92,6 @@ class Resize(_ReferenceResize):
 
 
 REFERENCE_OPS = [Erf, Gelu, GridSample, Resize]  # replace onnx.reference's float32-only implementations
-# Ops whose stash_type (the precision of the statistics) defaults to float32; onnx.reference's
-# LayerNormalization computes at the input's precision and rejects stash_type=DOUBLE.
-STASHED = ("GroupNormalization",)
-
-
-def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same model computing in float64: float32 initializers, inputs, outputs, ``Cast``/
-    ``Constant``/``ConstantOfShape``/``CastLike`` targets and normalizations' ``stash_type`` become
-    double."""
-    model64 = onnx.ModelProto()
-    model64.CopyFrom(model)
-    _graph_as_float64(model64.graph)
-    return model64
-
-
-def _graph_as_float64(graph: onnx.GraphProto) -> None:
-    """``as_float64`` of one graph, in place, and of its subgraphs (If branches, Loop/Scan bodies)."""
-    del graph.value_info[:]
-    for value in list(graph.input) + list(graph.output):
-        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
-            value.type.tensor_type.elem_type = TensorProto.DOUBLE
-    for index, init in enumerate(graph.initializer):
-        if init.data_type == TensorProto.FLOAT:
-            graph.initializer[index].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float64), init.name))
-    for node in graph.node:
-        if node.op_type in STASHED and not any(a.name == "stash_type" for a in node.attribute):
-            node.attribute.append(helper.make_attribute("stash_type", TensorProto.FLOAT))  # the default
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT:
-                attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float64), attribute.t.name))
-            elif attribute.name in ("to", "dtype", "stash_type") and attribute.type == onnx.AttributeProto.INT and attribute.i == TensorProto.FLOAT:
-                attribute.i = TensorProto.DOUBLE
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-                _graph_as_float64(sub)
-        if node.op_type == "Constant" and node.attribute[0].name in ("value_float", "value_floats"):
-            value = np.array(helper.get_attribute_value(node.attribute[0]), np.float64)  # float32 by definition
-            node.ClearField("attribute")
-            node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
 
 
 def weights_as_inputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
@@ -210,7 +174,7 @@ def step_outputs(tm: bridge.TrainingModel, inputs: Mapping[str, np.ndarray], tar
         if "NOT_IMPLEMENTED" not in str(exc) and "Could not find an implementation" not in str(exc):
             raise
         names = [o.name for o in tm.model.graph.output]
-        return dict(zip(names, run_reference(tm.model, feed)))
+        return dict(zip(names, run_reference(tm.model, feed), strict=True))
     return session._run(feed)
 
 
@@ -230,10 +194,6 @@ class StepCheck:
         bad = [f"{k}: error {self.errors[k]:.3g} > bound {self.bounds[k]:.3g}"
                for k in self.errors if not self.errors[k] <= self.bounds[k]]
         return bad + [f"onnx-mlir: {v}" for v in self.violations]
-
-
-def _scale(array: np.ndarray) -> float:
-    return float(np.max(np.abs(array))) if np.size(array) else 0.0
 
 
 def _random_noise(tm: bridge.TrainingModel, inputs: Mapping[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
@@ -292,22 +252,22 @@ def check_training_step(
                                          budget_s=fd_budget_s)
         for w, (indices, grads, fd_noise) in fd.items():
             got = np.asarray(got64[f"grad_{w}"], np.float64).reshape(-1)[indices]
-            scale = max(_scale(grads), _scale(got64[f"grad_{w}"]))
+            scale = max(scale_of(grads), scale_of(got64[f"grad_{w}"]))
             result.record(f"grad_{w} vs finite differences", float(np.max(np.abs(got - grads), initial=0.0)),
                           FD_NOISE_FACTOR * fd_noise + FLOAT64_FLOOR * max(scale, 1.0))
     for w in tm64.weights:
         want = state[w] - LR * got64[f"grad_{w}"]
         result.record(f"updated_{w}", float(np.max(np.abs(got64[f"updated_{w}"] - want), initial=0.0)),
-                      4 * np.finfo(np.float64).eps * max(_scale(want), 1.0))
+                      4 * np.finfo(np.float64).eps * max(scale_of(want), 1.0))
 
     if float32:
         tm32 = bridge.to_training_onnx(model, **options)
-        result.violations = list(bridge.check(tm32.model, target="onnx-mlir"))
+        result.violations = list(bridge.check(tm32.model, target="onnx-mlir", compile=False))
         fed32 = _as_input_dtypes(tm32, {**noise64, "target": target})  # float64 for a float64 source
         got32 = step_outputs(tm32, inputs, fed32.pop("target"), fed32)
         errors = {w: float(np.max(np.abs(np.asarray(got32[f"grad_{w}"], np.float64) - np.asarray(got64[f"grad_{w}"])), initial=0.0))
                   for w in tm64.weights}
-        bounds = {w: FLOAT32_ULPS * FLOAT32_EPS * max(_scale(got64[f"grad_{w}"]), 1e-30) + 1e-30 for w in tm64.weights}
+        bounds = {w: FLOAT32_ULPS * FLOAT32_EPS * max(scale_of(got64[f"grad_{w}"]), 1e-30) + 1e-30 for w in tm64.weights}
         if any(errors[w] > bounds[w] for w in tm64.weights):  # ill-conditioned: how noisy is torch itself?
             torch_noise = torch_float32_noise(model, inputs, target, tm64.weights, output_index, noise64)
             bounds = {w: max(bounds[w], TORCH_NOISE_FACTOR * torch_noise[w]) for w in tm64.weights}
@@ -336,4 +296,4 @@ def torch_float32_noise(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]
         loss = torch.mean((output.to(torch.float64) - torch.tensor(target)) ** 2)
         grads.append(torch.autograd.grad(loss, list(params.values()), allow_unused=True))
     return {w: 0.0 if g32 is None else float(torch.max(torch.abs(g32.double() - g64)).item()) if g32.numel() else 0.0
-            for w, g32, g64 in zip(weights, *grads)}
+            for w, g32, g64 in zip(weights, *grads, strict=True)}

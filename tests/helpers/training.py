@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from reference import Batch, assert_steps_match, bridge_steps, torch_steps
 
 import bridge
+from helpers.reference import Batch, assert_steps_match, bridge_steps, torch_steps
 
 
 def module_weights(module: torch.nn.Module) -> dict[str, np.ndarray]:

@@ -3,7 +3,7 @@
 It reproduces with bridge at commit 6df5bb6 (Conv backward as transposed/zero-inserted Convs, max-pool
 backward scattered by a one-hot grouped Conv). With the GEMM and scatter forms that replaced them
 (bridge/pipeline/lowering/conv.py), IREE computes this model's step right (tests/test_iree_zoo.py
-``resnet18-static`` passes, measured 2026-11-30), so run this script from a checkout of 6df5bb6.
+``resnet18-static`` passes), so run this script from a checkout of 6df5bb6.
 
     python tests/repros/iree_resnet18_relu_where.py      # ~10 minutes of one core
 
@@ -67,7 +67,7 @@ def main() -> None:
     feed = {i.name: feed[i.name] for i in model.graph.input}
     names = [o.name for o in model.graph.output]
     want = dict(zip(names, ort.InferenceSession(model.SerializeToString(),
-                                                providers=["CPUExecutionProvider"]).run(None, feed)))
+                                                providers=["CPUExecutionProvider"]).run(None, feed), strict=True))
     got = IreeTrainingSession(bridge.compile(model).vmfb, {})._run(feed)
     producer = {o: n for n in model.graph.node for o in n.output}
     for name in probes:

@@ -1,5 +1,5 @@
 """Why IREE's first step of some zoo vision models differed from onnxruntime's: a ReLU/ReLU6 or
-max-pool decision within float32 rounding, not a miscompiled graph (issue 14; docs/onnx-mlir.md
+max-pool decision within float32 rounding, not a miscompiled graph (issue 14; docs/notes/onnx-mlir-iree-investigations.md
 section 7).
 
     python tests/repros/zoo_activation_near_kink.py [model[:batch[:attempt]] ...]   # default: the cases below
@@ -18,7 +18,7 @@ each line also gives the flips' exact float64 effect on the gradients, as a mult
 tolerance (``zoo.harness._flip_effects``). The zoo uses the first draw whose flips all stay below
 it (``zoo.harness.safe_attempt``, recorded in ``zoo.torch_models.DRAWS``). No IREE needed.
 
-Measured (2026-11-30) on ``mobilenet_v2`` at batch 3 with IREE: the only differing tensor element
+Measured on ``mobilenet_v2`` at batch 3 with IREE: the only differing tensor element
 before the optimizer is ``where_5``, the ReLU6 backward of ``features.18`` (the last BatchNorm, 1280
 channels on 2x2 maps): element [0, 212, 0, 0], whose BatchNorm output is +8.8e-6 in onnxruntime and
 -1.1e-5 in IREE (1.5e-5 in float64), so IREE's ReLU6 drops a gradient of 8% of that tensor's scale;
@@ -26,7 +26,7 @@ channels on 2x2 maps): element [0, 212, 0, 0], whose BatchNorm output is +8.8e-6
 An element listed here is at risk, not proven flipped: resnet18 at batch 3 has some and its IREE
 step matched (both runtimes rounded to the same side). resnet18d at batch 3 (plain draw): onnxruntime
 flipped layer4.0's ReLUs (flip effects 893x and 730x the tolerance) and missed torch float64 by
-0.4-7.5% of every gradient from layer4.0 upstream, while IREE matched float64 (2026-11-30).
+0.4-7.5% of every gradient from layer4.0 upstream, while IREE matched float64.
 """
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ those decisions rounded the other way: a float32 decision, not a wrong graph. A 
 above the tolerance is not explained by decisions (a defect, or a decision outside the near set).
 Torch only, minutes per case.
 
-Measured with this script's first version (flips summed, one column per max-pool window; 2026-12-01,
+Measured with this script's first version (flips summed, one column per max-pool window;
 the test's own conversion; ``worst`` in multiples of the tolerance; with ``flip_fit`` googlenet at 16
-is explained: 8 decisions flipped, 1320x -> 0.20x, docs/onnx-mlir.md section 7):
+is explained: 8 decisions flipped, 1320x -> 0.20x, docs/notes/onnx-mlir-iree-investigations.md section 7):
 - resnet18d at 16 (plain draw): 13 near elements, all s = 0.000, worst 0.030: no flip, passes.
 - vgg11_bn at 16 (plain draw): s = 1.000 for the features.3 max-pool tie (272753, 272688) and 1.001
   for one features.10 ReLU input (529078), all else |s| < 0.01: worst 0.53 -> 0.069 with both flips.

@@ -19,7 +19,7 @@ few values per channel one such element moves every upstream gradient by percent
 float64 effect on every gradient (``_flip_effects``); ``safe_attempt`` takes the first draw of the
 data whose flips cannot move any gradient past the tolerance, and ``torch_models.DRAWS`` records it
 per model and batch size so that no run searches (an exhaustive test recomputes it).
-docs/onnx-mlir.md section 7 has the measurements behind it.
+docs/notes/onnx-mlir-iree-investigations.md section 7 has the measurements behind it.
 """
 from __future__ import annotations
 
@@ -32,12 +32,13 @@ import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
+from helpers.reference import tolerance_to_scale, torch_steps
 from onnx import numpy_helper
-from reference import torch_steps
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bridge
+from bridge.tools.verify import scale_of
 
 LOSS_STEPS = 30  # the most steps the loss may take to fall by LOSS_FALL
 MIN_STEPS = 3
@@ -207,7 +208,7 @@ def assert_onnx_mlir_clean(tm: bridge.TrainingModel, name: str) -> None:
     """No violation of onnx-mlir's op table, except the source model's own forward Casts (HF
     attention masks cast int64 -> float/bool; the table allows Cast between float types only)."""
     phases = {n.name: {p.key: p.value for p in n.metadata_props}.get("bridge.phase") for n in tm.model.graph.node}
-    added = [v for v in bridge.check(tm.model, target="onnx-mlir") if not (v.op == "Cast" and phases.get(v.node) == "forward")]
+    added = [v for v in bridge.check(tm.model, target="onnx-mlir", compile=False) if not (v.op == "Cast" and phases.get(v.node) == "forward")]
     assert added == [], f"{name}: onnx-mlir violations: {added}"
 
 
@@ -242,15 +243,10 @@ def assert_first_step(case: Case, got: dict, want: dict, noise: dict, initial: d
                                        err_msg=f"{case.name}: first step, {key}")
 
 
-def scale_of(expected: np.ndarray) -> float:
-    """A tensor's largest magnitude (0 when empty)."""
-    return float(np.max(np.abs(expected))) if expected.size else 0.0
-
-
 def tolerance(rtol: float, expected: np.ndarray, noise: float) -> float:
     """The absolute error allowed on ``expected``: ``rtol`` of its scale, the floor ``NOISE``, and
     ``NOISE_FACTOR`` times the oracle's own float32 error ``noise`` on it."""
-    return rtol * scale_of(expected) + NOISE + NOISE_FACTOR * noise
+    return tolerance_to_scale(rtol, expected, NOISE + NOISE_FACTOR * noise)
 
 
 def twin_oracle(twin, weights: dict[str, np.ndarray], inputs, target, loss: str, lr: float):
@@ -599,13 +595,13 @@ def _flip_effects(model: torch.nn.Module, out: torch.Tensor, target: np.ndarray,
     grads = torch.autograd.grad(value, [*params, *(c.link[1] for c in linked)], retain_graph=True, allow_unused=True)
     allowed = [DECISION_RTOL * float(g.abs().max()) + NOISE if g is not None else NOISE for g in grads[:len(params)]]
     total = 0.0
-    for call, cotangent in zip(linked, grads[len(params):]):
+    for call, cotangent in zip(linked, grads[len(params):], strict=True):
         bound = [torch.zeros_like(p) for p in params]
         for flip in call.flips if cotangent is not None else ():
             moved = torch.autograd.grad(_flip_change(call, cotangent, flip), params, retain_graph=True,
                                         allow_unused=True)
-            bound = [b + m.abs() if m is not None else b for b, m in zip(bound, moved)]
-        call.effect = max(float(b.max()) / a for b, a in zip(bound, allowed))
+            bound = [b + m.abs() if m is not None else b for b, m in zip(bound, moved, strict=True)]
+        call.effect = max(float(b.max()) / a for b, a in zip(bound, allowed, strict=True))
         total += call.effect
         if total >= limit:
             return
@@ -666,7 +662,7 @@ class FlipFit:
                 and max(self.residual.values(), default=0.0) <= 1)
 
     def __str__(self) -> str:
-        worst = lambda errors: "%.3gx (%s)" % max((v, k) for k, v in errors.items())  # noqa: E731
+        worst = lambda errors: "{:.3g}x ({})".format(*max((v, k) for k, v in errors.items()))  # noqa: E731
         flips = "; ".join(f"{where} {at} s={s:.3f}" for where, at, s in self.flipped) or "none"
         unsettled = "; ".join(f"{where} {at} s={s:.3f}" for where, at, s in self.unsettled)
         return (f"{self.near} elements near a decision, {self.fitted} decisions fitted; worst {worst(self.before)} -> "
@@ -701,7 +697,7 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
     # one decision per ReLU element, one per max-pool input pair (every window whose two largest
     # inputs they are, e.g. overlapping windows sharing them, flips with their order)
     decisions: dict[tuple[int, tuple[int, ...]], list] = {}
-    for call, cotangent in zip(linked, cotangents):
+    for call, cotangent in zip(linked, cotangents, strict=True):
         for flip in call.flips if cotangent is not None else ():
             decisions.setdefault((id(call), flip[0]), []).append((call, cotangent, flip))
     keys = [k for k in want if k.startswith("grad_") and k in got]
@@ -709,7 +705,7 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
 
     def gradients(change: torch.Tensor, flipped=()) -> dict[str, np.ndarray]:
         """Every gradient key of the float64 backward of a scalar (with ``flipped`` applied)."""
-        moved = dict(zip(params, _backward(change, list(params.values()), flipped)))
+        moved = dict(zip(params, _backward(change, list(params.values()), flipped), strict=True))
         changes = {}
         for k in keys:
             name, transposed = mapping[k[len("grad_"):]]
@@ -733,15 +729,15 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
             columns.append(np.concatenate([changes[k].flatten()[sample[k]] / allowed[k] for k in keys]))
     residual = np.concatenate([(got[k] - want[k]).flatten()[sample[k]] / allowed[k] for k in keys])
     fitted = np.linalg.lstsq(np.stack(columns, 1), residual, rcond=None)[0] if columns else np.zeros(0)
-    named = [(flips[0][0].where, flips[0][2][0], float(s)) for flips, s in zip(visible, fitted)]
+    named = [(flips[0][0].where, flips[0][2][0], float(s)) for flips, s in zip(visible, fitted, strict=True)]
     unsettled = [n for n in named if abs(n[2] - round(n[2])) >= FLIP_ROUNDING or round(n[2]) not in (0, 1)]
-    chosen = [flip for flips, s in zip(visible, fitted) if round(s) == 1 for flip in flips]
+    chosen = [flip for flips, s in zip(visible, fitted, strict=True) if round(s) == 1 for flip in flips]
     record = dict(want)
     if chosen:
         plain, flipped = gradients(value), gradients(value, chosen)
         record.update({k: want[k] + (flipped[k] - plain[k]) for k in keys})
         record.update(_adam_update(model, mapping, record, lr))
-    return FlipFit([n for n, s in zip(named, fitted) if round(s) == 1], unsettled, errors(want), errors(record),
+    return FlipFit([n for n, s in zip(named, fitted, strict=True) if round(s) == 1], unsettled, errors(want), errors(record),
                    record, sum(c.count for c in near), len(columns))
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import bridge
+from bridge.tools.verify import scale_of
 
 Batch = tuple[dict[str, np.ndarray], np.ndarray]
 
@@ -67,16 +68,28 @@ def torch_steps(
 def assert_steps_match(got: list[dict], want: list[dict], rtol: float = 1e-5) -> None:
     """Every key of ``want`` (loss, grads, updated weights) matches at every step.
 
-    The tolerance is relative, per element and to the tensor's largest magnitude (float32
-    noise in an element near zero is judged against the scale of its tensor).
+    The tolerance is relative, per element and to the tensor's scale (``assert_close_to_scale``).
     """
     assert len(got) == len(want)
-    for step, (g, w) in enumerate(zip(got, want)):
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
         for key, expected in w.items():
             assert key in g, f"step {step}: output {key} missing"
-            expected = np.asarray(expected)
-            scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-            np.testing.assert_allclose(g[key], expected, rtol=rtol, atol=rtol * scale + 1e-12, err_msg=f"step {step}: {key}")
+            assert_close_to_scale(g[key], expected, rtol, floor=1e-12, err_msg=f"step {step}: {key}")
+
+
+def tolerance_to_scale(rtol: float, expected: np.ndarray, floor: float = 0.0) -> float:
+    """The absolute error allowed on ``expected``: ``rtol`` of its scale (``scale_of``, verify's: float32
+    noise in an element near zero is judged against its tensor) plus ``floor``."""
+    return rtol * scale_of(expected) + floor
+
+
+def assert_close_to_scale(actual: np.ndarray, expected: np.ndarray, rtol: float, floor: float = 0.0,
+                          err_msg: str = "") -> None:
+    """Every element of ``actual`` within ``rtol`` of ``expected``'s element plus
+    ``tolerance_to_scale``. The test suite's form of ``bridge.tools.verify.scaled_error <= rtol``,
+    kept per element (numpy's message names the elements off) and with ``rtol`` of each element on top."""
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=tolerance_to_scale(rtol, expected, floor),
+                               err_msg=err_msg)
 
 
 def random_batches(tm: bridge.TrainingModel, count: int, seed: int = 0, classes: int | None = None,
