@@ -291,7 +291,7 @@ class StepSignature:
         if len(flat) != len(names):
             raise ValueError(f"{len(flat)} values for the {len(names)} {'results' if outputs else 'arguments'} "
                              f"of the {self.part} signature")
-        return dict(zip(names, flat))
+        return dict(zip(names, flat, strict=True))
 
     def for_eval(self, outputs: list[str]) -> StepSignature:
         """The signature of the eval graph: weights, buffers, inputs, target -> loss, ``outputs``."""

@@ -1,4 +1,8 @@
 """Errors and warnings raised by bridge. Every error names the node, op, file or argument at fault."""
+from __future__ import annotations
+
+import numbers
+from typing import overload
 
 
 class BridgeError(Exception):
@@ -39,3 +43,19 @@ class OutputPathError(BridgeError, OSError):
 
 class MissingExtraError(BridgeError, ImportError):
     """An optional dependency of bridge is not installed; the message names the install extra."""
+
+
+@overload
+def positive_int(value: object, option: str) -> int: ...
+@overload
+def positive_int(value: object, option: str, none_means: str) -> int | None: ...
+def positive_int(value: object, option: str, none_means: str | None = None) -> int | None:
+    """``value`` of option ``option`` as an int >= 1 (a numpy integer too, a bool not), else
+    ``InvalidOptionError`` naming the option. With ``none_means`` (what None stands for, in the
+    message), None is valid too and returned as it is."""
+    if value is None and none_means is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        alternative = f", or None for {none_means}" if none_means is not None else ""
+        raise InvalidOptionError(f"{option}={value!r} is not valid; give an integer >= 1{alternative}")
+    return int(value)

@@ -24,7 +24,7 @@ def per_dim(values: Sequence[int], rank: int, default: int | None = None) -> lis
 def torch_pad(begins: Sequence[int], ends: Sequence[int]) -> list[int]:
     """Per-dim (begin, end) pads -> ``F.pad``'s / ``constant_pad_nd``'s list (last dim first)."""
     pad = []
-    for begin, end in reversed(list(zip(begins, ends))):
+    for begin, end in reversed(list(zip(begins, ends, strict=True))):
         pad += [begin, end]
     return pad
 
@@ -45,7 +45,7 @@ def avg_pool_divisor(
     if divisor_override:
         return np.full(outputs, float(divisor_override))
     factors = []
-    for size, o, k, s, p in zip(sizes, outputs, kernel, stride, padding):
+    for size, o, k, s, p in zip(sizes, outputs, kernel, stride, padding, strict=True):
         start = np.arange(o) * s - p
         end = np.minimum(start + k, size + p)
         if count_include_pad:

@@ -10,7 +10,7 @@ import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +119,15 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
         stub.data_location = onnx.TensorProto.EXTERNAL
         stub.external_data.add(key="location", value=STUB_FILE)
     return skeleton
+
+
+def rename_values(nodes: Iterable[onnx.NodeProto], rename: Mapping[str, str]) -> None:
+    """Rename the inputs and outputs of ``nodes`` in place by ``rename`` (a name not in it stays)."""
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            node.input[i] = rename.get(name, name)
+        for i, name in enumerate(node.output):
+            node.output[i] = rename.get(name, name)
 
 
 def inferred_values(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

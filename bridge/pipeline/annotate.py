@@ -44,7 +44,7 @@ from ..contract import (
     slot_name,
     updated_name,
 )
-from ..onnx_file import inferred_values
+from ..onnx_file import inferred_values, rename_values
 from .losses import Loss
 from .optimizers import Optimizer
 
@@ -119,7 +119,7 @@ def _tags_from_state(nodes: list[onnx.NodeProto], tags: list[dict[str, str]], si
     owner.update({updated_name(slot_name(w, slot)): w for w, slot in signature.state})
     owner.update({updated_name(b): b for b in signature.buffers})
     owner[updated_name(STEP)] = STEP
-    for node, t in zip(nodes, tags):
+    for node, t in zip(nodes, tags, strict=True):
         updated = next((owner[out] for out in node.output if out in owner), None)
         if updated and not t.get(LAYER) and t.get(PHASE, Phase.OPTIMIZER) == Phase.OPTIMIZER:
             t.update({PHASE: Phase.OPTIMIZER, LAYER: updated, KIND: t.get(KIND) or optimizer})
@@ -149,7 +149,7 @@ def _tags_from_neighbours(nodes: list[onnx.NodeProto], tags: list[dict[str, str]
                     if _complete(tags[j]) and tags[j][PHASE] == t.get(PHASE, tags[j][PHASE])
                 }
                 if len(found) == 1:
-                    t.update(zip(TAG_KEYS, found.pop()))
+                    t.update(zip(TAG_KEYS, found.pop(), strict=True))
                     changed = True
                     break
 
@@ -173,7 +173,7 @@ def _write_tags(nodes: list[onnx.NodeProto], tags: list[dict[str, str]]) -> None
     """Store the tags on the nodes, and rename a node whose name does not start with its
     ``node_prefix`` (a unique ``<prefix><OpType>[_k]``)."""
     taken = {node.name for node in nodes}
-    for node, t in zip(nodes, tags):
+    for node, t in zip(nodes, tags, strict=True):
         for key in TAG_KEYS:
             _set(node.metadata_props, key, t[key])
         prefix = node_prefix(t)
@@ -202,11 +202,7 @@ def name_boundary_values(graph: onnx.GraphProto, source: onnx.GraphProto) -> Non
     edges = _SourceEdges(source)
     rename = _activation_names(source, edges, crossings)
     rename.update(_gradient_names(source, edges, crossings))
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            node.input[i] = rename.get(name, name)
-        for i, name in enumerate(node.output):
-            node.output[i] = rename.get(name, name)
+    rename_values(graph.node, rename)
 
 
 class _SourceEdges:

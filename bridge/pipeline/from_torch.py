@@ -2,11 +2,10 @@
 ``torch.export.ExportedProgram`` or a saved ``.pt2``, as the ONNX model the pipeline imports.
 
 The module is exported with the settings that keep everything a training graph needs
-(docs/from_pytorch.md has the measurements behind this route): the TorchScript exporter in
-training mode without constant folding keeps every parameter under its torch name,
-BatchNorm as ``BatchNormalization(training_mode=1)`` (so its running statistics are updated)
-and Dropout as ``Dropout`` (a per-step noise input in the training graph). The trained set is
-then exactly the module's ``requires_grad`` parameters.
+(docs/from_pytorch.md): the TorchScript exporter in training mode without constant folding
+keeps every parameter under its torch name, BatchNorm as ``BatchNormalization(training_mode=1)``
+(so its running statistics are updated) and Dropout as ``Dropout`` (a per-step noise input in the
+training graph). The trained set is then exactly the module's ``requires_grad`` parameters.
 """
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ def load_torch_source(model: torch.nn.Module | torch.export.ExportedProgram | st
     dynamic = exported_dynamic if dynamic_batch is None else dynamic_batch
     proto = export_for_training(module, example_inputs, dynamic_batch=dynamic)
     graph_inputs = {value.name for value in proto.graph.input}
-    shapes = {name: list(arg.shape) for name, arg in zip(_input_names(module, len(example_inputs)), example_inputs)
+    shapes = {name: list(arg.shape) for name, arg in zip(_input_names(module, len(example_inputs)), example_inputs, strict=True)
               if name in graph_inputs}
     parameters = [name for name, p in module.named_parameters() if p.requires_grad]
     return TorchSource(proto, parameters, shapes, dynamic)
@@ -206,4 +205,4 @@ def _used(module: torch.nn.Module, args: tuple, names: list[str]) -> list[str]:
     if not isinstance(total, torch.Tensor):
         return []
     grads = torch.autograd.grad(total, [params[n] for n in names], allow_unused=True)
-    return [name for name, grad in zip(names, grads) if grad is not None]
+    return [name for name, grad in zip(names, grads, strict=True) if grad is not None]

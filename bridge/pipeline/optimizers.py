@@ -30,8 +30,8 @@ State = dict[str, torch.Tensor]
 def _zeros(slot: str, param: torch.Tensor, options: dict) -> torch.Tensor:
     """``torch.zeros_like(param)``; for a contiguous ``param`` (the weights are) numpy's calloc'ed zeros of the
     unsigned type of its width viewed as its dtype (numpy has no bfloat16), which the OS zero-fills page by page on
-    first touch: ``zeros_like`` writes every byte, 0.1-0.3 s of a resnet18 conversion for Adam's two slots
-    (85 MB), which the trace never reads (it runs on fake tensors)."""
+    first touch: ``zeros_like`` would write every byte of state that the trace never reads (it runs on fake
+    tensors)."""
     if not param.is_contiguous() or not param.numel():  # zeros_like keeps their strides
         return torch.zeros_like(param)
     return torch.from_numpy(np.zeros(param.numel(), f"u{param.element_size()}")).view(param.dtype).view(param.shape)
@@ -118,7 +118,7 @@ def _adam(p, g, s, step, lr, betas, eps, weight_decay, amsgrad, maximize, decoup
     bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64))
     # torch: p + (-step_size * exp_avg) / (sqrt(second) / bias_correction2_sqrt + eps); numerator and
     # denominator multiplied by bias_correction2_sqrt in the per-step float64 scalars, so each weight
-    # takes one full-size pass fewer (5 instead of 6); float32 rounding measured in benchmarks/RESULTS.md.
+    # takes one full-size pass fewer (5 instead of 6).
     scaled_step = (-_f64(lr) / (1 - torch.pow(beta1, step64)) * bias_correction2_sqrt).to(p.dtype)
     scaled_eps = (eps * bias_correction2_sqrt).to(p.dtype)
     second = s["exp_avg_sq"]

@@ -38,7 +38,7 @@ class Replay:
         if mode is None or None in inputs or len(set(inputs)) < len(inputs):
             return fn()
         if key in self._recorded:
-            return self._replay(mode.tracer, self._recorded[key], dict(zip(inputs, tensors)), inputs)
+            return self._replay(mode.tracer, self._recorded[key], dict(zip(inputs, tensors, strict=True)), inputs)
         graph = mode.tracer.graph
         last = graph._root.prev
         result = fn()
@@ -59,7 +59,7 @@ class Replay:
                 inputs: list[torch.fx.Node]) -> object:
         """Copy the ``recorded`` nodes reading ``inputs``; the copies of its outputs as tracked fake tensors."""
         template_inputs, nodes, outputs, spec = recorded
-        env = dict(zip(template_inputs, inputs))
+        env = dict(zip(template_inputs, inputs, strict=True))
         custom = dict(fx_traceback.current_meta.get("custom") or {})
         graph = tracer.graph
         for node in nodes:
@@ -104,8 +104,8 @@ def replayed(fn: Callable[..., object], *args) -> object:
     is only its layout: ``fn`` runs once per key, later calls get fresh tensors of that layout (``_fake_run``).
 
     Not at symbolic sizes: a replay there reuses the size nodes of the first call, and which ones tracing shares
-    depends on torch's fake-tensor cache, i.e. on what the process traced before (measured: resnet18's BatchNorms
-    replayed at a symbolic batch gave 3520 or 3503 training-graph nodes, fresh or after another conversion)."""
+    depends on torch's fake-tensor cache, i.e. on what the process traced before: the graph would depend on
+    the process's history."""
     mode = get_proxy_mode()
     fake = _active_fake_mode() if mode is None else None
     if (mode is None and fake is None) or any(_symbolic(arg) for arg in args):

@@ -1,15 +1,15 @@
 """Signs that an ONNX model was exported for inference, so that its training graph would train a
-different model than the torch module it came from (docs/from_pytorch.md has the measurements).
+different model than the torch module it came from (docs/from_pytorch.md).
 
-Measured on torchvision resnet18 / mobilenet_v3_small and HF BERT (torch 2.14):
+What the exporters do:
 
 - ``torch.onnx.export`` defaults (dynamo exporter, ``optimize=True``) fold BatchNorm into the
   preceding Conv, whose fused bias is named ``<conv weight>_bias``; the TorchScript exporter's
   defaults (``dynamo=False``: eval mode, constant folding) give both ``onnx::Conv_<N>``.
 - both rename weights they transpose or fold (``onnx::MatMul_<N>``, ``val_<N>``);
 - the dynamo optimizer folds values computed from weights alone into constants named after the
-  op (BERT's position and token-type lookups ``embedding_<N>``, ConvNeXt's layer scales
-  ``view_<N>``, ViT's class token ``expand``): those weights are gone.
+  op (position and token-type lookups ``embedding_<N>``, layer scales ``view_<N>``, a class
+  token ``expand``): those weights are gone.
 
 None of these appears in an export made with the settings that keep everything
 (``bridge.export_for_training``, ``do_constant_folding=False``, ``optimize=False``).

@@ -33,6 +33,7 @@ from ..contract import DIM_BOUNDS, DIM_NAMES, LOSS, LOSS_LAYER, LR, STEP, TARGET
 from ..errors import LoweringError, ShapeError
 from .cse import eliminate_common_subexpressions, eliminate_dead_code
 from .importer.program import OnnxProgram
+from .importer.weights import autograd_nodes
 from .losses import Loss
 from .lowering import LOWERINGS, decomposition_table
 from .optimizers import Optimizer, clip_grad_norm
@@ -102,15 +103,9 @@ class _LayerTags:
 
     def hook_backward(self, root: torch.Tensor) -> None:
         """Register pre-hooks so nodes traced while a grad_fn runs carry its forward layer."""
-        seen, stack = set(), [root.grad_fn]
-        while stack:
-            fn = stack.pop()
-            if fn is None or fn in seen:
-                continue
-            seen.add(fn)
+        for fn in autograd_nodes(root):
             layer, kind = self._layer_of(fn._sequence_nr())
             fn.register_prehook(self._enter(layer, kind))
-            stack.extend(next_fn for next_fn, _ in fn.next_functions)
 
     def _enter(self, layer: str, kind: str):
         def prehook(grad_outputs):
@@ -163,7 +158,7 @@ def trace_training_step(example: StepExample, optimizer: Optimizer, signature: S
         weights = {name: args[name] for name in signature.weights}
         loss_value, outputs, updated_buffers = _forward_loss(example, signature, args, tags)
         grads = _backward(loss_value, list(weights.values()), tags)
-        results = {LOSS: loss_value, **dict(zip(signature.gradient_names(), grads))}
+        results = {LOSS: loss_value, **dict(zip(signature.gradient_names(), grads, strict=True))}
         results.update(_optimizer_update(optimizer, signature, args, grads, tags, max_grad_norm))
         results.update({updated_name(name): updated_buffers.get(name, args[name]) for name in signature.buffers})
         results.update(_extra_outputs(example.program, signature, outputs))
@@ -223,7 +218,7 @@ def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict
             updates = clip_grad_norm(grads, max_grad_norm)
     results = {}
     replay = _UpdateReplay(optimizer)
-    for name, grad in zip(signature.weights, updates):
+    for name, grad in zip(signature.weights, updates, strict=True):
         with tags.scope(Phase.OPTIMIZER, name, optimizer.name):
             new_param, new_slots = replay.update(args[name], grad, state.get(name, {}), new_step, args[LR])
         results[updated_name(name)] = new_param
@@ -235,8 +230,8 @@ def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict
 
 class _UpdateReplay:
     """``optimizer.update`` traced once per kind of weight (shape, dtype and state slots) and replayed for the
-    other weights of that kind (``bridge.pipeline.replay.Replay``: an update is ~20 ops per weight; resnet18's 62 weights
-    are 17 kinds). Outside tracing it is ``optimizer.update``."""
+    other weights of that kind (``bridge.pipeline.replay.Replay``: an update is tens of ops per weight, and a
+    network has few kinds of weight). Outside tracing it is ``optimizer.update``."""
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
@@ -252,8 +247,8 @@ class _UpdateReplay:
 class _LoweringReplay:
     """bridge's lowerings (``bridge.pipeline.lowering``) traced once per call signature (op, argument values, tensor
     shapes, strides and dtypes: ``bridge.pipeline.replay.key``) and replayed for the other calls with that signature
-    (``bridge.pipeline.replay.Replay``): resnet18's 20 convolution backwards are 11 signatures, each lowered into tens of
-    ops. A call with an argument ``bridge.pipeline.replay.key`` does not know is traced."""
+    (``bridge.pipeline.replay.Replay``): a network's convolution backwards repeat few signatures, each lowered into
+    tens of ops. A call with an argument ``bridge.pipeline.replay.key`` does not know is traced."""
 
     def __init__(self):
         self._replay = Replay()
@@ -380,10 +375,10 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
 
 def _make_fx(fn: Callable, table: dict, mode: str) -> Callable[..., torch.fx.GraphModule]:
     """``make_fx`` of ``fn`` with the decomposition ``table`` in tracing ``mode``, without its torch-function
-    metadata mode: that mode intercepts every torch call (~15000 in a resnet18 step) to name the calls in a
-    ``torch_fn`` meta that only the module-stack tracer writes (``record_module_stack``, not used here), and turns
-    an explicit ``torch.ops.aten.size.default`` call at symbolic sizes into ``sym_size`` (bridge makes none);
-    ~0.1 s of CPU, the same graphs (checked byte for byte, static and symbolic batch)."""
+    metadata mode: that mode intercepts every torch call to name the calls in a ``torch_fn`` meta that only the
+    module-stack tracer writes (``record_module_stack``, not used here), and turns an explicit
+    ``torch.ops.aten.size.default`` call at symbolic sizes into ``sym_size`` (bridge makes none); the graphs are
+    the same without it."""
     return make_fx(fn, decomposition_table=table, tracing_mode=mode, _disable_torch_fn_metadata_mode=True)
 
 
@@ -429,7 +424,7 @@ def _data_args(example: StepExample, signature: StepSignature) -> tuple[list[tor
     def forward(*data):
         tags.watch(data)
         drawn: dict[str, torch.Tensor] = {}
-        outputs, _ = program.run(dict(zip(fakes, data)), example.tensors, training=training, node_scope=tags.forward,
+        outputs, _ = program.run(dict(zip(fakes, data, strict=True)), example.tensors, training=training, node_scope=tags.forward,
                                  random=drawn, evaluation=not training)
         return (outputs[example.output_index], *(drawn[name] for name in random))
 
@@ -440,7 +435,7 @@ def _data_args(example: StepExample, signature: StepSignature) -> tuple[list[tor
     spec = loss.target_spec(output)
     with fake_mode:
         fake_target = torch.empty(spec.shape, dtype=spec.dtype)
-    noise = [value.to(random[name].dtype) for name, value in zip(random, noise)]
+    noise = [value.to(random[name].dtype) for name, value in zip(random, noise, strict=True)]
     # The batch dims are never bounded: tracing a Conv guards ``batch < 16`` (a kernel-choice
     # heuristic of torch's, no limit of the ONNX graph), which would refuse every larger batch.
     batch_dims = {axes[0] for axes in dims.values() if 0 in axes}

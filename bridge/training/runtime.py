@@ -34,7 +34,7 @@ from ..contract import (
     strip_prefix,
     updated_name,
 )
-from ..errors import BridgeError, InvalidOptionError
+from ..errors import BridgeError, InvalidOptionError, positive_int
 from ..onnx_file import external_copy, is_large, model_digest, read_model
 from .feed_checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
 
@@ -51,6 +51,9 @@ class StepSession(ABC):
     ``graph_hash`` identifies the training graph (sha256 of the ONNX model), so a checkpoint
     is only loaded into a session of the graph that wrote it.
     """
+
+    input_names: list[str]  # the step graph's inputs and outputs, set by each backend's session
+    output_names: list[str]
 
     def __init__(self, state: Mapping[str, np.ndarray], seed: int | None = None, *,
                  checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = "",
@@ -150,7 +153,7 @@ class StepSession(ABC):
         for name, (shape, _) in ({} if checks is None else checks.specs).items():
             value = feed.get(name)
             if value is not None and np.ndim(value) == len(shape):
-                sizes.update({dim: size for dim, size in zip(shape, np.shape(value)) if isinstance(dim, str)})
+                sizes.update({dim: size for dim, size in zip(shape, np.shape(value), strict=True) if isinstance(dim, str)})
         for dim, bound in self.dim_bounds.items():
             if sizes.get(dim, 0) > bound:
                 raise StepInputError(f"dim '{dim}' is {sizes[dim]} in this batch, but the model holds for sizes up to "
@@ -210,11 +213,10 @@ def graph_hash(model: onnx.ModelProto | bytes) -> str:
 
 
 def unchecked_run(session) -> Callable:
-    """``session.run`` without InferenceSession.run's Python re-validation of the feed (a pybind
-    lookup per input and a list search: ~0.1 ms a step, 5-10% of a small model's step, measured on
-    the benchmarks' MLP): onnxruntime's private binding, whose ``run`` takes the public method's
-    positional arguments. bridge's feeds hold every input by construction. Falls back to the public
-    method where a release of onnxruntime lacks the binding."""
+    """``session.run`` without InferenceSession.run's Python re-validation of the feed (a lookup per
+    input, a noticeable part of a small model's step): onnxruntime's private binding, whose ``run``
+    takes the public method's positional arguments. bridge's feeds hold every input by construction.
+    Falls back to the public method where a release of onnxruntime lacks the binding."""
     run = getattr(getattr(session, "_sess", None), "run", None)
     return run if callable(run) else session.run
 
@@ -223,15 +225,11 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
     """bridge's onnxruntime session options: BASIC graph optimizations; ``threads`` intra-op threads
     (default: onnxruntime's own, one per physical core); ``spinning=False``: they block instead of
     spinning between the parallel parts of a step. Spinning (onnxruntime's default) is faster on
-    cores of one's own (steady steps, 2 threads, quiet 2-core machine, benchmarks/run.py's settled
-    bursts: blocking took 1.10x resnet18's step and 1.19x small_cnn's); on cores shared with other busy
-    processes a spinning worker holds its core for the whole step and the step ran up to 1.8x slower
-    (load 4-6: 0.56 vs 0.32 s wall, 0.37 vs 0.20 s CPU), so pass ``spinning=False`` there."""
+    cores of one's own; on cores shared with other busy processes a spinning worker holds its core
+    for the whole step, so pass ``spinning=False`` there."""
     import onnxruntime as ort
 
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise InvalidOptionError(f"threads={threads!r} is not valid; give an integer >= 1, or None for "
-                                 "onnxruntime's default (one per physical core)")
+    threads = positive_int(threads, "threads", "onnxruntime's default (one per physical core)")
     if not isinstance(spinning, bool):
         raise InvalidOptionError(f"spinning={spinning!r} is not valid; give True or False")
     options = ort.SessionOptions()
@@ -282,7 +280,19 @@ class OrtGraph:
 
     def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {name: feed[name] for name in self.input_names}
-        return dict(zip(self.output_names, self._run(self.output_names, feed, None)))
+        return dict(zip(self.output_names, self._run(self.output_names, feed, None), strict=True))
+
+
+class SessionGraph:
+    """A compiled graph's step session called like ``OrtGraph`` (inputs and outputs by name), its state
+    unused: the gradient or update half of a step, for accumulation and data parallelism."""
+
+    def __init__(self, session: StepSession):
+        self._session = session
+        self.input_names, self.output_names = session.input_names, session.output_names
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._session._run(dict(feed))
 
 
 class EvalGraph:
@@ -343,8 +353,7 @@ class TrainingSession(StepSession):
         """``threads``, ``spinning``: onnxruntime's intra-op thread count (default: its own, one per
         physical core) and whether they spin between parallel ops (``session_options``).
         ``gradients=False``: ``step`` does not return the ``grad_*`` outputs, so onnxruntime need not
-        keep them past the update (it reuses their buffers in place: resnet18's step 0.94-0.97x, small_cnn's
-        0.95-1.00x at 2 threads, two A/Bs); the step computes the same."""
+        keep them past the update (it reuses their buffers in place); the step computes the same."""
         if not isinstance(gradients, bool):
             raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
         model = read_model(model)
@@ -352,7 +361,7 @@ class TrainingSession(StepSession):
                          graph_hash=graph_hash(model), eval_model=eval_model)
         dropped = None if gradients else is_gradient
         self._graph = OrtGraph(model, providers, threads, spinning, dropped)
-        self.output_names = self._graph.output_names
+        self.input_names, self.output_names = self._graph.input_names, self._graph.output_names
         self.random_inputs.update(random_inputs(model, self._graph))
         self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
         self.covered_outputs = covered_outputs(model)
@@ -367,7 +376,7 @@ def _size(dim, sizes: Mapping, noise: str) -> int:
         return dim
     if dim in sizes:
         return sizes[dim]
-    import sympy  # only for a dim written as an expression: importing sympy costs ~0.5 s
+    import sympy  # only for a dim written as an expression: sympy is slow to import
 
     symbols = {name: sympy.Symbol(name) for name in sizes if isinstance(name, str)}
     value = sympy.parse_expr(dim, local_dict=symbols).subs({symbols[n]: v for n, v in sizes.items() if n in symbols})

@@ -17,7 +17,7 @@ import onnx
 from ..contract import INPUT_SPECS, INPUTS, OUTPUTS, decode_random_inputs
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
 from .feed_checks import StepChecks
-from .runtime import StepSession, graph_hash
+from .runtime import SessionGraph, StepSession, graph_hash
 
 if TYPE_CHECKING:
     from ..tools.compile import CompiledModel
@@ -64,8 +64,8 @@ class IreeTrainingSession(StepSession):
             raise ModelLoadError(f"not an IREE module (.vmfb): {exc}") from exc
         entry = _entry_function(vm_module)
         reflection = vm_module.lookup_function(entry).reflection
-        self.input_names: list[str] = json.loads(reflection[INPUTS])
-        self.output_names: list[str] = json.loads(reflection[OUTPUTS])
+        self.input_names = json.loads(reflection[INPUTS])
+        self.output_names = json.loads(reflection[OUTPUTS])
         specs = json.loads(reflection.get(INPUT_SPECS, "{}"))
         for name in decode_random_inputs(reflection):
             shape, dtype = specs[name]
@@ -79,7 +79,7 @@ class IreeTrainingSession(StepSession):
         results = self._function(*(np.asarray(feed[name], order="C") for name in self.input_names))
         if len(self.output_names) == 1:
             results = (results,)
-        return {name: value.to_host() for name, value in zip(self.output_names, results)}
+        return {name: value.to_host() for name, value in zip(self.output_names, results, strict=True)}
 
 
 def _entry_function(vm_module) -> str:
@@ -93,13 +93,8 @@ def _entry_function(vm_module) -> str:
     raise ModelLoadError("the module was not compiled by bridge.compile (no function lists its inputs)")
 
 
-class IreeGraph:
-    """A compiled graph called like ``bridge.training.runtime.OrtGraph`` (inputs and outputs by name): the
-    gradient or update half of a step, for accumulation and data parallelism."""
+class IreeGraph(SessionGraph):
+    """A compiled graph (``module``, compiled from ``model``) called like ``bridge.training.runtime.OrtGraph``."""
 
     def __init__(self, module: bytes, model: onnx.ModelProto):
-        self._session = IreeTrainingSession(module, {}, training_model=model)  # stateless: only its graph runs
-        self.input_names, self.output_names = self._session.input_names, self._session.output_names
-
-    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._session._run(dict(feed))
+        super().__init__(IreeTrainingSession(module, {}, training_model=model))

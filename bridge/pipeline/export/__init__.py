@@ -20,6 +20,7 @@ from onnx import helper
 
 from ...contract import DIM_BOUNDS, DIM_NAMES, KIND, LAYER, OUTPUT_PREFIX, PHASE, UPDATED_PREFIX, Phase, StepSignature
 from ...errors import LoweringError
+from ...onnx_file import rename_values
 from .builder import EMITTERS, TORCH_TO_ONNX, GraphBuilder, Value, import_all_emitters
 
 OPSET = 18
@@ -155,22 +156,18 @@ def _assemble(b: GraphBuilder, graph_inputs: list[Value], results: list, names: 
               graph_name: str, dim_names: dict[sympy.Symbol, str], stubs: dict | None = None) -> onnx.ModelProto:
     rename: dict[str, str] = {}
     produced = {out for node in b.nodes for out in node.output}
-    for value, name in zip(results, names):
+    for value, name in zip(results, names, strict=True):
         if str(value) in produced and str(value) not in rename:
             rename[str(value)] = name
         else:  # an input, a constant, or a value already returned under another name
             with b.node_context({PHASE: _alias_phase(name)}, name):
                 alias = b.op("Identity", rename.get(str(value), value))
             rename[str(alias)] = name
-    for node in b.nodes:
-        for i, name in enumerate(node.input):
-            node.input[i] = rename.get(name, name)
-        for i, name in enumerate(node.output):
-            node.output[i] = rename.get(name, name)
+    rename_values(b.nodes, rename)
     inputs = [helper.make_tensor_value_info(v, TORCH_TO_ONNX[v.dtype], _dims(v.shape, dim_names)) for v in graph_inputs]
     outputs = [
         helper.make_tensor_value_info(name, TORCH_TO_ONNX[value.dtype], _dims(value.shape, dim_names))
-        for value, name in zip(results, names)
+        for value, name in zip(results, names, strict=True)
     ]
     graph = helper.make_graph(b.nodes, graph_name, inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bridge")

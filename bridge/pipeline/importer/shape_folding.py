@@ -52,7 +52,7 @@ def _slice(ctx, data, starts, ends, axes=None, steps=None):
     index = [slice(None)] * data.ndim
     axes = ctx.ints(axes) if axes is not None else list(range(len(starts)))
     steps = ctx.ints(steps) if steps is not None else [1] * len(axes)
-    for start, end, axis, step in zip(ctx.ints(starts), ctx.ints(ends), axes, steps):
+    for start, end, axis, step in zip(ctx.ints(starts), ctx.ints(ends), axes, steps, strict=True):
         index[axis] = slice(start, end, step)
     return data[tuple(index)]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -57,16 +57,19 @@ def _leaves(output: torch.Tensor) -> set[int]:
     without bounds, ReduceSum with no axes and ``noop_with_empty_axes``)."""
     if output.grad_fn is None:
         return {id(output)}
-    found, seen, stack = set(), set(), [output.grad_fn]
+    return {id(fn.variable) for fn in autograd_nodes(output) if hasattr(fn, "variable")}  # AccumulateGrad
+
+
+def autograd_nodes(root: torch.Tensor) -> Iterator:
+    """Every node of ``root``'s autograd graph (``grad_fn`` and what it leads to), once each."""
+    seen, stack = set(), [root.grad_fn]
     while stack:
         fn = stack.pop()
         if fn is None or fn in seen:
             continue
         seen.add(fn)
-        if hasattr(fn, "variable"):  # AccumulateGrad
-            found.add(id(fn.variable))
+        yield fn
         stack.extend(next_fn for next_fn, _ in fn.next_functions)
-    return found
 
 
 def _matches(patterns: Iterable[str], names: list[str], argument: str, known: Iterable[str] = ()) -> set[str]:

@@ -50,6 +50,5 @@ def decomposition_table() -> dict:
 def _core_aten_decompositions() -> dict:
     """torch's core-ATen table, materialised once per process: torch collects it by walking every
     op namespace, and a conversion traces more than once (a dynamic batch's forward, the training step,
-    the eval step when its graph is asked for). Measured: 20
-    one-op conversions take 1.9 s of CPU with this cache, 4.8 s without."""
+    the eval step when its graph is asked for)."""
     return dict(core_aten_decompositions())

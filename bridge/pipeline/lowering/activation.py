@@ -2,12 +2,8 @@
 
 ``threshold_backward`` (ReLU's backward): ``grad * ceil(clamp(x - threshold, 0, 1))``, a float
 mask (exactly 0 or 1) by one Clip and a Ceil, and one Mul, instead of torch's
-``where(x <= threshold, 0, grad)``: onnxruntime's Where (with its LessOrEqual) was measured at
-2.4x the time of Sign + Relu + Mul, which took 1.1-1.4x the time of Relu + Min + Ceil + Mul (its
-Sign is slow; single-op graphs, 1 thread, [8, 64, 32, 32], [16, 32, 16, 16], [16, 16, 32, 32];
-docs/lowerings/conv_pool.md); Clip + Ceil took 0.51-0.57x the time of Relu + Min + Ceil (quiet, 2
-threads, [16, 16, 32, 32], three of four runs; once 1.1x), with the same NaN, infinities and signed zeros.
-A bool -> float Cast would be one pass less, but onnx-mlir casts only between floats.
+``where(x <= threshold, 0, grad)``, whose Where (with its LessOrEqual) is slower in onnxruntime
+(docs/lowerings/conv_pool.md). A bool -> float Cast would be one pass less, but onnx-mlir casts only between floats.
 The two differ only on non-finite values: a NaN ``x`` gives NaN (torch: ``grad``), and an
 infinite or NaN ``grad`` where ``x <= threshold`` gives NaN (torch: 0).
 """

@@ -38,7 +38,7 @@ def index_put(x, indices, values, accumulate=False):
     first, count = used[0], len(used)
     index_tensors = torch.broadcast_tensors(*[indices[d] for d in used])
     linear = torch.zeros_like(index_tensors[0])
-    for d, index in zip(used, index_tensors):
+    for d, index in zip(used, index_tensors, strict=True):
         linear = linear * x.shape[d] + _wrap(index, x.shape[d])
     pre, post = list(x.shape[:first]), list(x.shape[first + count:])
     positions = math.prod(x.shape[first:first + count])

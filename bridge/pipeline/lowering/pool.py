@@ -3,8 +3,7 @@
 No ScatterElements, ConvTranspose or MaxPool Indices output is needed: max pooling's scatter
 back to the input is ``conv.scatter_windows`` (col2im: per kernel offset, a shift on the output
 grid, then the stride phases interleaved), average pooling's the input gradient of a Conv with
-a constant ones weight (``conv.input_grad``; measured 2.6x faster than the scatter for a 2x2
-average pool's backward, [16, 32, 16, 16], in onnxruntime):
+a constant ones weight (``conv.input_grad``, faster than the scatter in onnxruntime):
 
 * max pooling, channels-last (so that each strided slice copies channel vectors, not single
   floats): the window elements are strided slices of the ``-inf``-padded forward
@@ -21,8 +20,7 @@ average pool's backward, [16, 32, 16, 16], in onnxruntime):
   backward ``g @ A``, one spatial dim at a time.
 
 Tiled windows (kernel == stride, no padding or dilation: ``MaxPool2d(2)``; ``_tiled``) take
-full-resolution forms instead, 2.4x (max) and 6x (average) faster in onnxruntime on small_cnn's
-pools (docs/lowerings/conv_pool.md):
+full-resolution forms instead, faster in onnxruntime (docs/lowerings/conv_pool.md):
 
 * tiled max pooling: ``pooled = MaxPool(x)`` copied back over each window (``_upsample``);
   ``miss = Ceil(pooled - x)`` is 0 at a window's maxima and >= 1 elsewhere; ``key =
@@ -96,12 +94,12 @@ def _tiled(kernel, stride, padding, dilation, sizes, outputs) -> bool:
     """Whether the windows tile the input's start without overlap or padding (kernel == stride, no
     padding or dilation, no window that ceil_mode adds): ``MaxPool2d(2)``, ``AvgPool2d(2)``."""
     return (kernel == stride and not any(padding) and all(d == 1 for d in dilation)
-            and all(o * k <= size for o, k, size in zip(outputs, kernel, sizes)))
+            and all(o * k <= size for o, k, size in zip(outputs, kernel, sizes, strict=True)))
 
 
 def _crop(x: torch.Tensor, kernel: Sequence[int], outputs: Sequence[int]) -> torch.Tensor:
     """``x`` without the positions past the last tiled window (those a floored output never reads)."""
-    for axis, (o, k) in enumerate(zip(outputs, kernel)):
+    for axis, (o, k) in enumerate(zip(outputs, kernel, strict=True)):
         if x.shape[2 + axis] != o * k:
             x = aten.slice.Tensor(x, 2 + axis, 0, o * k)
     return x
@@ -113,13 +111,13 @@ def _upsample(t: torch.Tensor, kernel: Sequence[int]) -> torch.Tensor:
     The last two spatial dims in one MatMul with a constant 0/1 matrix ``[O_w, k_h * O_w*k_w]``
     (a row of ``t`` becomes its window rows; exact for finite values, an infinity makes its row
     NaN), an earlier one (3-D) by a Concat of ``k`` copies: onnxruntime broadcasts, Expands and
-    Transposes over an innermost axis of ``k`` elements element by element (10x slower).
+    Transposes over an innermost axis of ``k`` elements element by element, which is slow.
     """
     channels, outputs, rank = t.shape[1], list(t.shape[2:]), len(kernel)
     rows = kernel[-2] if rank > 1 else 1
     matrix = np.tile(np.repeat(np.eye(outputs[-1]), kernel[-1], axis=1), (1, rows))
     spread = aten.mm.default(aten.reshape.default(t, [-1, outputs[-1]]), constant(matrix, t))
-    sizes = outputs[:-2] + [o * k for o, k in zip(outputs[-2:], kernel[-2:])]
+    sizes = outputs[:-2] + [o * k for o, k in zip(outputs[-2:], kernel[-2:], strict=True)]
     for axis in reversed(range(rank - 2)):
         later = math.prod(sizes[axis + 1:])
         spread = aten.unsqueeze.default(aten.reshape.default(spread, [-1, outputs[axis], later]), 2)
@@ -159,13 +157,10 @@ def _route_to_first_max(windows: list[torch.Tensor], grad_output: torch.Tensor) 
     The max is an elementwise Max of the offsets (exact, so ``==`` finds it); a boolean "maximum
     seen" is carried from offset to offset (Or), and an offset is the first maximum where it
     turns true (Xor with the previous one), and the gradient times that offset's 0/1 mask, a Where
-    between two scalars: onnxruntime's Where of a tensor and a scalar runs 4.6x the time of that
-    Where and the Mul ([8, 16, 16, 64], 30% true; resnet18's step 0.963). Like ReLU's backward, it
-    differs from torch only on a non-finite gradient (NaN, not 0, at the window's other offsets).
-    Carrying the not yet routed gradient instead (two Wheres per offset) took 1.85x the time in
-    onnxruntime (2x2 windows, [16, 16, 16, 16]; docs/lowerings/conv_pool.md). Only Max, Equal, Or,
-    Xor, Where and Mul: no ArgMax over a stacked window axis (which IREE compiles to a stack buffer
-    past its 32 KiB limit at real sizes, and whose results were wrong upstream of resnet18's max pool).
+    between two scalars (onnxruntime's Where of a tensor and a scalar is slower than that Where and
+    the Mul). Like ReLU's backward, it differs from torch only on a non-finite gradient (NaN, not 0,
+    at the window's other offsets). Only Max, Equal, Or, Xor, Where and Mul: no ArgMax over a
+    stacked window axis, which IREE compiles to a stack buffer past its 32 KiB limit at real sizes.
     """
     pooled = functools.reduce(aten.maximum.default, windows)
     zero = constant(np.zeros(()), grad_output)
@@ -195,14 +190,14 @@ def lower_avg_pool(rank, x, kernel_size, stride=(), padding=(0,), ceil_mode=Fals
     """
     kernel, stride, padding, _ = _pool_args(rank, kernel_size, stride, padding)
     sizes = list(x.shape[-rank:])
-    outputs = [pooled_size(i, k, s, p, 1, ceil_mode) for i, k, s, p in zip(sizes, kernel, stride, padding)]
-    floors = [pooled_size(i, k, s, p, 1, False) for i, k, s, p in zip(sizes, kernel, stride, padding)]
+    outputs = [pooled_size(i, k, s, p, 1, ceil_mode) for i, k, s, p in zip(sizes, kernel, stride, padding, strict=True)]
+    floors = [pooled_size(i, k, s, p, 1, False) for i, k, s, p in zip(sizes, kernel, stride, padding, strict=True)]
     if outputs == floors and not divisor_override:
         return NotImplemented
     unbatched = x.dim() == rank + 1
     x = _channels_first(x, rank)
     pad = []
-    for size, o, k, s, p in reversed(list(zip(sizes, outputs, kernel, stride, padding))):
+    for size, o, k, s, p in reversed(list(zip(sizes, outputs, kernel, stride, padding, strict=True))):
         pad += [p, (o - 1) * s + k - size - p]
     padded = aten.constant_pad_nd.default(x, pad, 0.0)
     channels = x.shape[1]
@@ -255,10 +250,10 @@ def _apply_per_dim(x: torch.Tensor, matrices: Sequence[np.ndarray]) -> torch.Ten
 @lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool(x, output_size):
     rank = len(output_size)
-    return _apply_per_dim(x, [adaptive_matrix(l, o) for l, o in zip(x.shape[-rank:], output_size)])
+    return _apply_per_dim(x, [adaptive_matrix(l, o) for l, o in zip(x.shape[-rank:], output_size, strict=True)])
 
 
 @_per_rank({2: aten._adaptive_avg_pool2d_backward.default, 3: aten._adaptive_avg_pool3d_backward.default})
 def adaptive_avg_pool_backward(rank, grad_output, x):
-    matrices = [adaptive_matrix(l, o).T for l, o in zip(x.shape[-rank:], grad_output.shape[-rank:])]
+    matrices = [adaptive_matrix(l, o).T for l, o in zip(x.shape[-rank:], grad_output.shape[-rank:], strict=True)]
     return _apply_per_dim(grad_output, matrices)

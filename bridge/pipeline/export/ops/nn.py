@@ -48,7 +48,7 @@ def _fit_to_read_extent(b: GraphBuilder, x: Value, kernel, stride, padding, dila
     The end pad shrinks to what is read; where even the input's tail is unread, it is sliced off.
     """
     ends, sizes = [], []
-    for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation):
+    for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation, strict=True):
         end = _read_extent(size, k, s, p, d) - p - size
         ends.append(max(end, 0))
         sizes.append(size + min(end, 0))
@@ -80,7 +80,7 @@ def emit_max_pool(b: GraphBuilder, node, x, kernel_size, stride=(), padding=(0,)
     padding, dilation = per_dim(padding, rank), per_dim(dilation, rank)
     batched = _batched(b, x, rank)
     extra = []
-    for size, k, s, p, d in zip(batched.shape[2:], kernel, stride, padding, dilation):
+    for size, k, s, p, d in zip(batched.shape[2:], kernel, stride, padding, dilation, strict=True):
         out = pooled_size(size, k, s, p, d, ceil_mode)
         extra.append(max(0, (out - 1) * s + d * (k - 1) + 1 - size - 2 * p))
     if any(extra):

@@ -12,6 +12,6 @@ aten = torch.ops.aten
 def emit_topk(b, node, x, k, dim=-1, largest=True, sorted=True):
     """Always sorted: ONNX's order for ``sorted=0`` is unspecified, torch's sorted one is valid."""
     values, indices = b.op("TopK", x, b.ints([k]), outputs=2, axis=dim % x.rank, largest=int(largest), sorted=1)
-    for value, val in zip((values, indices), node.meta["val"]):
+    for value, val in zip((values, indices), node.meta["val"], strict=True):
         value.shape, value.dtype = Value("", val.shape).shape, val.dtype
     return values, indices

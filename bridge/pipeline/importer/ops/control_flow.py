@@ -77,7 +77,7 @@ def loop(ctx, trip_count=None, cond=None, *carried):
     state, scans, i = list(carried), [], 0
     while keep_going and (limit is None or i < limit):
         _check_bound(ctx, i + 1)
-        bindings = dict(zip(inputs, [np.asarray(i, np.int64), np.asarray(keep_going), *state]))
+        bindings = dict(zip(inputs, [np.asarray(i, np.int64), np.asarray(keep_going), *state], strict=True))
         outputs = ctx.run_graph(body, bindings)
         keep_going = _known_bool(ctx, outputs[0], "the condition the body returns")
         state, scans = outputs[1:1 + len(carried)], scans + [outputs[1 + len(carried):]]
@@ -96,17 +96,17 @@ def _scan(ctx, states: list, xs: list, directions: list[int] | None = None) -> t
     """One Scan (opset 9 form) over ``xs``: the final states and the stacked scan outputs."""
     body = ctx.attr("body")
     names = [i.name for i in body.input]
-    axes = [a % np.ndim(x) for a, x in zip(ctx.attr("scan_input_axes", [0] * len(xs)), xs)]
+    axes = [a % np.ndim(x) for a, x in zip(ctx.attr("scan_input_axes", [0] * len(xs)), xs, strict=True)]
     directions = directions or ctx.attr("scan_input_directions", [0] * len(xs))
-    lengths = {int(x.shape[a]) for x, a in zip(xs, axes)}
+    lengths = {int(x.shape[a]) for x, a in zip(xs, axes, strict=True)}
     if len(lengths) != 1:
         raise ShapeError(f"Scan node '{ctx.name}': scan inputs of different lengths {sorted(lengths)}")
     length = lengths.pop()
     _check_bound(ctx, length)
     steps = []
     for t in range(length):
-        slices = [_slice(x, a, length - 1 - t if d else t) for x, a, d in zip(xs, axes, directions)]
-        outputs = ctx.run_graph(body, dict(zip(names, [*states, *slices])))
+        slices = [_slice(x, a, length - 1 - t if d else t) for x, a, d in zip(xs, axes, directions, strict=True)]
+        outputs = ctx.run_graph(body, dict(zip(names, [*states, *slices], strict=True)))
         states, steps = outputs[:len(states)], steps + [outputs[len(states):]]
     count = len(body.output) - len(states)
     out_axes = ctx.attr("scan_output_axes", [0] * count)

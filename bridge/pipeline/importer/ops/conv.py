@@ -28,7 +28,7 @@ def forward_pads(
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         begins, ends = [], []
-        for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=True):
             out = -(-size // s)
             total = max(0, (out - 1) * s + d * (k - 1) + 1 - size)
             small, large = total // 2, total - total // 2
@@ -50,11 +50,11 @@ def split_pads(
 
     Returns the padded input and the symmetric padding for torch (at most ``limits``).
     """
-    symmetric = [min(b, e) for b, e in zip(begins, ends)]
+    symmetric = [min(b, e) for b, e in zip(begins, ends, strict=True)]
     if limits is not None:
-        symmetric = [m if m <= limit else 0 for m, limit in zip(symmetric, limits)]
-    extra_begin = [b - m for b, m in zip(begins, symmetric)]
-    extra_end = [e - m for e, m in zip(ends, symmetric)]
+        symmetric = [m if m <= limit else 0 for m, limit in zip(symmetric, limits, strict=True)]
+    extra_begin = [b - m for b, m in zip(begins, symmetric, strict=True)]
+    extra_end = [e - m for e, m in zip(ends, symmetric, strict=True)]
     if any(extra_begin) or any(extra_end):
         x = F.pad(x, torch_pad(extra_begin, extra_end), value=value)
     return x, symmetric
@@ -76,14 +76,14 @@ def conv_transpose(ctx, x, weight, bias=None):
     strides, dilations = spatial_attrs(ctx, rank)
     output_padding = list(ctx.attr("output_padding") or [0] * rank)
     sizes, kernel = list(x.shape[2:]), list(weight.shape[2:])
-    full = [s * (i - 1) + op + d * (k - 1) + 1 for i, k, s, d, op in zip(sizes, kernel, strides, dilations, output_padding)]
+    full = [s * (i - 1) + op + d * (k - 1) + 1 for i, k, s, d, op in zip(sizes, kernel, strides, dilations, output_padding, strict=True)]
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     output_shape = ctx.attr("output_shape")
     if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
         raise ctx.unsupported(f"auto_pad='{auto_pad}'")
     if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        wanted = list(output_shape)[-rank:] if output_shape is not None else [i * s for i, s in zip(sizes, strides)]
-        totals = [f - w for f, w in zip(full, wanted)]
+        wanted = list(output_shape)[-rank:] if output_shape is not None else [i * s for i, s in zip(sizes, strides, strict=True)]
+        totals = [f - w for f, w in zip(full, wanted, strict=True)]
         small = [t // 2 for t in totals]
         large = [t - t // 2 for t in totals]
         begins, ends = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
@@ -92,7 +92,7 @@ def conv_transpose(ctx, x, weight, bias=None):
     else:
         pads = list(ctx.attr("pads") or [0] * (2 * rank))
         begins, ends = pads[:rank], pads[rank:]
-    symmetric = [max(0, min(b, e)) for b, e in zip(begins, ends)]
+    symmetric = [max(0, min(b, e)) for b, e in zip(begins, ends, strict=True)]
     y = torch.convolution(x, weight, bias, strides, symmetric, dilations, True, output_padding, ctx.attr("group", 1))
-    crop = torch_pad([m - b for b, m in zip(begins, symmetric)], [m - e for e, m in zip(ends, symmetric)])
+    crop = torch_pad([m - b for b, m in zip(begins, symmetric, strict=True)], [m - e for e, m in zip(ends, symmetric, strict=True)])
     return F.pad(y, crop) if any(crop) else y

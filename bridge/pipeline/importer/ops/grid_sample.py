@@ -71,7 +71,7 @@ def _axis_weights(coord: torch.Tensor, size: int, mode: str, padding: str, lo: f
     base = coord if mode == "nearest" else torch.floor(coord)
     positions = torch.arange(size, dtype=coord.dtype)
     total = torch.zeros(list(coord.shape) + [size], dtype=coord.dtype)
-    for offset, weight in zip(_TAPS[mode], _tap_weights(coord - base, mode)):
+    for offset, weight in zip(_TAPS[mode], _tap_weights(coord - base, mode), strict=True):
         index = base + offset
         if padding == "border":
             index = index.clamp(0, size - 1)

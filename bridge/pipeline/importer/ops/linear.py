@@ -69,7 +69,7 @@ def _take_diagonals(term: str, x: torch.Tensor) -> tuple[str, torch.Tensor]:
 def einsum(ctx, *xs):
     inputs, output = _explicit(ctx.attr("equation")).split("->")
     terms, operands = [], []
-    for term, x in zip(inputs.split(","), xs):
+    for term, x in zip(inputs.split(","), xs, strict=True):
         term, x = _take_diagonals(term, x)
         terms.append(term)
         operands.append(x)

@@ -73,8 +73,7 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
 def _wide(dtype: torch.dtype) -> torch.dtype:
     """The dtype BatchNorm's batch statistics accumulate in: float64 for float32, as torch's CPU
     kernel accumulates them (at::acc_type<float> is double). A BatchNorm followed by global pooling
-    cancels heavily in its backward, and with float32 sums the gradients upstream drift by percents
-    (measured on resnet18d at batch 16)."""
+    cancels heavily in its backward, and with float32 sums the gradients upstream drift by percents."""
     return torch.float64 if dtype == torch.float32 else dtype
 
 
@@ -82,44 +81,26 @@ def _channel_mean(t: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
     """Per-channel mean of ``t`` ([N, C, ...]) over every dim but 1, shaped [1, C, 1, ...], in
     ``wide``: means along the last (contiguous) dim in ``t``'s dtype, the rest in ``wide``. Only
     those partial means (1/W of ``t``) are cast: W values summed in float32 lose about as little
-    as float64 (measured: ``_BatchNormTraining``), where one float32 sum over N*H*W drifts."""
+    as float64, where one float32 sum over N*H*W drifts."""
     if t.dim() <= 2:
         return t.to(wide).mean(0, keepdim=True)
     return t.mean(-1, keepdim=True).to(wide).mean([0] + list(range(2, t.dim() - 1)), keepdim=True)
 
 
 class _BatchNormTraining(torch.autograd.Function):
-    """BatchNorm with the batch's statistics, forward and backward written as torch's CPU kernel
-    computes them (aten/src/ATen/native/cpu/batch_norm_kernel.cpp), with per-channel means that
-    end in float64 (``_wide``, ``_channel_mean``) and every full-size op in ``x``'s dtype.
+    """BatchNorm with the batch's statistics, forward and backward as torch's CPU kernel computes
+    them (aten/src/ATen/native/cpu/batch_norm_kernel.cpp): per-channel means that end in float64
+    (``_wide``, ``_channel_mean``), every full-size op in ``x``'s dtype.
 
-    Forward: ``c = x - m`` with ``m`` the float64 mean rounded to ``x``'s dtype (``c`` is exact
-    where x is within a factor 2 of m), ``var = mean(c^2)``, ``y = c * a + bias``, ``a = invstd *
-    scale``. Backward: ``d = mean(dy * (x - mean)) = mean(dy * c) - shift * mean(dy)`` (``shift =
-    mean - m``, the part of the mean float32 drops, which matters for inputs far from 0), ``dx =
-    (dy - (c * d * invstd^2 + mean(dy))) * a``, ``dscale = d * count * invstd``, ``dbias =
-    mean(dy) * count``. Full-size passes: 5 forward (ReduceMean, Sub, Mul, ReduceMean, and ``c * a +
-    bias`` as one ``affine``, bridge/pipeline/primitives.py) and 6 backward (``c * (d * invstd^2) + mean(dy)``
-    one ``affine``), all float32, ``c`` (float32) saved. The previous form cast ``x`` and ``dy`` to
-    float64 and ran 4 + 3 of its 7 + 8 passes there, saving a float64 ``c``.
-
-    Measured in onnxruntime (1 thread, CPU time, a block of 4 x BatchNorm + ReLU, global pooling
-    and a Linear, its training step, median of 60, alternating), against the float64 form:
-    [8, 64, 32, 32] 0.63-0.64x, [8, 64, 16, 16] 0.70x, [8, 256, 4, 4] 0.98-1.00x, [8, 512, 2, 2]
-    1.00x (small tensors: the per-node cost dominates). Other forms measured: sums of x and x^2 in
-    float64 without ``c`` (var = E[x^2] - mean^2, the dot as sum(x dy) - mean sum(dy): 0.94-0.99x);
-    those sums as batched float64 MatMuls (1.16-1.94x: onnxruntime's double MatMul is slow), the
-    dot as a float32 MatMul (0.72x, no more accurate than the Mul); float32 partial sums over all
-    of H*W (0.61-0.79x, but the BatchNorm bias gradient, a sum of dy that cancels, lost 2.2x
-    accuracy at 16x16 and 100x at 112x112, as much as torch float32 itself). Gradient error
-    against torch float64 (conv-BN-relu-conv-BN-pool-linear, batch 16, 16x16, max over tensors of
-    the error over the tensor's max): 2.8e-6 (float64 form 2.7e-6, torch float32 4.4e-6); inputs
-    offset by 100: 6.0e-4 (6.0e-4, torch float32 3.8e-4); batch 4, 112x112: 2.5e-5 (1.9e-5, torch
-    float32 1.8e-3), offset by 100: 2.1e-3 (2.1e-3, torch float32 1.7e-1).
+    Forward: ``c = x - m`` (``m`` the float64 mean rounded to ``x``'s dtype), ``var = mean(c^2)``,
+    ``y = c * a + bias`` with ``a = invstd * scale``. Backward: ``d = mean(dy * c) - shift * mean(dy)``
+    (``shift = mean - m``, the part of the mean ``m`` drops, which matters for inputs far from 0),
+    ``dx = (dy - (c * d * invstd^2 + mean(dy))) * a``, ``dscale = d * count * invstd``,
+    ``dbias = mean(dy) * count``; ``c * a + bias`` and ``c * (d * invstd^2) + mean(dy)`` are one
+    ``affine`` each (bridge/pipeline/primitives.py).
 
     Returns ``y`` and the batch mean and biased variance ([C], ``x``'s dtype, not differentiable).
-
-    Traced once per shape (``bridge.pipeline.replay.replayed``: resnet18's 20 BatchNorms are 5 shapes).
+    Traced once per shape (``bridge.pipeline.replay.replayed``).
     """
 
     @staticmethod

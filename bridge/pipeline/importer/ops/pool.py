@@ -24,7 +24,7 @@ _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 def _onnx_sizes(sizes, kernel, strides, dilations, begins, ends, ceil_mode: bool) -> list[int]:
     out = []
-    for size, k, s, d, b, e in zip(sizes, kernel, strides, dilations, begins, ends):
+    for size, k, s, d, b, e in zip(sizes, kernel, strides, dilations, begins, ends, strict=True):
         span = size + b + e - d * (k - 1) - 1
         count = (-(-span // s) if ceil_mode else span // s) + 1
         if ceil_mode and (count - 1) * s >= size + b:
@@ -55,7 +55,7 @@ def convert_max_pool(ctx, x):
     rank, kernel, strides, dilations, begins, ends = _window(ctx, x)
     ceil_mode = bool(ctx.attr("ceil_mode", 0))
     sizes = _onnx_sizes(x.shape[2:], kernel, strides, dilations, begins, ends, ceil_mode)
-    limits = [(d * (k - 1) + 1) // 2 for k, d in zip(kernel, dilations)]
+    limits = [(d * (k - 1) + 1) // 2 for k, d in zip(kernel, dilations, strict=True)]
     padded, padding = split_pads(x, begins, ends, float("-inf"), limits)
     y = _MAX_POOL[rank](padded, kernel, strides, padding, dilations, ceil_mode=ceil_mode)
     return _crop(y, sizes)
@@ -88,7 +88,7 @@ def _window_sum(x, kernel, strides, dilations, sizes):
     windows = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
         window = x
-        for axis, (o, n, s, d) in enumerate(zip(offsets, sizes, strides, dilations), start=2):
+        for axis, (o, n, s, d) in enumerate(zip(offsets, sizes, strides, dilations, strict=True), start=2):
             window = _strided(window, axis, o * d, o * d + (n - 1) * s + 1, s)
         windows.append(window)
     return sum(windows[1:], windows[0])
@@ -105,16 +105,16 @@ def _dilated_average(x, kernel, strides, dilations, begins, ends, sizes, include
     input (or, with ``count_include_pad``, input and pad) elements in each window."""
     spatial = list(x.shape[2:])
     extra = [max(0, (n - 1) * s + d * (k - 1) + 1 - (size + b + e))  # windows that ceil_mode adds
-             for n, s, d, k, size, b, e in zip(sizes, strides, dilations, kernel, spatial, begins, ends)]
-    ends_all = [e + a for e, a in zip(ends, extra)]
-    padded = F.pad(x, [p for b, e in zip(reversed(begins), reversed(ends_all)) for p in (b, e)])
+             for n, s, d, k, size, b, e in zip(sizes, strides, dilations, kernel, spatial, begins, ends, strict=True)]
+    ends_all = [e + a for e, a in zip(ends, extra, strict=True)]
+    padded = F.pad(x, [p for b, e in zip(reversed(begins), reversed(ends_all), strict=True) for p in (b, e)])
     batch_free = [(0, 0), (0, 0)]
     inside = np.ones([1, 1] + spatial)
     if include_pad:  # pads count, the windows that ceil_mode adds do not
-        inside = np.pad(inside, batch_free + list(zip(begins, ends)), constant_values=1)
+        inside = np.pad(inside, batch_free + list(zip(begins, ends, strict=True)), constant_values=1)
         outer = [(0, a) for a in extra]
     else:
-        outer = [(b, e + a) for b, e, a in zip(begins, ends, extra)]
+        outer = [(b, e + a) for b, e, a in zip(begins, ends, extra, strict=True)]
     divisor = _window_sum(np.pad(inside, batch_free + outer), kernel, strides, dilations, sizes)
     return _window_sum(padded, kernel, strides, dilations, sizes) / torch.from_numpy(divisor).to(x.dtype)
 

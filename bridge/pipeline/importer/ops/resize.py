@@ -124,7 +124,7 @@ def _interpolate(ctx, x: torch.Tensor, out_shape: list[int], scales: list[float]
                  nearest_mode: str, cubic_a: float = -0.75, exclude_outside: bool = False,
                  antialias: bool = False) -> torch.Tensor:
     """Resize ``x`` to ``out_shape`` with one constant-matrix MatMul per axis whose size or grid changes."""
-    for axis, (in_len, out_len, scale) in enumerate(zip(x.shape, out_shape, scales)):
+    for axis, (in_len, out_len, scale) in enumerate(zip(x.shape, out_shape, scales, strict=True)):
         if scale == 1 and out_len == in_len:  # every mode maps a unit-scale axis onto itself
             continue
         matrix = interpolation_matrix(ctx, mode, coordinate_mode, nearest_mode, in_len, out_len, scale, cubic_a,
@@ -142,7 +142,7 @@ def _full(values: list, axes: list[int] | None, rank: int, fill) -> list:
     if axes is None:
         return list(values)
     full = [fill] * rank
-    for axis, value in zip(axes, values):
+    for axis, value in zip(axes, values, strict=True):
         full[axis % rank] = value
     return full
 
@@ -155,12 +155,12 @@ def _sizes_and_scales(ctx, x, scales, sizes) -> tuple[list[int], list[float]]:
         sizes = [in_shape[i] if s is None else s for i, s in enumerate(sizes)]
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy == "stretch":
-            return sizes, [s / n for s, n in zip(sizes, in_shape)]
+            return sizes, [s / n for s, n in zip(sizes, in_shape, strict=True)]
         chosen = [i for i in range(rank) if axes is None or i in [a % rank for a in axes]]
         ratios = [sizes[i] / in_shape[i] for i in chosen]
         scale = min(ratios) if policy == "not_larger" else max(ratios)
         scales = [scale if i in chosen else 1.0 for i in range(rank)]
-        return [int(math.floor(s * n + 0.5)) for s, n in zip(scales, in_shape)], scales
+        return [int(math.floor(s * n + 0.5)) for s, n in zip(scales, in_shape, strict=True)], scales
     if scales is None or not np.asarray(scales).size:
         raise ctx.unsupported("a Resize without scales or sizes")
     scales = _full([float(s) for s in np.asarray(scales).reshape(-1)], axes, rank, 1.0)
@@ -169,7 +169,7 @@ def _sizes_and_scales(ctx, x, scales, sizes) -> tuple[list[int], list[float]]:
 
 def _scaled(in_shape: list, scales: list[float]) -> list:
     """ONNX output sizes ``floor(in * scale)``; unit-scale dims stay as they are (even symbolic)."""
-    return [n if s == 1 else int(math.floor(n * s)) for n, s in zip(in_shape, scales)]
+    return [n if s == 1 else int(math.floor(n * s)) for n, s in zip(in_shape, scales, strict=True)]
 
 
 @converter("Resize", static=(1, 2, 3))

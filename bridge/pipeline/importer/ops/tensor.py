@@ -125,7 +125,7 @@ def convert_slice(ctx, x, starts=None, ends=None, axes=None, steps=None):
     starts, ends = ctx.ints(starts), ctx.ints(ends)
     axes = ctx.ints(axes) if axes is not None else list(range(len(starts)))
     steps = ctx.ints(steps) if steps is not None else [1] * len(starts)
-    for start, end, axis, step in zip(starts, ends, axes, steps):
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         axis %= x.dim()
         length = x.shape[axis]
         if _whole_axis(start, end, step, length):
@@ -199,7 +199,7 @@ def convert_expand(ctx, x, shape):
     rank = max(len(shape), x.dim())
     shape = [1] * (rank - len(shape)) + shape
     dims = [1] * (rank - x.dim()) + list(x.shape)
-    target = [d if s == 1 else s for s, d in zip(shape, dims)]
+    target = [d if s == 1 else s for s, d in zip(shape, dims, strict=True)]
     return x.reshape(dims).expand(target)
 
 
