@@ -35,6 +35,7 @@ from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
 from .pipeline.progress import phase
 from .pipeline.source_checks import check_export
+from .pipeline.targets import DEFAULT_TARGET, check_target, enabled, using
 from .pipeline.trace import StepExample, split_step, trace_eval_step, trace_training_step
 from .training.training_model import TrainingModel
 
@@ -79,6 +80,7 @@ def to_training_onnx(
     output_path: str | os.PathLike | None = None,
     example_inputs: Iterable[torch.Tensor] | torch.Tensor | None = None,
     strict: bool = False,
+    target: str = DEFAULT_TARGET,
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
@@ -115,7 +117,11 @@ def to_training_onnx(
             size to trace with; an ExportedProgram brings its own).
         strict: raise ``InferenceExportError`` instead of warning when an ONNX model shows signs of
             an inference-optimized export (BatchNorm folded, parameters renamed; docs/from_pytorch.md).
+        target: the runtime whose measured forms the graph uses (bridge/pipeline/targets.py): ``onnxruntime``
+            (the default), ``iree``, ``onnx-mlir`` or ``plain`` (the canonical graph, no runtime-specific
+            form). Every target's graph computes the same step.
     """
+    target = check_target(target)
     loss_fn = make_loss(loss, dict(loss_options or {}))
     optimizer = make_optimizer(optim, dict(optim_options or {}))
     max_grad_norm = check_max_norm(clip_grad_norm)
@@ -129,6 +135,7 @@ def to_training_onnx(
         input_shapes = {**torch_source.input_shapes, **(input_shapes or {})}
     elif example_inputs is not None:
         raise InvalidOptionError("example_inputs= is for torch modules; an ONNX model declares its inputs")
+    assert not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))  # a torch source is ONNX from here
     with phase("loading the model"):
         source = load_model(model, buffer_inputs())
         source_hash = model_digest(source)
@@ -167,11 +174,11 @@ def to_training_onnx(
                          f"{list(example_output.shape)}): there is nothing to compute a loss of; choose another output=")
     _check_class_dim(loss_fn, example_output, inputs, program.output_names[output_index])
     spec = loss_fn.target_spec(example_output)
-    target = torch.zeros(spec.shape, dtype=spec.dtype)
-    loss_fn.check(example_output, target)
+    example_target = torch.zeros(spec.shape, dtype=spec.dtype)
+    loss_fn.check(example_output, example_target)
 
-    example = StepExample(program, loss_fn, tensors, {**inputs, **random}, target, output_index, dims)
-    with phase("tracing the training step"):
+    example = StepExample(program, loss_fn, tensors, {**inputs, **random}, example_target, output_index, dims)
+    with phase("tracing the training step"), using(target):
         graph_module = trace_training_step(example, optimizer, signature, max_grad_norm=max_grad_norm)
     eval_signature = signature.for_eval(list(program.output_names))
     gradient_signature, update_signature = signature.split()
@@ -184,11 +191,14 @@ def to_training_onnx(
     outline = _outline(source)
 
     def exporter(module: Callable[[], torch.fx.GraphModule], sig: StepSignature) -> Callable[..., onnx.ModelProto]:
-        return lambda stubs=None: _export(module(), sig, outline, source_hash, loss_fn, optimizer, metadata, names,
-                                          stubs)
+        def export(stubs=None) -> onnx.ModelProto:
+            with using(target):
+                return _export(module(), sig, outline, source_hash, loss_fn, optimizer, metadata, names, stubs)
+
+        return export
 
     def eval_module() -> torch.fx.GraphModule:
-        with phase("tracing the eval step"):
+        with phase("tracing the eval step"), using(target):
             return trace_eval_step(example, eval_signature)
 
     training = exporter(lambda: graph_module, signature)()
@@ -214,12 +224,13 @@ def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, sou
             loss: Loss, optimizer: Optimizer, metadata: dict[str, str],
             constant_names: Mapping[tuple[int, tuple[int, ...]], str], stubs: dict | None = None
             ) -> onnx.ModelProto:
-    """Export, annotate and check one traced graph (the training step or the eval step); ``stubs``: see
-    ``GraphBuilder.write_initializers``."""
+    """Export, annotate and check one traced graph (the training step or the eval step) under the current
+    target (``targets.using``); ``stubs``: see ``GraphBuilder.write_initializers``."""
     with phase(f"exporting {len(graph_module.graph.nodes)} traced nodes to ONNX"):
         model = export_step(graph_module, signature, constant_names, stubs)
         clean_up(model)
-        match_scalar_ranks(model)
+        if enabled("scalar_ranks"):
+            match_scalar_ranks(model)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,
                    version=__version__)
     for key, value in metadata.items():
@@ -270,7 +281,7 @@ def _check_batch_size(batch_size: int | None) -> int | None:
     return int(batch_size)
 
 
-def _check_output_path(model: str | os.PathLike | onnx.ModelProto, output_path: str | os.PathLike) -> None:
+def _check_output_path(model: object, output_path: str | os.PathLike) -> None:
     """``output_path=`` must be a writable file path, and not the source model itself."""
     check_output_path(output_path, "output_path")
     if isinstance(model, (str, os.PathLike)) and os.path.abspath(output_path) == os.path.abspath(model):
@@ -317,7 +328,7 @@ def _real_zeros(value: Any) -> Any:
         return torch.zeros(value.shape, dtype=value.dtype)
     if isinstance(value, dict):
         return {k: _real_zeros(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.replace(value, **{f.name: _real_zeros(getattr(value, f.name))
                                              for f in dataclasses.fields(value)})
     return value
@@ -400,8 +411,8 @@ def _dim_spec(model: onnx.ModelProto, program: OnnxProgram, dynamic_batch: bool 
     if unknown:
         raise InvalidOptionError(f"dynamic_dims names unknown inputs {unknown}; inputs: {list(values)}")
     spec = {}
-    for name, axes in dynamic_dims.items():
-        named = dict(axes) if isinstance(axes, Mapping) else {axis: _source_dim_name(values[name], axis) for axis in axes}
+    for name, given in dynamic_dims.items():
+        named = dict(given) if isinstance(given, Mapping) else {axis: _source_dim_name(values[name], axis) for axis in given}
         bad = [axis for axis in named if not isinstance(axis, int) or not -ranks[name] <= axis < ranks[name]]
         if bad:
             raise InvalidOptionError(f"dynamic_dims['{name}'] names axes {bad}, but input '{name}' has rank {ranks[name]}")
@@ -472,7 +483,7 @@ def _given_shape(value: onnx.ValueInfoProto, given: Iterable[int]) -> list[int]:
     if value.type.tensor_type.HasField("shape") and len(declared) != len(dims):
         raise ShapeError(f"input_shapes['{value.name}'] = {dims} has {len(dims)} dims; input '{value.name}' "
                          f"has {len(declared)}")
-    for axis, (dim, size) in enumerate(zip(declared, dims)):
+    for axis, (dim, size) in enumerate(zip(declared, dims, strict=False)):
         if axis > 0 and dim.HasField("dim_value") and dim.dim_value != size:
             raise ShapeError(f"input_shapes['{value.name}'] = {dims}: dim {axis} is fixed to {dim.dim_value} "
                              f"in the model, not {size}")

@@ -9,6 +9,7 @@ import traceback
 import warnings
 
 from .errors import BridgeError, InvalidOptionError
+from .pipeline.targets import DEFAULT_TARGET, TARGETS
 from .tools.compile import BACKENDS
 from .tools.target_check import TARGETS as CHECK_TARGETS
 
@@ -90,6 +91,7 @@ def _convert(args: argparse.Namespace) -> int:
             strict=args.strict,
             dynamic_dims=_dynamic_dims(args),
             input_shapes=_input_shapes(args.input_shapes),
+            target=args.target,
         )
     for warning in caught:
         if issubclass(warning.category, BridgeWarning):
@@ -123,8 +125,8 @@ def _compile(args: argparse.Namespace) -> int:
         print(f"bridge compile: {line}", file=sys.stderr, flush=True)
 
     compiled = compile_model(args.model, backend=args.backend, output=args.output, target_cpu=args.target_cpu,
-                             progress=progress, gradients=not args.no_gradients)
-    print(f"wrote {args.output} ({len(compiled.vmfb)} bytes, compiled in {compiled.seconds:.1f} s)")
+                             progress=progress, gradients=not args.no_gradients, timeout=args.timeout)
+    print(f"wrote {args.output} ({len(compiled.module)} bytes, compiled in {compiled.seconds:.1f} s)")
     return 0
 
 
@@ -151,12 +153,20 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .tools.target_check import check, iree_installed
+    from .tools.target_check import check, iree_installed, onnx_mlir_missing
 
-    if args.target == "iree" and not iree_installed():
+    compiling = not args.no_compile
+    if compiling and args.target == "iree" and not iree_installed():
         print("IREE is not installed (pip install 'bridge[iree]'): known patterns checked, no compile run",
               file=sys.stderr)
-    violations = check(args.model, target=args.target)
+    missing = onnx_mlir_missing() if compiling and args.target == "onnx-mlir" else None
+    if missing:
+        print(f"op table only: onnx-mlir not found (ONNX_MLIR_HOME or PATH), no compile run: {missing}", file=sys.stderr)
+
+    def progress(line: str) -> None:
+        print(f"bridge check: {line}", file=sys.stderr, flush=True)
+
+    violations = check(args.model, target=args.target, compile=compiling, progress=progress)
     for violation in violations:
         print(violation)
     print(f"{args.model}: {len(violations)} violation(s) for {args.target}")
@@ -254,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--strict", action="store_true",
                          help="fail (instead of warning) on an ONNX model exported for inference (BatchNorm folded, "
                               "parameters renamed; docs/from_pytorch.md)")
+    convert.add_argument("--target", default=DEFAULT_TARGET, choices=list(TARGETS),
+                         help=f"the runtime whose measured forms the graph uses (default {DEFAULT_TARGET}; plain: "
+                              "none, the canonical graph)")
     convert.set_defaults(run=_convert)
 
     verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "
@@ -270,13 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a tensor passes when its error <= K x torch's own float32 error (default 10)")
     verify.set_defaults(run=_verify)
 
-    compile_ = commands.add_parser("compile", help="compile a training .onnx for the CPU with an MLIR compiler (IREE)")
+    compile_ = commands.add_parser("compile", help="compile a training .onnx for the CPU with an MLIR compiler (IREE, onnx-mlir)")
     compile_.add_argument("model", help="training .onnx file")
-    compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb)")
-    compile_.add_argument("--backend", default="iree", choices=BACKENDS, help="compiler (default iree, llvm-cpu)")
-    compile_.add_argument("--target-cpu", default="host", help="LLVM CPU to compile for (default host; 'generic' is portable)")
+    compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb for iree, .so for onnx-mlir)")
+    compile_.add_argument("--backend", default="iree", choices=BACKENDS,
+                          help="compiler (default iree, llvm-cpu; onnx-mlir: --EmitLib -O3, found via ONNX_MLIR_HOME or PATH)")
+    compile_.add_argument("--target-cpu", help="LLVM CPU to compile for (iree: default host, 'generic' is portable; "
+                          "onnx-mlir: its --mcpu, default onnx-mlir's own)")
     compile_.add_argument("--no-gradients", action="store_true",
                           help="the module does not return the grad_* outputs (a training loop never reads them)")
+    compile_.add_argument("--timeout", type=float, metavar="SECONDS",
+                          help="onnx-mlir: stop the compile after this long (default: no limit)")
     compile_.set_defaults(run=_compile)
 
     mlir = commands.add_parser("mlir", help="import a training .onnx into MLIR (torch-mlir ONNX form, as iree-import-onnx)")
@@ -292,7 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="list what a compiler would reject in an .onnx (exit 1 if any)")
     check.add_argument("model", help=".onnx file")
     check.add_argument("--target", default="onnx-mlir", choices=list(CHECK_TARGETS),
-                       help="compiler (default onnx-mlir: its op table; iree: known patterns, then an IREE compile)")
+                       help="compiler (default onnx-mlir: its op table, then an onnx-mlir compile when onnx-mlir is found; "
+                            "iree: known patterns, then an IREE compile)")
+    check.add_argument("--no-compile", action="store_true",
+                       help="check the op table (iree: the known patterns) only, without compiling (a large graph takes minutes)")
     check.set_defaults(run=_check)
 
     train = commands.add_parser("train", help="train a converted model on arrays from an .npz (docs/training.md)")

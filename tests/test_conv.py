@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
+from helpers.cnn_checks import assert_forward_matches_onnxruntime, assert_onnx_mlir_clean, innermost_moves
+from helpers.reference import random_batches
+from helpers.single_op import batches_for, one_node_model, train_and_compare
 from helpers.training import assert_trains_like, module_weights
-from reference import random_batches
-from single_op import batches_for, one_node_model, train_and_compare
 
 import bridge
+from bridge.pipeline import targets
 from bridge.pipeline.lowering import conv as lowering
 
 aten = torch.ops.aten
@@ -45,7 +46,7 @@ def test_convolution_backward_lowering_matches_aten(rank, stride, padding, dilat
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
     want = aten.convolution_backward(gy, x, w, [8], *args, ALL)
     got = lowering.convolution_backward(gy, x, w, [8], *args, ALL)
-    for g, r in zip(got, want):
+    for g, r in zip(got, want, strict=True):
         _close(g, r)
 
 
@@ -57,82 +58,74 @@ def _form_cases():
         yield pytest.param(rank, stride, padding, dilation, size, id=f"{rank}d-s{stride}-p{padding}-d{dilation}-L{size}")
 
 
+INPUT_GRAD_FORMS = ("conv", "gemm", "gemm_select")
+WEIGHT_GRAD_FORMS = ("conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first")
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "plain"])
 @pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
-def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size):
-    """Each input- and weight-gradient form, whatever the rule would pick for this shape; an
-    asymmetric kernel, and a stride past the kernel (some input positions read by no window)."""
+def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size, target):
+    """Each input- and weight-gradient form, whatever the rule would pick for this shape, with the
+    target's moves (constant 0/1 MatMuls or Pads and a flip); an asymmetric kernel, and a stride past
+    the kernel (some input positions read by no window)."""
     x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
     w = torch.randn(5, 3, *([3, 2, 1][:rank]), dtype=torch.float64)
     args = ([stride] * rank, [padding] * rank, [dilation] * rank)
     gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0] * rank, 1))
     want_x, want_w, _ = aten.convolution_backward(gy, x, w, None, *args, False, [0] * rank, 1, [True, True, False])
-    for form in ("conv", "gemm", "gemm_select"):
-        _close(lowering.input_grad(gy, w, x.shape[2:], *args, 1, form=form), want_x)
-    for form in ("conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first"):
-        _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
+    with targets.using(target):
+        for form in INPUT_GRAD_FORMS:
+            _close(lowering.input_grad(gy, w, x.shape[2:], *args, 1, form=form), want_x)
+        for form in WEIGHT_GRAD_FORMS:
+            _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
 
 
 @pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
-def test_forward_gemm_matches_aten(rank, stride, padding, dilation, size):
+def test_forward_gemm_matches_aten(rank, stride, padding, dilation, size, monkeypatch):
     """The forward's ``gemm`` form (one MatMul over the batch's columns) with bias, whatever the
     rule would pick: floors, padding, dilation, an asymmetric kernel, a stride past the kernel; its
     columns by strided slices (5 output channels) and, where ``8 * L <= Cout``, by a selection MatMul."""
+    monkeypatch.setattr(targets, "conv_forward_form", lambda *args: "gemm")
     x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
     args = ([stride] * rank, [padding] * rank, [dilation] * rank, False, [0] * rank, 1)
     for out_channels in sorted({5, 8 * size ** rank if rank < 3 else 5}):
         w = torch.randn(out_channels, 3, *([3, 2, 1][:rank]), dtype=torch.float64)
         b = torch.randn(out_channels, dtype=torch.float64)
-        with lowering_forward_form("gemm"):
-            got = lowering.lower_convolution(x, w, b, *args)
-        _close(got, aten.convolution(x, w, b, *args))
+        _close(lowering.lower_convolution(x, w, b, *args), aten.convolution(x, w, b, *args))
 
 
-class lowering_forward_form:
-    """Within it, ``forward_form`` picks ``form`` for every Conv."""
-
-    def __init__(self, form: str):
-        self.form, self.kept = form, lowering.forward_form
-
-    def __enter__(self):
-        lowering.forward_form = lambda *args: self.form
-
-    def __exit__(self, *exc):
-        lowering.forward_form = self.kept
-
-
-def test_forward_gemm_where_the_output_plane_is_tiny(tmp_path):
-    """resnet18's layer4 at 64x64 (2x2 planes): its 3x3 Convs' forward is one MatMul over the batch;
-    1x1, grouped and larger-plane Convs stay ONNX Convs."""
-    assert lowering.forward_form(1, [3, 3], [2, 2]) == "gemm"
-    assert lowering.forward_form(1, [3, 3], [4, 4]) == "conv"
-    assert lowering.forward_form(1, [1, 1], [2, 2]) == "conv"
-    assert lowering.forward_form(4, [3, 3], [2, 2]) == "conv"
+@pytest.mark.parametrize("target", ["onnxruntime", "plain"])
+def test_tiny_output_planes_train_like_torch(tmp_path, target):
+    """3x3 Convs on 2x2 output planes (onnxruntime's forward there is one MatMul over the batch, its
+    columns by slices, then by a selection MatMul), a symbolic batch: the steps are torch's."""
     x = torch.randn(3, 8, 4, 4)
     module = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, 2, 1), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, 1, 1),
-                                 torch.nn.Flatten(), torch.nn.Linear(128, 5))  # columns by slices, then by selection
+                                 torch.nn.Flatten(), torch.nn.Linear(128, 5))
     path = tmp_path / "tiny_planes.onnx"
     torch.onnx.export(module, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
-    tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01}, dynamic_batch=True)
-    phases = {(n.op_type, dict((m.key, m.value) for m in n.metadata_props)["bridge.phase"]) for n in tm.model.graph.node}
-    assert ("MatMul", "forward") in phases and ("Conv", "forward") not in phases
+    tm = bridge.to_training_onnx(str(path), loss="ce", optim="sgd", optim_options={"lr": 0.01}, dynamic_batch=True,
+                                 target=target)
     assert_onnx_mlir_clean(tm.model)
     batches = random_batches(tm, 2, classes=5, input_shapes={"x": [3, 8, 4, 4]})
     assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.SGD, {"lr": 0.01})
 
 
+@pytest.mark.parametrize("target", ["onnxruntime", "plain"])
 @pytest.mark.parametrize("form", ["conv", "gemm"])
-def test_strided_input_grad_moves_no_innermost_axis_of_stride_elements(form):
-    """A 3x3 stride-2 input gradient (resnet18's layer2.0.conv1 and, at 1x1, its downsample):
-    the zero insertion and the phase interleave of the last spatial dim are MatMuls with constant
-    0/1 matrices, the kernel's flip a MatMul, so no copy has a 1-2 element innermost axis."""
+def test_strided_input_grad_moves_no_innermost_axis_of_stride_elements(form, target):
+    """A 3x3 stride-2 input gradient, traced: torch's numbers; with ``constant_matmul_moves``
+    (onnxruntime) the zero insertion and the phase interleave of the last spatial dim are MatMuls with
+    constant 0/1 matrices, the kernel's flip a MatMul, so no copy has a 1-2 element innermost axis."""
     x, w = torch.randn(2, 8, 16, 16, dtype=torch.float64), torch.randn(16, 8, 3, 3, dtype=torch.float64)
     args = ([2, 2], [1, 1], [1, 1])
     gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0, 0], 1))
     want = aten.convolution_backward(gy, x, w, None, *args, False, [0, 0], 1, [True, False, False])[0]
-    graph = torch.fx.experimental.proxy_tensor.make_fx(
-        lambda g, w: lowering.input_grad(g, w, [16, 16], *args, 1, form=form))(gy, w)
+    with targets.using(target):
+        graph = torch.fx.experimental.proxy_tensor.make_fx(
+            lambda g, w: lowering.input_grad(g, w, [16, 16], *args, 1, form=form))(gy, w)
     _close(graph(gy, w), want)
-    assert not innermost_moves(graph)
+    if targets.TARGETS[target] >= {"constant_matmul_moves"}:
+        assert not innermost_moves(graph)
 
 
 def test_input_grad_of_windows_reading_only_padding_is_zero():
@@ -151,7 +144,7 @@ def test_convolution_backward_honours_output_mask(mask):
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
     got = lowering.convolution_backward(gy, x, w, [4], *args, mask)
     want = aten.convolution_backward(gy, x, w, [4], *args, ALL)
-    for keep, g, r in zip(mask, got, want):
+    for keep, g, r in zip(mask, got, want, strict=True):
         if keep:
             _close(g, r)
         else:
@@ -173,7 +166,7 @@ def test_transposed_convolution_lowering_matches_aten(rank, stride, padding, dil
     _close(lowering.lower_convolution(x, w, bias, *args), y)
     gy = torch.randn_like(y)
     want = aten.convolution_backward(gy, x, w, [6], *args, ALL)
-    for g, r in zip(lowering.convolution_backward(gy, x, w, [6], *args, ALL), want):
+    for g, r in zip(lowering.convolution_backward(gy, x, w, [6], *args, ALL), want, strict=True):
         _close(g, r)
 
 
@@ -238,9 +231,9 @@ def _conv_twin(rank, attrs, x_shape, w_shape):
     pads = attrs.get("pads", [0] * 2 * rank)
     if attrs.get("auto_pad", "").startswith("SAME"):  # output ceil(L / s); the odd pad at the end for UPPER
         totals = [max(0, (-(-size // s) - 1) * s + d * (k - 1) + 1 - size)
-                  for size, k, s, d in zip(x_shape[2:], w_shape[2:], strides, dilations)]
+                  for size, k, s, d in zip(x_shape[2:], w_shape[2:], strides, dilations, strict=True)]
         begins = [t // 2 if attrs["auto_pad"] == "SAME_UPPER" else t - t // 2 for t in totals]
-        pads = begins + [t - b for t, b in zip(totals, begins)]
+        pads = begins + [t - b for t, b in zip(totals, begins, strict=True)]
     torch_pads = []
     for i in reversed(range(rank)):
         torch_pads += [pads[i], pads[rank + i]]
@@ -332,7 +325,7 @@ def test_torch_exported_cnn_matches_torch(tmp_path, optim):
 
 
 class WideCNN(torch.nn.Module):
-    """Channels and sizes for which the form rules pick every backward form (checked below)."""
+    """Channels and sizes for which the onnxruntime rules pick every backward form."""
 
     SHAPES = [  # (Cin, Cout, kernel, stride, input size) of each Conv
         (3, 16, 3, 1, 10), (16, 16, 3, 1, 10), (16, 32, 3, 2, 10), (32, 64, 3, 2, 5), (64, 64, 3, 2, 3),
@@ -351,14 +344,14 @@ class WideCNN(torch.nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
-def test_every_backward_form_trains_like_torch(tmp_path):
-    """The im2col/col2im forms through export, onnxruntime and onnx-mlir's table, vs torch."""
-    picked = set()
-    for ci, co, k, s, size in WideCNN.SHAPES:
-        out = [(size + 2 * (k // 2) - k) // s + 1] * 2
-        picked |= {lowering.weight_grad_form(ci, co, 1, [k, k], out, [s, s]),
-                   lowering.input_grad_form(co, 1, [k, k], out, [s, s], [size, size])}
-    assert picked == {"conv", "taps", "gemm", "gemm_offset_major", "gemm_channel_first", "gemm_select"}
+@pytest.mark.parametrize("weight_form, input_form", [
+    *zip(WEIGHT_GRAD_FORMS, INPUT_GRAD_FORMS + INPUT_GRAD_FORMS[:2], strict=True), (None, None)])
+def test_every_backward_form_trains_like_torch(tmp_path, monkeypatch, weight_form, input_form):
+    """Each im2col/col2im form given to every Conv (None: each Conv as the onnxruntime rules pick),
+    through export, onnxruntime and onnx-mlir's table, vs torch."""
+    if weight_form:
+        monkeypatch.setattr(targets, "conv_weight_grad_form", lambda *args: weight_form)
+        monkeypatch.setattr(targets, "conv_input_grad_form", lambda *args: input_form)
     torch.manual_seed(0)
     module = WideCNN()
     path = tmp_path / "wide.onnx"
@@ -370,7 +363,7 @@ def test_every_backward_form_trains_like_torch(tmp_path):
 
 
 def test_offsets_reading_only_padding_make_no_empty_slices():
-    """A 3x3 Conv, padding 1, on a 1x1 input (resnet18's layer4 at 32x32): the corner offsets read
+    """A 3x3 Conv, padding 1, on a 1x1 input: the corner offsets read
     padding only; they are dropped, not sliced to nothing (IREE rejects an empty Slice)."""
     x, w = torch.randn(2, 3, 1, 1, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
     args = ([1, 1], [1, 1], [1, 1])
@@ -392,7 +385,7 @@ def test_offsets_reading_only_padding_make_no_empty_slices():
 def test_every_backward_form_matches_onnxruntime_in_iree_at_a_symbolic_batch(tmp_path):
     """WideCNN's forms compiled by IREE with a symbolic batch (3 then 1): a channel-major col2im
     form was miscompiled there (gradients off by 100%) while onnxruntime was exact."""
-    from reference import assert_steps_match, bridge_steps
+    from helpers.reference import assert_steps_match, bridge_steps
 
     torch.manual_seed(0)
     path = tmp_path / "wide.onnx"

@@ -1,13 +1,11 @@
-"""One-element operands given the rank of the tensor they broadcast against, where onnxruntime needs it.
+"""One-element operands given the rank of the tensor they broadcast against: the ``scalar_ranks`` form of
+bridge/pipeline/targets.py, a post-pass on the exported graph (bridge/api.py runs it where the target uses it).
 
-onnxruntime's CPU broadcaster (``Broadcaster`` in its ``element_wise_ops.h``) walks the dims of a
-binary op from the last one; when the lower-rank operand is all ones and the other operand's dims
-it lines up with are ones too (a ``[512, 256, 1, 1]`` weight times a 0-d ``0.9``; ``[1, C, 1, 1]``
-plus ``eps``), it starts the loop on a dim of 1 and then calls its kernel once per element instead
-of once per tensor: 20-25 ns an element, 200 times the time of the same op against a ``[1, 1, 1, 1]``
-operand (onnxruntime 1.32, a 131k-value 1x1-conv weight times a 0-d constant: 3 ms against 15 us). The
-rewrite gives such an operand the other's rank (a reshaped copy of a constant, else a Reshape node),
-which broadcasts to the same values: exact.
+onnxruntime's CPU broadcaster walks the dims of a binary op from the last one; when the lower-rank
+operand is all ones and the dims of the other operand it lines up with are ones too (a ``[512, 256, 1, 1]``
+weight times a 0-d ``0.9``; ``[1, C, 1, 1]`` plus ``eps``), it calls its kernel once per element instead of
+once per tensor. The rewrite gives such an operand the other's rank (a reshaped copy of a constant, else a
+Reshape node), which broadcasts to the same values: exact.
 """
 from __future__ import annotations
 

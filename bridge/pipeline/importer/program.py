@@ -11,8 +11,9 @@ Values that are known at import time (initializers that are not passed as tensor
 those) are kept as numpy arrays and folded eagerly, so shape computations never reach the
 traced graph and converters can read shapes, axes, pads and scales as plain numbers.
 
-A Relu read only by a MaxPool runs after it (``relus_pooled_first``): the same values and gradients
-on the smaller, pooled tensor.
+A Relu read only by a MaxPool runs after it (``relus_pooled_first``) where the target uses the
+``relu_after_maxpool`` form (bridge/pipeline/targets.py): the same values and gradients on the smaller,
+pooled tensor.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from ...errors import ShapeError, UnsupportedOpError
 from ...onnx_file import skeleton
+from .. import targets
 from ..load import default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
 from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
@@ -58,7 +60,7 @@ def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 def relus_pooled_first(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     """The Relu nodes of ``graph`` that ``OnnxProgram`` runs after the MaxPool that reads them, by output
     name: ``MaxPool(Relu(x))`` as ``Relu(MaxPool(x))``, the Relu on the pooled (smaller) tensor, its
-    backward mask too (small_cnn's step 0.96x; docs/lowerings/conv_pool.md).
+    backward mask too (docs/lowerings/conv_pool.md).
 
     The values are equal (max and Relu commute), and so is every gradient, bit for bit: a window
     whose maximum is positive has the same first maximum either way (Relu changes no positive value
@@ -173,7 +175,7 @@ class OnnxProgram:
         env.update({name: _widened(value) for name, value in inputs.items()})
         updated: dict[str, torch.Tensor] = {}
         outputs = self._evaluate(self.graph, env, (training, updated, random, evaluation, node_scope))
-        return [_as_output(value, _declared_dtype(o)) for value, o in zip(outputs, self.graph.output)], updated
+        return [_as_output(value, _declared_dtype(o)) for value, o in zip(outputs, self.graph.output, strict=True)], updated
 
     def _evaluate(self, graph: onnx.GraphProto, env: MutableMapping[str, object], run: tuple) -> list:
         """Run the nodes of ``graph`` (the main graph or a subgraph) over ``env``; its outputs.
@@ -187,7 +189,7 @@ class OnnxProgram:
         cached = self._pooled_first.get(id(graph))
         if cached is None or cached[0] is not graph:  # once per graph: a Loop body is evaluated per iteration
             cached = self._pooled_first[id(graph)] = (graph, relus_pooled_first(graph))  # (the graph held: ids stay)
-        pooled_first = cached[1]
+        pooled_first = cached[1] if targets.enabled("relu_after_maxpool") else {}
         for node in graph.node:
             if node.op_type == "Relu" and node.output[0] in pooled_first:
                 continue  # runs after its MaxPool, below
@@ -198,7 +200,7 @@ class OnnxProgram:
             if relu is not None:
                 with node_scope(relu):
                     outputs = self._run_node(relu, ChainMap({relu.input[0]: outputs[0]}, env), run)
-            for name, value in zip(node.output, outputs):
+            for name, value in zip(node.output, outputs, strict=False):
                 if name:
                     env[name] = value
         return [env[o.name] for o in graph.output]

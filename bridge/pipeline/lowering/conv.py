@@ -1,48 +1,40 @@
 """Convolution backward (and transposed convolution) written with stride-1 and strided ``Conv``;
-a Conv's forward on a tiny output plane as one MatMul (``forward_form``).
+a Conv's forward on a tiny output plane as one MatMul.
 
 onnx-mlir compiles ``ConvTranspose`` only with a constant weight, so no gradient and no
 trainable transposed layer may use it. Everything here is ``aten.convolution`` (non
 transposed), ``mm``, ``constant_pad_nd`` (negative pads crop), strided slices, ``cat``,
-reshape/permute, ``add`` and ``flip``:
+reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current target's choice
+(bridge/pipeline/targets.py: ``conv_*_form``); the plain graph uses the ``conv`` forms only.
 
-* ``input_grad`` (the transposed convolution), two forms (``input_grad_form`` picks one by
-  measurement):
-  - ``conv``: zero-insert ``grad_output`` by the stride (``zero_insert``: the last dim by a
-    constant 0/1 MatMul, the others by unsqueeze, pad, reshape), pad it so that a stride-1 Conv
-    with the spatially flipped (a MatMul with the reversal of the flattened kernel),
-    in/out-swapped weight (per group) and the forward dilation lands exactly on the input
-    positions, padding with zeros where the forward output floored.
+* ``input_grad`` (the transposed convolution):
+  - ``conv``: zero-insert ``grad_output`` by the stride (``zero_insert``), pad it so that a stride-1
+    Conv with the spatially flipped, in/out-swapped weight (per group) and the forward dilation
+    lands exactly on the input positions, padding with zeros where the forward output floored.
   - ``gemm`` (groups 1): the columns ``weight^T [K*Cin, Cout] @ grad_output [Cout, N*O]`` (one Gemm
     reading the weight transposed), one ``[Cin, N, O]`` part per kernel offset, added back onto the
-    input positions by ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose
-    to ``[N, Cin, L]``: no flip or transpose of the weight as a Conv's, which dominate deep layers.
-  - ``gemm_select`` (groups 1, an input plane small against ``Cout``): the columns
-    ``grad_output^T @ weight`` (the weight as it is) as ``[N*Cin, O*K]``, col2im as one MatMul with
-    a constant 0/1 ``[O*K, L]`` (``scatter_matrix``).
-* ``weight_grad``, forms picked by ``weight_grad_form``:
+    input positions by ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose.
+  - ``gemm_select`` (groups 1): the columns ``grad_output^T @ weight`` as ``[N*Cin, O*K]``, col2im as
+    one MatMul with a constant 0/1 ``[O*K, L]`` (``scatter_matrix``).
+* ``weight_grad``:
   - ``conv``: a Conv whose batch and channel roles are swapped: the input, as
     ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
     (groups ``g``, stride = forward dilation, dilation = forward stride), then sliced to the
     kernel size (a GEMM whose inner dimension is the batch).
   - ``gemm`` / ``gemm_offset_major`` (groups 1, im2col): the input channels-last, one strided
     slice per kernel offset (``window_slices``) stacked into columns ``[N*O, Cin*K]``, one
-    MatMul ``grad_output [Cout, N*O] @ columns`` (inner dimension N*O); stacked channel-major
-    the product is the weight's layout, stacked offset-major (a cheaper Concat) it needs a
-    transpose of the weight.
-  - ``taps`` (groups 1): the same windows, one MatMul ``grad_output [Cout, N*O] @ window
-    [N*O, Cin]`` per kernel offset, the ``K`` products stacked: no columns Concat.
-  - ``gemm_channel_first`` (groups 1, few input channels, stride 1): the windows of the
-    batch-transposed input ``[Cin, N, L...]`` (each slice copies whole rows, not ``Cin`` floats
-    at a time) stacked channel-major into columns ``[Cin*K, N*O]``, one Gemm ``grad_output
-    [Cout, N*O] @ columns^T``: the weight's layout.
-
-A Gemm reads a transposed operand as it is (``transA``/``transB``, bridge/pipeline/export/ops/linalg.py), so
-``grad_output`` is only ever transposed batch for channel (whole planes move), never to
-channels-last: onnxruntime moves single floats for that (``[16, 16, 32, 32]``: 0.26 vs 0.04 ms).
+    MatMul ``grad_output [Cout, N*O] @ columns``; stacked channel-major the product is the
+    weight's layout, stacked offset-major (a cheaper Concat) it needs a transpose.
+  - ``taps`` (groups 1): one MatMul ``grad_output [Cout, N*O] @ window [N*O, Cin]`` per kernel
+    offset, the ``K`` products stacked: no columns Concat.
+  - ``gemm_channel_first`` (groups 1): the windows of the batch-transposed input ``[Cin, N, L...]``
+    stacked channel-major into columns ``[Cin*K, N*O]``, one Gemm ``grad_output @ columns^T``.
 * ``grad_bias``: a sum over batch and spatial dims.
-* the forward (``forward_form``): an ONNX ``Conv``, or ``gemm`` (groups 1, ``O <= 4``): the
-  ``gemm_channel_first`` columns of the input times the weight as it is, ``[Cout, Cin*K]``.
+* the forward: an ONNX ``Conv``, or ``gemm`` (groups 1): the input's columns ``[Cin*K, N*O]`` times
+  the weight as it is, ``[Cout, Cin*K]``.
+
+A Gemm reads a transposed operand as it is (``transA``/``transB``), so ``grad_output`` is only
+ever transposed batch for channel (whole planes move), never to channels-last.
 """
 from __future__ import annotations
 
@@ -54,6 +46,7 @@ import numpy as np
 import torch
 
 from ...geometry import per_dim, pooled_size, torch_pad
+from .. import targets
 from . import lowers
 
 aten = torch.ops.aten
@@ -69,7 +62,7 @@ def fit_spatial(x: torch.Tensor, sizes: Sequence[int], channels_last: bool = Fal
     have = _spatial(x, channels_last)
     if have == list(sizes):
         return x
-    return _pad_spatial(x, [0] * len(have), [s - h for s, h in zip(sizes, have)], channels_last)
+    return _pad_spatial(x, [0] * len(have), [s - h for s, h in zip(sizes, have, strict=True)], channels_last)
 
 
 def _pad_spatial(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], channels_last: bool) -> torch.Tensor:
@@ -86,13 +79,13 @@ def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int],
     rank = len(kernel)
     pad = [0, 0] * (x.dim() - first - rank)
     for size, o, k, s, p, d in reversed(list(zip(x.shape[first:first + rank], outputs, kernel, stride, padding,
-                                                  dilation))):
+                                                  dilation, strict=True))):
         pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
     padded = aten.constant_pad_nd.default(x, pad, fill)
     windows = []
     for offset in itertools.product(*[range(k) for k in kernel]):
         window = padded
-        for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation)):
+        for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation, strict=True)):
             window = aten.slice.Tensor(window, first + axis, j * d, j * d + (o - 1) * s + 1, s)
         windows.append(window)
     return windows
@@ -112,14 +105,14 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
     """
     outputs = _spatial(parts[0], channels_last)
     phases: dict[tuple[int, ...], torch.Tensor] = {}
-    for offset, part in zip(itertools.product(*[range(k) for k in kernel]), parts):
-        shifts = [j * d - p for j, d, p in zip(offset, dilation, padding)]
-        phase = tuple(shift % s for shift, s in zip(shifts, stride))
-        grid = [-(-(size - r) // s) for size, r, s in zip(sizes, phase, stride)]  # positions m*s + r < size
-        begins = [shift // s for shift, s in zip(shifts, stride)]
-        if any(m <= 0 or b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid)):
+    for offset, part in zip(itertools.product(*[range(k) for k in kernel]), parts, strict=True):
+        shifts = [j * d - p for j, d, p in zip(offset, dilation, padding, strict=True)]
+        phase = tuple(shift % s for shift, s in zip(shifts, stride, strict=True))
+        grid = [-(-(size - r) // s) for size, r, s in zip(sizes, phase, stride, strict=True)]  # positions m*s + r < size
+        begins = [shift // s for shift, s in zip(shifts, stride, strict=True)]
+        if any(m <= 0 or b >= m or b + o <= 0 for b, o, m in zip(begins, outputs, grid, strict=True)):
             continue  # this offset reads padding only or its phase holds no position (an empty Slice is what IREE rejects)
-        placed = _pad_spatial(part, begins, [m - o - b for m, o, b in zip(grid, outputs, begins)], channels_last)
+        placed = _pad_spatial(part, begins, [m - o - b for m, o, b in zip(grid, outputs, begins, strict=True)], channels_last)
         phases[phase] = placed if phase not in phases else aten.add.Tensor(phases[phase], placed)
     if len(phases) == math.prod(stride) > 1 and len({tuple(_spatial(p, channels_last)) for p in phases.values()}) == 1:
         return fit_spatial(_interleave(phases, stride, channels_last), sizes, channels_last)
@@ -136,11 +129,11 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
 def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[int], channels_last: bool = False
                 ) -> torch.Tensor:
     """Every stride phase, each ``[N, C, M...]`` (or ``[N, M..., C]``), as one ``[N, C, M*s...]``
-    (``[N, M*s..., C]``), element ``m`` of phase ``r`` at ``m*s + r``: channels first, the last dim
-    by ``_interleave_last``; then one Concat and one Transpose (whose innermost block is a whole
-    row, or the channels) instead of a spread and an Add per phase."""
+    (``[N, M*s..., C]``), element ``m`` of phase ``r`` at ``m*s + r``: one Concat and one Transpose
+    instead of a spread and an Add per phase. With ``constant_matmul_moves`` (targets.py), channels
+    first, the last dim by ``_interleave_last`` first, so that the Transpose's innermost block is a row."""
     rank = len(stride)
-    if stride[-1] > 1 and not channels_last:
+    if stride[-1] > 1 and not channels_last and targets.enabled("constant_matmul_moves"):
         phases = {prefix + (0,): _interleave_last([phases[prefix + (r,)] for r in range(stride[-1])])
                   for prefix in itertools.product(*[range(s) for s in stride[:-1]])}
         stride = list(stride[:-1]) + [1]
@@ -158,13 +151,12 @@ def _interleave(phases: dict[tuple[int, ...], torch.Tensor], stride: Sequence[in
     for i in range(rank):
         perm += [at + i] + ([strided.index(i)] if i in strided else [])
     perm += list(range(at + rank, at + rank + len(trail)))
-    return aten.reshape.default(aten.permute.default(stacked, perm), lead + [m * s for m, s in zip(grid, stride)] + trail)
+    return aten.reshape.default(aten.permute.default(stacked, perm), lead + [m * s for m, s in zip(grid, stride, strict=True)] + trail)
 
 
 def _interleave_last(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """``s`` tensors ``[..., M]`` as one ``[..., M*s]``, element ``m`` of part ``r`` at ``m*s + r``:
-    a Concat and one MatMul with a constant ``[s*M, M*s]`` permutation (onnxruntime interleaves or
-    pads an innermost axis of ``s`` elements element by element). Exact for finite values; an
+    a Concat and one MatMul with a constant ``[s*M, M*s]`` permutation. Exact for finite values; an
     infinity makes its row NaN."""
     size, count = parts[0].shape[-1], len(parts)
     matrix = np.concatenate([_spread_matrix(size, count, r) for r in range(count)])
@@ -190,25 +182,24 @@ def zero_insert(x: torch.Tensor, stride: Sequence[int], phase: Sequence[int] | N
     ``[N, C, O * s]`` (or ``[N, O, C]`` -> ``[N, O * s, C]``), element ``o`` at ``o * s + phase``
     (default phase 0: zeros after it).
 
-    Channels first, the last dim by a MatMul with a constant 0/1 ``[O, O*s]`` (``_interleave_last``'s
-    caveat: an infinity makes its row NaN); the others by a reshape and a Pad whose innermost
-    block is a whole row (or the channels): onnxruntime pads an innermost axis of ``s`` elements
-    element by element."""
+    Each strided dim by a reshape and a Pad; with ``constant_matmul_moves`` (targets.py), channels
+    first, the last dim by a MatMul with a constant 0/1 ``[O, O*s]`` instead (``_interleave_last``'s
+    caveat: an infinity makes its row NaN), so that each Pad's innermost block is a row."""
     phase = list(phase or [0] * len(stride))
     stride = list(stride)
-    if stride[-1] > 1 and not channels_last:
+    if stride[-1] > 1 and not channels_last and targets.enabled("constant_matmul_moves"):
         x, stride[-1] = _times(x, _spread_matrix(x.shape[-1], stride[-1], phase[-1])), 1
     if all(s == 1 for s in stride):
         return x
     sizes = _spatial(x, channels_last)
     lead, trail = ([x.shape[0]], [x.shape[-1]]) if channels_last else ([x.shape[0], x.shape[1]], [])
     interleaved, pad = list(lead), [0, 0] * len(trail)
-    for size, s in zip(sizes, stride):
+    for size, s in zip(sizes, stride, strict=True):
         interleaved += [size, 1] if s > 1 else [size]
-    for s, r in reversed(list(zip(stride, phase))):
+    for s, r in reversed(list(zip(stride, phase, strict=True))):
         pad += [r, s - 1 - r, 0, 0] if s > 1 else [0, 0]
     y = aten.constant_pad_nd.default(aten.reshape.default(x, interleaved + trail), pad, 0.0)
-    return aten.reshape.default(y, lead + [size * s for size, s in zip(sizes, stride)] + trail)
+    return aten.reshape.default(y, lead + [size * s for size, s in zip(sizes, stride, strict=True)] + trail)
 
 
 def to_channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -224,10 +215,9 @@ def _channel_rows(x: torch.Tensor) -> torch.Tensor:
 def _swapped_flipped_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """``[g*Co, Ci, k...]`` -> ``[g*Ci, Co, k...]`` flipped spatially (the transposed kernel).
 
-    The flip of every spatial dim reverses the flattened kernel: a MatMul with the constant
-    ``[K, K]`` reversal (exact for finite weights; an infinity makes its row NaN) instead of a
-    Slice with negative steps, which onnxruntime runs element by element over 3-wide axes; the
-    swap a Transpose whose innermost block is the kernel (no size-1 group axis when ``g == 1``)."""
+    The swap is a Transpose whose innermost block is the kernel (no size-1 group axis when ``g == 1``);
+    the flip a ``flip`` (a Slice with negative steps) or, with ``constant_matmul_moves`` (targets.py),
+    a MatMul of the flattened kernel with the constant ``[K, K]`` reversal (an infinity makes its row NaN)."""
     out_channels, in_per_group, kernel = weight.shape[0], weight.shape[1], list(weight.shape[2:])
     per_group, count = out_channels // groups, math.prod(kernel)
     if groups == 1:
@@ -235,9 +225,12 @@ def _swapped_flipped_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     else:
         w = aten.reshape.default(weight, [groups, per_group, in_per_group, count])
         w = aten.permute.default(w, [0, 2, 1, 3])
-    if count > 1:
-        w = _times(w, np.eye(count)[::-1])
-    return aten.reshape.default(w, [groups * in_per_group, per_group] + kernel)
+    if count == 1:
+        return aten.reshape.default(w, [groups * in_per_group, per_group] + kernel)
+    if targets.enabled("constant_matmul_moves"):
+        return aten.reshape.default(_times(w, np.eye(count)[::-1]), [groups * in_per_group, per_group] + kernel)
+    w = aten.reshape.default(w, [groups * in_per_group, per_group] + kernel)
+    return aten.flip.default(w, list(range(2, 2 + len(kernel))))
 
 
 def input_grad(
@@ -251,9 +244,9 @@ def input_grad(
     form: str | None = None,
 ) -> torch.Tensor:
     """d(conv(x, weight))/dx applied to ``grad_output``; ``input_size`` is x's spatial size.
-    ``form`` (default: ``input_grad_form``'s choice) is ``conv``, ``gemm`` or ``gemm_select`` (module
-    docstring)."""
-    form = form or input_grad_form(weight.shape[0], groups, list(weight.shape[2:]), _spatial(grad_output), stride,
+    ``form`` (default: the current target's, ``targets.conv_input_grad_form``) is ``conv``, ``gemm`` or
+    ``gemm_select`` (module docstring)."""
+    form = form or targets.conv_input_grad_form(weight.shape[0], groups, list(weight.shape[2:]), _spatial(grad_output), stride,
                                    input_size)
     if form == "gemm":
         return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
@@ -275,12 +268,12 @@ def _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation,
     outputs = _spatial(grad_output)
     spread = zero_insert(grad_output, stride)
     begins, ends = [], []
-    for o, k, s, p, d, size in zip(outputs, kernel, stride, padding, dilation, input_size):
+    for o, k, s, p, d, size in zip(outputs, kernel, stride, padding, dilation, input_size, strict=True):
         begin = d * (k - 1) - p
         begins.append(begin)
         ends.append(size + d * (k - 1) - begin - o * s)  # o * s: the spread length (trailing zeros included)
     conv_padding = [0] * len(kernel)
-    if all(b == e and b >= 0 for b, e in zip(begins, ends)):
+    if all(b == e and b >= 0 for b, e in zip(begins, ends, strict=True)):
         conv_padding, begins, ends = begins, [0] * len(kernel), [0] * len(kernel)
     if any(begins) or any(ends):
         spread = aten.constant_pad_nd.default(spread, torch_pad(begins, ends), 0.0)
@@ -295,12 +288,9 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
 
     Offset-major, channel-before-batch columns make each offset's part ``[Cin, N, O...]`` a
     contiguous slice, and the scatter runs with batch and channel roles swapped; then one
-    Transpose of input size. onnxruntime's multi-axis Transposes are slow (the former 5-D one of
-    the columns, which its transpose optimizer also split into one per offset; a 3-D
-    ``[Cout, Cin, K] -> [K, Cin, Cout]`` of the weight took 0.2-0.5 s per 512x512x3x3 weight).
-    Channel-major columns ``[Cin, K, N, O...]`` sliced along axis 1 (with the
-    weight's Transpose or the columns') were miscompiled by IREE at a symbolic batch (gradients
-    off by 100%, tests/test_conv.py's WideCNN at batch 3; cause not isolated); this form matches.
+    Transpose of input size (no multi-axis Transpose of the columns or the weight). Channel-major
+    columns ``[Cin, K, N, O...]`` sliced along axis 1 are miscompiled by IREE at a symbolic batch
+    (tests/test_conv.py, WideCNN); this form is not.
     """
     rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
@@ -317,8 +307,7 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
 def _input_grad_select(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
     """col2im as one MatMul (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``
     (the weight as it is), as ``[N*Cin, O*K]``, times the constant ``[O*K, L]`` of
-    ``scatter_matrix``: no per-offset Slice, Pad and Add (onnxruntime runs those on a 2-wide
-    innermost axis element by element) and no weight-sized Transpose."""
+    ``scatter_matrix``: no per-offset Slice, Pad and Add and no weight-sized Transpose."""
     n, out_channels, in_channels = grad_output.shape[0], weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     positions, count = math.prod(outputs), math.prod(kernel)
@@ -344,70 +333,19 @@ def scatter_matrix(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence
     strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
     for i, o in enumerate(itertools.product(*[range(n) for n in outputs])):
         for j, k in enumerate(itertools.product(*[range(n) for n in kernel])):
-            at = [oo * s + kk * d - p for oo, kk, s, d, p in zip(o, k, stride, dilation, padding)]
-            if all(0 <= a < n for a, n in zip(at, sizes)):
-                matrix[i, j, sum(a * st for a, st in zip(at, strides))] = 1.0
+            at = [oo * s + kk * d - p for oo, kk, s, d, p in zip(o, k, stride, dilation, padding, strict=True)]
+            if all(0 <= a < n for a, n in zip(at, sizes, strict=True)):
+                matrix[i, j, sum(a * st for a, st in zip(at, strides, strict=True))] = 1.0
     return matrix.reshape(-1, math.prod(sizes))
-
-
-def _select_is_cheap(out_channels: int, sizes: Sequence[int]) -> bool:
-    """A selection-matrix MatMul (``scatter_matrix``) costs ``L / Cout`` of the MatMul it feeds (or is fed
-    by): worth it while the input plane is small against the channels (resnet18's layer3 and layer4)."""
-    return math.prod(sizes) * 8 <= out_channels
-
-
-def input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
-                    stride: Sequence[int], sizes: Sequence[int]) -> str:
-    """How ``input_grad`` computes a Conv's input gradient, chosen by measurement per shape class
-    (single-op graphs in onnxruntime; the table is in docs/lowerings/conv_pool.md).
-
-    ``conv`` flips and transposes the whole weight and, when strided, convolves a zero-inserted
-    gradient (most products are with zeros); ``gemm`` pays a per-offset scatter of input size.
-    The weight dominates once ``Cout >= 16 * O``; a strided Conv gains from skipping the zeros
-    (3x3 stride 2, 64 -> 128 channels at 16x16: 0.80-0.87 of the step with ``conv``, 2 threads).
-    There, while ``8 * L <= Cout``, ``gemm_select`` does the scatter as one MatMul instead.
-    """
-    if groups != 1:
-        return "conv"
-    if out_channels >= 16 * math.prod(outputs) or max(stride) > 1:
-        return "gemm_select" if _select_is_cheap(out_channels, sizes) else "gemm"
-    return "conv"
-
-
-def weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
-                     outputs: Sequence[int], stride: Sequence[int]) -> str:
-    """How ``weight_grad`` computes a Conv's weight gradient, chosen by measurement per shape class
-    (single-op graphs and resnet18's step in onnxruntime; the table is in docs/lowerings/conv_pool.md).
-
-    The ``conv`` form's inner dimension is the batch; the others' is ``N * O``, at the price of
-    ``K`` strided slices of the input: with few input channels (an RGB stem) the slices cost
-    more than the GEMM saves. ``taps`` (one MatMul per offset) skips the columns' Concat (``K``
-    copies of the input, ``O / Cout`` times the weight per sample), which wins while the output
-    plane is large (``O >= 64``) and larger than ``Cout``; otherwise one im2col MatMul, threaded
-    better than ``K`` small ones, wins: channel-major (no transpose of the weight afterwards) at
-    ``O <= 16`` and ``O >= 64`` (resnet18's layer2 and layer3 at 2 threads, in place: 0.94-0.96
-    of the step with ``taps`` and offset-major there), offset-major (the cheaper Concat) between,
-    as measured at one thread. Grouped (depthwise) Convs keep ``conv``. With few input channels (an
-    RGB stem) at stride 1, ``gemm_channel_first``'s row-wise slices beat the Conv over the batch;
-    strided, they do not.
-    """
-    if groups != 1:
-        return "conv"
-    if math.prod(kernel) == 1:
-        return "gemm"
-    if in_channels < 16:
-        return "gemm_channel_first" if all(s == 1 for s in stride) else "conv"
-    if math.prod(outputs) >= 64 and math.prod(outputs) > out_channels:
-        return "taps"
-    return "gemm_offset_major" if 16 < math.prod(outputs) < 64 else "gemm"
 
 
 def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None) -> torch.Tensor:
-    """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: ``weight_grad_form``'s choice)
-    is ``conv``, ``taps``, ``gemm``, ``gemm_offset_major`` or ``gemm_channel_first`` (see the module docstring)."""
+    """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: the current target's,
+    ``targets.conv_weight_grad_form``) is ``conv``, ``taps``, ``gemm``, ``gemm_offset_major`` or
+    ``gemm_channel_first`` (see the module docstring)."""
     kernel = list(weight_size[2:])
-    form = form or weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output), stride)
+    form = form or targets.conv_weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output), stride)
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
     if form == "gemm_channel_first":
@@ -471,23 +409,12 @@ def transposed_output_size(
 ) -> list[int]:
     return [
         (i - 1) * s - 2 * p + d * (k - 1) + op + 1
-        for i, k, s, p, d, op in zip(_spatial(x), weight.shape[2:], stride, padding, dilation, output_padding)
+        for i, k, s, p, d, op in zip(_spatial(x), weight.shape[2:], stride, padding, dilation, output_padding, strict=True)
     ]
 
 
 def _bias_grad(grad_output: torch.Tensor) -> torch.Tensor:
     return aten.sum.dim_IntList(grad_output, [0] + list(range(2, grad_output.dim())))
-
-
-def forward_form(groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
-    """How a (non-transposed) Conv's forward is written: ``conv`` (an ONNX Conv) or ``gemm`` (the
-    batch's columns ``[Cin*K, N*O]`` and one MatMul with the weight as it is, ``[Cout, Cin*K]``).
-
-    onnxruntime's Conv runs one GEMM per sample, each reading the whole weight, with its im2col on
-    one thread; where the output plane is tiny (``O <= 4``: resnet18's layer4 at 64x64) that is
-    most of the time, and one MatMul over the batch reads the weight once (3x3, 512 channels at
-    2x2, batch 8, 2 threads: 3.2 vs 3.8 ms; 256 -> 512 at stride 2: 0.9 vs 1.6 ms)."""
-    return "gemm" if groups == 1 and math.prod(kernel) > 1 and math.prod(outputs) <= 4 else "conv"
 
 
 def _channel_first_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Tensor:
@@ -502,7 +429,7 @@ def _channel_first_columns(x, kernel, stride, padding, dilation, outputs) -> tor
 def _selected_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Tensor:
     """im2col of ``x`` ``[N, Cin, L...]`` as ``[Cin*K, N*O]`` by one MatMul of ``x`` as it is, ``[N*Cin, L]``,
     with a constant 0/1 ``[L, K*O]`` (``scatter_matrix`` transposed), then one Transpose: no per-offset
-    Slice (onnxruntime copies a 2-4 element innermost axis element by element). Exact."""
+    Slice. Exact."""
     n, in_channels, sizes = x.shape[0], x.shape[1], _spatial(x)
     positions, count = math.prod(outputs), math.prod(kernel)
     select = scatter_matrix(sizes, kernel, stride, padding, dilation, outputs).reshape(positions, count, -1)
@@ -514,10 +441,10 @@ def _selected_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Te
 
 def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor:
     """``conv(x, weight)`` (groups 1) as ``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``: the columns by
-    a selection MatMul while the input plane is small against ``Cout`` (``_select_is_cheap``), else
+    a selection MatMul while the input plane is small against ``Cout`` (``targets.select_is_cheap``), else
     the windows of the batch-transposed input stacked channel-major."""
     rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
-    columns = _selected_columns if _select_is_cheap(out_channels, _spatial(x)) else _channel_first_columns
+    columns = _selected_columns if targets.select_is_cheap(out_channels, _spatial(x)) else _channel_first_columns
     cols = columns(x, kernel, stride, padding, dilation, outputs)
     product = aten.mm.default(aten.reshape.default(weight, [out_channels, -1]), cols)  # [Cout, N*O]
     product = aten.reshape.default(product, [out_channels, -1] + outputs)
@@ -527,13 +454,13 @@ def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor
 @lowers(aten.convolution.default)
 def lower_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """Transposed convolution as the input gradient of a Conv (so it never becomes ConvTranspose);
-    a Conv's forward as ``forward_form`` picks."""
+    a Conv's forward as the current target picks (``targets.conv_forward_form``)."""
     rank = weight.dim() - 2
     stride, padding, dilation = per_dim(stride, rank), per_dim(padding, rank), per_dim(dilation, rank)
     if not transposed:
         outputs = [pooled_size(size, k, s, p, d, False)
-                   for size, k, s, p, d in zip(_spatial(x), weight.shape[2:], stride, padding, dilation)]
-        if forward_form(groups, list(weight.shape[2:]), outputs) == "conv":
+                   for size, k, s, p, d in zip(_spatial(x), weight.shape[2:], stride, padding, dilation, strict=True)]
+        if targets.conv_forward_form(groups, list(weight.shape[2:]), outputs) == "conv":
             return NotImplemented
         y = _forward_gemm(x, weight, stride, padding, dilation, outputs)
     else:

@@ -1,0 +1,131 @@
+"""Target forms: the runtime-specific forms of the training graph, one table for every target.
+
+The conversion's canonical graph (target ``plain``) has only the forms that correctness and onnx-mlir/IREE
+acceptance need (no ConvTranspose with a computed weight, no MaxPool Indices, reductions with
+``keepdims=1``, ...). A target adds the forms measured faster on its runtime; each form is exact (the
+same values as the plain one, up to float32 summation order) and named in ``FORMS`` with why.
+
+How they apply: most forms are chosen while tracing (the conv lowerings, the importer's Relu/MaxPool
+order) or emitting (``affine``), so the "pass" is a setting those stages read: ``using(target)`` makes
+a target current (a context variable, around tracing and export), ``enabled(form)`` asks it. One form,
+``scalar_ranks``, is a post-pass on the exported ONNX graph (bridge/pipeline/broadcast.py). Outside a
+conversion the current target is ``DEFAULT_TARGET``.
+
+The conv rules below (``conv_*_form``) pick, per shape, the onnxruntime form; docs/lowerings/conv_pool.md
+has the measurements behind them.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Sequence
+
+from ..errors import InvalidOptionError
+
+FORMS: dict[str, str] = {  # form -> why a target uses it
+    "conv_forward_gemm": "a Conv with a tiny output plane as one MatMul over the batch: onnxruntime's Conv runs "
+                         "one GEMM per sample, each reading the whole weight",
+    "conv_backward_gemm": "a Conv's input and weight gradients by im2col/col2im MatMuls where the shape rules "
+                          "find them faster than the Conv forms in onnxruntime",
+    "constant_matmul_moves": "zero insertion, interleave and kernel flip of an innermost axis as MatMuls with "
+                             "constant 0/1 matrices: onnxruntime moves such axes element by element "
+                             "(an infinity then makes its row NaN)",
+    "affine_as_batch_norm": "x * scale + bias per channel as an inference BatchNormalization: one pass in "
+                            "onnxruntime instead of a Mul and an Add, bit for bit",
+    "scalar_ranks": "a one-element operand given the rank of the tensor it broadcasts against: onnxruntime's "
+                    "CPU broadcaster otherwise calls its kernel once per element",
+    "relu_after_maxpool": "MaxPool(Relu(x)) run as Relu(MaxPool(x)): the Relu and its backward mask on the "
+                          "pooled tensor (same values and gradients)",
+}
+
+TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
+    "plain": frozenset(),
+    "onnxruntime": frozenset(FORMS),
+    "iree": frozenset(),  # no form measured faster there yet
+    "onnx-mlir": frozenset(),  # no form measured faster there yet
+}
+
+DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise
+
+_CURRENT: contextvars.ContextVar[str] = contextvars.ContextVar("bridge_target", default=DEFAULT_TARGET)
+
+
+def check_target(target: str) -> str:
+    """``target`` if it names a target, else ``InvalidOptionError`` listing them."""
+    if not isinstance(target, str) or target not in TARGETS:
+        raise InvalidOptionError(f"target={target!r} is not a target; choose one of {sorted(TARGETS)} "
+                                 f"(default {DEFAULT_TARGET!r})")
+    return target
+
+
+@contextlib.contextmanager
+def using(target: str) -> Iterator[None]:
+    """Within it, ``target`` is the current target (``enabled`` answers for it)."""
+    token = _CURRENT.set(check_target(target))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> str:
+    return _CURRENT.get()
+
+
+def enabled(form: str) -> bool:
+    """Whether the current target uses ``form`` (a key of ``FORMS``)."""
+    if form not in FORMS:
+        raise KeyError(f"unknown target form {form!r}; forms: {sorted(FORMS)}")
+    return form in TARGETS[_CURRENT.get()]
+
+
+# -- the onnxruntime conv rules (applied while the current target enables the conv forms) ----------------------
+
+def select_is_cheap(out_channels: int, sizes: Sequence[int]) -> bool:
+    """A selection-matrix MatMul (``lowering.conv.scatter_matrix``) costs ``L / Cout`` of the MatMul it feeds
+    (or is fed by): worth it while the input plane is small against the channels."""
+    return math.prod(sizes) * 8 <= out_channels
+
+
+def conv_forward_form(groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
+    """``conv`` (an ONNX Conv) or ``gemm`` (one MatMul over the batch's columns) for a Conv's forward:
+    ``gemm`` where the output plane is tiny (``O <= 4``) and ``conv_forward_gemm`` is enabled."""
+    tiny = groups == 1 and math.prod(kernel) > 1 and math.prod(outputs) <= 4
+    return "gemm" if tiny and enabled("conv_forward_gemm") else "conv"
+
+
+def conv_input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
+                         stride: Sequence[int], sizes: Sequence[int]) -> str:
+    """``conv``, ``gemm`` or ``gemm_select`` for a Conv's input gradient (lowering/conv.py).
+
+    ``conv`` flips and transposes the whole weight and, strided, convolves a zero-inserted gradient;
+    ``gemm`` pays a per-offset scatter of input size. ``gemm`` wins once the weight dominates
+    (``Cout >= 16 * O``) or the Conv is strided; ``gemm_select`` does its scatter as one MatMul
+    while the input plane is small (``select_is_cheap``)."""
+    if groups != 1 or not enabled("conv_backward_gemm"):
+        return "conv"
+    if out_channels >= 16 * math.prod(outputs) or max(stride) > 1:
+        return "gemm_select" if select_is_cheap(out_channels, sizes) else "gemm"
+    return "conv"
+
+
+def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
+                          outputs: Sequence[int], stride: Sequence[int]) -> str:
+    """``conv``, ``taps``, ``gemm``, ``gemm_offset_major`` or ``gemm_channel_first`` for a Conv's weight
+    gradient (lowering/conv.py).
+
+    ``conv``'s inner dimension is the batch, the im2col forms' ``N * O`` at the price of ``K`` strided
+    slices of the input. Few input channels (an RGB stem): ``gemm_channel_first`` at stride 1, else
+    ``conv``. A large output plane (``O >= 64``, ``O > Cout``): ``taps`` (no columns Concat). Else one
+    im2col MatMul: channel-major (``gemm``) at ``O <= 16`` and ``O >= 64``, offset-major between.
+    Grouped Convs keep ``conv``."""
+    if groups != 1 or not enabled("conv_backward_gemm"):
+        return "conv"
+    if math.prod(kernel) == 1:
+        return "gemm"
+    if in_channels < 16:
+        return "gemm_channel_first" if all(s == 1 for s in stride) else "conv"
+    if math.prod(outputs) >= 64 and math.prod(outputs) > out_channels:
+        return "taps"
+    return "gemm_offset_major" if 16 < math.prod(outputs) < 64 else "gemm"
