@@ -1,14 +1,16 @@
 """Peak memory of converting a 100.7M-parameter MLP (6 x Linear(4096, 4096), 403 MB of float32 weights).
 
-Run: ``python benchmarks/conversion_memory.py [--frozen N]``. Prints the weights' size, the times of
-the conversion and of conversion + save, the peak RSS of the converting process and its ratio to the
-weights (benchmarks/RESULTS.md, "Conversion memory", subtracts the ~551 MiB of importing torch and
-bridge). The model file is written to a temporary folder first (in a child process, so that its
+Run: ``python benchmarks/conversion_memory.py [--frozen N] [--json]``. Prints the weights' size, the times
+of the conversion and of conversion + save, the peak RSS of the converting process, its RSS after
+``import torch, bridge.api`` (what the process holds before converting) and the peak above that as a
+multiple of the weights; ``--json``: the same as one JSON object (benchmarks/run.py's "Conversion
+memory" table). The model file is written to a temporary folder first (in a child process, so that its
 memory does not count).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import subprocess
 import sys
@@ -44,9 +46,18 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def convert(path: Path, frozen: int) -> None:
-    import bridge
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
 
+
+def convert(path: Path, frozen: int, as_json: bool) -> None:
+    import torch  # noqa: F401 - imported before the baseline is read, as bridge.api imports it
+
+    import bridge
+    import bridge.api  # noqa: F401
+
+    imported = rss_mb()
     weights = path.stat().st_size / 2**20
     start = time.perf_counter()
     frozen_names = [f"fc{i}.*" for i in range(frozen)] or None
@@ -55,25 +66,30 @@ def convert(path: Path, frozen: int) -> None:
     tm.save(path.with_name("train.onnx"), state_path=path.with_name("train.state.npz"))
     total = time.perf_counter() - start
     peak = peak_mb()
-    print(f"weights {weights:.0f} MiB; convert {converted:.1f} s, convert+save {total:.1f} s; "
-          f"peak RSS {peak:.0f} MiB = {peak / weights:.2f}x the weights; "
-          f"training file {path.with_name('train.onnx').stat().st_size / 2**20:.1f} MiB")
+    if as_json:
+        print(json.dumps({"weights_mib": weights, "convert_s": converted, "total_s": total, "peak_mib": peak,
+                          "import_mib": imported}))
+        return
+    print(f"weights {weights:.0f} MiB; convert {converted:.1f} s, convert+save {total:.1f} s; peak RSS {peak:.0f} MiB, "
+          f"{imported:.0f} MiB after the imports: {(peak - imported) / weights:.2f}x the weights above them")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--frozen", type=int, default=0, help="freeze the first N layers")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        convert(Path(args.child), args.frozen)
+        convert(Path(args.child), args.frozen, args.json)
         return
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "mlp100m.onnx"
         subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
                         f"from conversion_memory import write_model; write_model(__import__('pathlib').Path({str(path)!r}))"],
                        check=True)
-        subprocess.run([sys.executable, __file__, "--child", str(path), "--frozen", str(args.frozen)], check=True)
+        subprocess.run([sys.executable, __file__, "--child", str(path), "--frozen", str(args.frozen)]
+                       + (["--json"] if args.json else []), check=True)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                     steps[name]()
                     if round_index >= 2:  # two warm-up rounds
                         times[name].append(time.thread_time() - start)
-            ratio = statistics.median(a / b for a, b in zip(times["update graph"], times["torch step()"]))
+            ratio = statistics.median(a / b for a, b in zip(times["update graph"], times["torch step()"], strict=True))
             print(f"{args.model} {optim}: update graph {nodes} nodes ({per_weight} per weight), "
                   + ", ".join(f"{name} {1e3 * statistics.median(t):.2f} ms" for name, t in times.items())
                   + f", ratio {ratio:.2f}", flush=True)

@@ -103,7 +103,7 @@ def kernel_times(model: onnx.ModelProto, state: dict[str, np.ndarray], feed: dic
                 between()
         events = json.loads(Path(session.end_profiling()).read_text())
     model_runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
-    windows = [window for window, timed in zip(model_runs, runs) if timed]
+    windows = [window for window, timed in zip(model_runs, runs, strict=True) if timed]
     starts = [begin for begin, _ in windows]
     times: dict[str, float] = defaultdict(float)
     for event in events:

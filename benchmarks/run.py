@@ -1,39 +1,43 @@
-"""Step time and conversion cost, bridge vs PyTorch, measured side by side in one run.
+"""Regenerate benchmarks/RESULTS.md's figures from one run: step time, conversion, compile, memory, data-parallel.
 
-    python benchmarks/run.py                       # every model, every backend, writes RESULTS.md
-    python benchmarks/run.py --models mlp resnet18 --backends bridge-ort torch --rounds 20
+Step time per model and backend against eager torch, conversion and compile time, graph size,
+data-parallel throughput and conversion memory, all measured in this run.
+
+    python benchmarks/run.py --max-load 100          # the default models and backends; rewrites RESULTS.md
+    python benchmarks/run.py --all                   # also resnet18 and mobilenet_v3_small, and torch.compile
+    python benchmarks/run.py --models mlp --backends bridge-ort torch --sections step --no-write
 
 Per model (benchmarks/models.py): the module is exported (legacy exporter, every weight kept) and
 converted in a child process (alone in its process: the time of its ``import torch`` + ``import bridge.api``
-and, separately, of the conversion after them, and the peak RSS); then every
-backend gets ``--warmup`` steps, then ``--rounds`` rounds; in each, every backend in turn (the
-order rotates each round) runs untimed steps for ``--settle`` seconds (at least one), then
-``--burst`` timed steps, whose median is its time in that round; all backends see the same machine
-load. The settling matters: right after another backend, that backend's worker threads still spin
-for a while (onnxruntime's pool, torch's OpenMP team, another process's pool) and hold the cores,
-and single alternating steps measured that interference, not the step (2026-12-01: torch's resnet18
-step 116-125 ms right after a bridge step, 94-97 ms in a steady run; small_cnn's bridge step ~2x its
-steady time for ~7 steps after an onnxruntime-training child's; benchmarks/RESULTS.md). Reported:
-medians, the spread (25th-75th percentile), and the median of per-round ratios to eager torch
-(< 1: faster than torch). Threads are fixed (torch, onnxruntime and IREE's task pool) and reported; the run is
-refused when the 1-minute load average is above ``--max-load`` before it starts.
+and, separately, of the conversion after them, and the peak RSS); the compiled backends are compiled
+(timed); then every backend gets ``--warmup`` steps, then ``--rounds`` rounds; in each, every backend in
+turn (the order rotates each round) runs untimed steps for ``--settle`` seconds (at least one), then
+``--burst`` timed steps, whose median is its time in that round. All backends of a model, at
+``--threads`` and at one thread, run in the same rounds, so they see the same machine load. The settling
+matters: right after another backend, that backend's worker threads still spin for a while
+(onnxruntime's pool, torch's OpenMP team, another process's pool) and hold the cores. Reported: medians,
+the spread (25th-75th percentile), and the median of per-round ratios to eager torch at the same thread
+count (< 1: faster than torch); the load average before and after. The run is refused when the 1-minute
+load average is above ``--max-load`` before it starts.
 
-Backends: ``bridge-ort`` (bridge's training graph in onnxruntime), ``bridge-iree`` (the same graph
-compiled by IREE), ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam`` step),
-``torch-compile`` (``torch.compile`` of the module, same optimizer; skipped with a note where it
-fails), ``ort-training`` (onnxruntime-training 1.19.2's artifacts, fused com.microsoft gradient
-kernels and its AdamW, run by benchmarks/ort_training_child.py in the venv given by
-``--ort-training-python``; skipped with a note without one). Every backend trains with Adam (lr
-1e-3; onnxruntime-training: AdamW, its only Adam) on the same fixed batch.
+Backends at ``--threads``: ``bridge-ort`` (bridge's training graph in onnxruntime), ``bridge-iree`` (the
+same graph compiled by IREE), ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam`` step),
+``torch-compile`` (``torch.compile`` of the module), ``ort-training`` (onnxruntime-training 1.19.2's
+artifacts, run by benchmarks/ort_training_child.py in the venv given by ``--ort-training-python``). At one
+thread: ``bridge-ort@1``, ``bridge-onnx-mlir`` (the graph compiled by onnx-mlir, which runs on one thread:
+it is built without OpenMP; present when ``bridge.compile`` has the backend and ``ONNX_MLIR_HOME`` names
+the install) and ``torch@1``. Every backend trains with Adam (lr 1e-3; onnxruntime-training: AdamW, its
+only Adam) on the same fixed batch. A backend that cannot be set up is skipped with a note.
 
-Graph sizes are reported next to the first landing's (``BEFORE_NODES``: the same models, measured
-before issue 18's changes).
+Sections ``distributed`` (benchmarks/bench_distributed.py) and ``memory`` (benchmarks/conversion_memory.py,
+all layers trained and the first 5 of 6 frozen) run those scripts in child processes.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -53,17 +57,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from models import MODELS, BenchModel, torch_loss  # noqa: E402
 
-BACKENDS = ("bridge-ort", "bridge-iree", "torch", "torch-compile", "ort-training")
-RESULTS = HERE / "RESULTS.md"
-BEGIN, END = "<!-- step-time:begin (benchmarks/run.py writes this section) -->", "<!-- step-time:end -->"
+THREADED = ("bridge-ort", "bridge-iree", "torch", "torch-compile", "ort-training")
+ONE_THREAD = ("bridge-ort@1", "bridge-onnx-mlir", "torch@1")
+BACKENDS = THREADED + ONE_THREAD
+DEFAULT_BACKENDS = ("bridge-ort", "bridge-iree", "torch", *ONE_THREAD)
+# The default run fits in ~10 minutes on 2 cores; --all adds the torchvision models (onnx-mlir alone takes
+# minutes to compile each of their training graphs) and torch.compile.
+DEFAULT_MODELS = ("mlp", "small_cnn", "bert_tiny", "gpt2_tiny")
+SECTIONS = ("step", "distributed", "memory")
+RESULTS, RESULTS_JSON, PLOT = HERE / "RESULTS.md", HERE / "results.json", HERE / "step_time.png"
+BEGIN, END = "<!-- results:begin (python benchmarks/run.py writes this section) -->", "<!-- results:end -->"
 LR = 1e-3
-# Nodes per phase (forward / loss / backward / optimizer) at the first landing (2026-11-30 11:31 UTC):
-# the "before" column of the graph-size table. resnet18 and mobilenet_v3_small were then exported
-# with tied BatchNorm weights (all 1 and 0, de-duplicated by the exporter: 30 trained tensors of
-# resnet18's 62), see models._untie.
-BEFORE_NODES = {"mlp": "11 / 22 / 41 / 89", "small_cnn": "12 / 22 / 102 / 89", "resnet18": "543 / 22 / 907 / 401",
-                "mobilenet_v3_small": "1069 / 22 / 1918 / 1090"}
 Step = Callable[[], object]  # one training step; a float it returns is its own timing (a child process)
+
+
+def reference(backend: str) -> str:
+    """The eager torch backend a backend's ratio is taken against: torch at the same thread count."""
+    return "torch@1" if backend in ONE_THREAD else "torch"
 
 
 def convert_in_child(source: Path, out: Path) -> dict:
@@ -107,12 +117,16 @@ def nodes_per_phase(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-def torch_stepper(module: torch.nn.Module, bench: BenchModel) -> Callable[[], None]:
+def torch_stepper(module: torch.nn.Module, bench: BenchModel, threads: int | None = None) -> Callable[[], None]:
+    """Eager torch's step: forward, loss, backward, ``torch.optim.Adam``; ``threads``: set before each step
+    (torch's thread count is per process, and the one-thread and threaded torch steps share it)."""
     inputs = [torch.from_numpy(v) for v in bench.inputs.values()]
     target = torch.from_numpy(bench.target)
     optimizer = torch.optim.Adam(module.parameters(), lr=LR)
 
     def step():
+        if threads is not None:
+            torch.set_num_threads(threads)
         optimizer.zero_grad()
         torch_loss(module(*inputs), target).backward()
         optimizer.step()
@@ -145,31 +159,52 @@ def ort_training_stepper(bench: BenchModel, python: str, workdir: Path, threads:
     return step
 
 
+def onnx_mlir_available() -> bool:
+    """``bridge.compile`` has an onnx-mlir backend in this tree."""
+    from bridge.tools import compile as compile_tool
+
+    return "onnx-mlir" in compile_tool.BACKENDS
+
+
+def compiled_stepper(bench: BenchModel, training: Path, state: dict, backend: str, name: str,
+                     notes: list[str], extra: dict) -> Step | None:
+    """The step of ``training`` compiled by ``backend`` (``bridge.compile``, no ``grad_*`` outputs, as
+    ``bridge.Trainer`` compiles), its compile time in ``extra[name + "_compile_s"]``; None with a note if it fails."""
+    import bridge
+
+    try:
+        start = time.perf_counter()
+        session = bridge.compile(training, backend=backend, gradients=False).session(state)
+        extra[f"{name}_compile_s"] = time.perf_counter() - start
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports a failing backend and goes on
+        notes.append(f"{bench.name}: bridge-{backend} skipped: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}")
+        return None
+    return lambda: session.step(bench.inputs, bench.target)
+
+
 def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes: list[str], extra: dict,
              children: list[subprocess.Popen]) -> dict[str, Step]:
     """One ``step()`` per backend that could be set up; a note for each that could not."""
-    import bridge
     from bridge.training.runtime import TrainingSession
 
     backends, threads = args.backends, args.threads
     state = dict(np.load(str(training) + ".state.npz"))
     result: dict[str, Step] = {}
-    if "bridge-ort" in backends:
-        session = TrainingSession(training, state, threads=threads, gradients=False)  # as bridge.Trainer runs
-        result["bridge-ort"] = lambda: session.step(bench.inputs, bench.target)
-    if "bridge-iree" in backends:
-        try:
-            start = time.perf_counter()
-            iree = bridge.compile(training, gradients=False).session(state)  # as bridge.Trainer compiles
-            extra["iree_compile_s"] = time.perf_counter() - start
-            result["bridge-iree"] = lambda: iree.step(bench.inputs, bench.target)
-        except Exception as exc:  # noqa: BLE001 - a benchmark reports a failing backend and goes on
-            notes.append(f"{bench.name}: bridge-iree skipped: {str(exc).splitlines()[0][:200]}")
-    if "torch" in backends:
-        result["torch"] = torch_stepper(copy.deepcopy(bench.module).train(), bench)
+    for name, count in (("bridge-ort", threads), ("bridge-ort@1", 1)):
+        if name in backends:  # as bridge.Trainer runs it
+            session = TrainingSession(training, state, threads=count, gradients=False)
+            result[name] = lambda session=session: session.step(bench.inputs, bench.target)
+    for name, backend in (("bridge-iree", "iree"), ("bridge-onnx-mlir", "onnx-mlir")):
+        if name in backends and (backend == "iree" or onnx_mlir_available()):
+            step = compiled_stepper(bench, training, state, backend, backend.replace("-", "_"), notes, extra)
+            if step is not None:
+                result[name] = step
+    for name, count in (("torch", threads), ("torch@1", 1)):
+        if name in backends:
+            result[name] = torch_stepper(copy.deepcopy(bench.module).train(), bench, count)
     if "torch-compile" in backends:
         try:
-            compiled = torch_stepper(torch.compile(copy.deepcopy(bench.module).train()), bench)
+            compiled = torch_stepper(torch.compile(copy.deepcopy(bench.module).train()), bench, threads)
             start = time.perf_counter()
             compiled()
             extra["torch_compile_s"] = time.perf_counter() - start
@@ -226,12 +261,14 @@ def measure(step_fns: dict[str, Step], rounds: int, warmup: int, burst: int = 3,
 
 
 def summarise(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Median and quartiles per backend, and the median per-round ratio to torch at the same thread count."""
     summary = {}
     for name, values in times.items():
         q1, _, q3 = statistics.quantiles(values, n=4)
         entry = {"median_ms": 1e3 * statistics.median(values), "q1_ms": 1e3 * q1, "q3_ms": 1e3 * q3}
-        if "torch" in times:
-            entry["ratio_to_torch"] = statistics.median(a / b for a, b in zip(values, times["torch"]))
+        torch_times = times.get(reference(name))
+        if torch_times is not None and name != reference(name):
+            entry["ratio_to_torch"] = statistics.median(a / b for a, b in zip(values, torch_times, strict=True))
         summary[name] = entry
     return summary
 
@@ -251,60 +288,172 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[
         for child in children:
             child.stdin.close()
             child.wait(timeout=60)
+        torch.set_num_threads(args.threads)
     weights_mb = sum(p.numel() * p.element_size() for p in bench.module.parameters()) / 2**20
     print(f"{name}: " + ", ".join(f"{b} {s['median_ms']:.1f} ms" for b, s in summary.items()), flush=True)
     return {"model": name, "weights_mb": weights_mb, "nodes": nodes_per_phase(model), **conversion, **extra,
             "steps": summary}
 
 
-def machine(threads: int, load: float) -> dict:
+def child_env() -> dict[str, str]:
+    """The environment of the benchmark scripts run as children: bridge importable from this checkout."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+
+
+def distributed_rows(steps: int) -> list[str]:
+    """The table rows benchmarks/bench_distributed.py prints (1, 2 and 4 ranks of its mlp and cnn)."""
+    done = subprocess.run([sys.executable, str(HERE / "bench_distributed.py"), "--steps", str(steps)],
+                          capture_output=True, text=True, env=child_env(), cwd=HERE.parent)
+    if done.returncode:
+        raise RuntimeError(f"bench_distributed.py failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+
+
+def memory_figures(frozen: int) -> dict:
+    """benchmarks/conversion_memory.py's figures (a 100.7M-parameter MLP) with the first ``frozen`` layers frozen."""
+    done = subprocess.run([sys.executable, str(HERE / "conversion_memory.py"), "--frozen", str(frozen), "--json"],
+                          capture_output=True, text=True, env=child_env(), cwd=HERE.parent)
+    if done.returncode:
+        raise RuntimeError(f"conversion_memory.py failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return {"frozen": frozen, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def _onnx_mlir_version() -> str | None:
+    home = os.environ.get("ONNX_MLIR_HOME")
+    if not home or not onnx_mlir_available():
+        return None
+    try:
+        done = subprocess.run([str(Path(home) / "bin" / "onnx-mlir"), "--version"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else None
+
+
+def machine(args: argparse.Namespace, argv: list[str]) -> dict:
+    """What the header reports about the machine and the run (the load average is added around the run)."""
     import onnxruntime
 
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+    try:
+        versions["iree"] = importlib.metadata.version("iree-base-compiler")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    onnx_mlir = _onnx_mlir_version()
+    if onnx_mlir:
+        versions["onnx-mlir"] = onnx_mlir
+    home = os.environ.get("ONNX_MLIR_HOME")
+    command = " ".join(["python benchmarks/run.py", *argv])
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "threads": threads,
-            "load_before": load, "python": platform.python_version(), "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__, "command": " ".join(["python", *sys.argv])}
+            "cpu": _cpu_model(), "cores": os.cpu_count(),
+            "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+            "threads": args.threads, "versions": versions,
+            "command": f"ONNX_MLIR_HOME={home} {command}" if home else command}
 
 
-def markdown(results: list[dict], info: dict, notes: list[str]) -> str:
-    backends = [b for b in BACKENDS if any(b in r["steps"] for r in results)]
-    lines = [BEGIN, "## Step time (benchmarks/run.py)", "",
-             f"{info['date']}, {info['cores']} cores ({info['cpu']}), {info['threads']} threads for torch, "
-             f"onnxruntime and IREE; load average {info['load_before']:.2f} before the run; python "
-             f"{info['python']}, torch {info['torch']}, onnxruntime {info['onnxruntime']}.",
-             f"Command: `{info['command']}`.", "",
-             "Median step time in ms (25th-75th percentile), and the median per-round ratio to eager torch "
-             "(< 1: faster than torch).", "",
-             "| model | " + " | ".join(backends) + " | " + " | ".join(f"{b} / torch" for b in backends if b != "torch") + " |",
-             "|---" * (2 * len(backends)) + "|"]
+def _load(values) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def _step_table(results: list[dict], backends: list[str], title: str) -> list[str]:
+    """Median step time (spread) per backend, then each non-torch backend's ratio to torch."""
+    shown = [b for b in backends if any(b in r["steps"] for r in results)]
+    if not shown:
+        return []
+    label = {b: b.removesuffix("@1") for b in shown}
+    others = [b for b in shown if b != reference(b)]
+    lines = [title, "", "| model | " + " | ".join(f"{label[b]} ms" for b in shown) + " | "
+             + " | ".join(f"{label[b]} / torch" for b in others) + " |", "|---" * (1 + len(shown) + len(others)) + "|"]
     for r in results:
         cells = []
-        for b in backends:
+        for b in shown:
             s = r["steps"].get(b)
             cells.append(f"{s['median_ms']:.1f} ({s['q1_ms']:.1f}-{s['q3_ms']:.1f})" if s else "-")
-        ratios = [f"{r['steps'][b]['ratio_to_torch']:.2f}" if b in r["steps"] and "ratio_to_torch" in r["steps"][b]
-                  else "-" for b in backends if b != "torch"]
+        ratios = [f"{r['steps'][b]['ratio_to_torch']:.2f}" if "ratio_to_torch" in r["steps"].get(b, {}) else "-"
+                  for b in others]
         lines.append(f"| {r['model']} | " + " | ".join(cells + ratios) + " |")
-    lines += ["", "Conversion (a fresh process per model) and graph size. **import s**: `import torch` + "
-              "`import bridge.api` in that process (paid once by any process that uses torch); **convert s**: "
-              "`to_training_onnx` after them (with the modules torch imports on first use, `torch._dynamo` ~1 s). "
-              "Peak RSS from `import bridge` on (lazy: no torch), that RSS in brackets.", "",
-              "| model | weights MB | import s | convert s | peak RSS MB (after import) | nodes: forward / loss / "
-              "backward / optimizer | before (first landing) |",
-              "|---|---|---|---|---|---|---|"]
-    for r in results:
-        n = r["nodes"]
-        lines.append(f"| {r['model']} | {r['weights_mb']:.1f} | {r['import_s']:.2f} | {r['convert_s']:.2f} | "
-                     f"{r['peak_rss_mb']:.0f} "
-                     f"({r['import_rss_mb']:.0f}) | {n.get('forward', 0)} / {n.get('loss', 0)} / "
-                     f"{n.get('backward', 0)} / {n.get('optimizer', 0)} | {BEFORE_NODES.get(r['model'], '-')} |")
+    return lines + [""]
+
+
+def markdown(results: list[dict], info: dict, notes: list[str], distributed: list[str] | None = None,
+             memory: list[dict] | None = None) -> str:
+    """The generated section of RESULTS.md: the header, then a table per benchmark that ran."""
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
+    lines = [BEGIN, "## Current figures", "",
+             f"- Command: `{info['command']}` ({info['wall_s'] / 60:.1f} min).",
+             f"- Date: {info['date']}. Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']:.0f} GiB; "
+             f"{versions}.",
+             f"- Load average (1 / 5 / 15 min): {_load(info['load_before'])} before the run, "
+             f"{_load(info['load_after'])} after it. The machine is shared: absolute times move with its load; "
+             "the ratios compare backends measured in the same rounds.",
+             f"- Threads: {info['threads']} for torch, onnxruntime and IREE in the first table; one thread in the "
+             "second, where onnx-mlir (built without OpenMP, so always one thread) is compared with onnxruntime "
+             "and torch at one thread."]
+    if max(info["load_before"][0], info["load_after"][0]) > info["cores"]:
+        lines.append("- The load average exceeded the core count: eager torch's threaded step suffers most (its OpenMP "
+                     "threads wait for each other when one is descheduled), so the threaded table's ratios to torch "
+                     "flatter the other backends; the one-thread table's hold better.")
+    lines.append("")
+    if results:
+        lines += ["Median step time in ms (25th-75th percentile) and the median per-round ratio to eager torch at "
+                  "the same thread count (< 1: faster than torch). Adam, lr 1e-3, the batch of benchmarks/models.py.", ""]
+        lines += _step_table(results, list(THREADED), f"### Step time, {info['threads']} threads")
+        lines += _step_table(results, list(ONE_THREAD), "### Step time, one thread")
+        compilers = [(key, label) for key, label in (("iree_compile_s", "IREE compile s"),
+                                                     ("onnx_mlir_compile_s", "onnx-mlir compile s"),
+                                                     ("torch_compile_s", "torch.compile first step s"))
+                     if any(key in r for r in results)]
+        lines += ["### Conversion, compile time and graph size", "",
+                  "A fresh process per conversion. **import s**: `import torch` + `import bridge.api` there; "
+                  "**convert s**: `to_training_onnx` after them (with the modules torch imports on first use). Peak "
+                  "RSS of that process, its RSS after `import bridge` (lazy: no torch) in brackets. Compile: "
+                  "`bridge.compile(..., gradients=False)` of the saved graph, wall time.", "",
+                  "| model | weights MB | import s | convert s | peak RSS MB | nodes: forward / loss / backward / "
+                  "optimizer | " + " | ".join(label for _, label in compilers) + (" |" if compilers else ""),
+                  "|---" * (6 + len(compilers)) + "|"]
+        for r in results:
+            n = r["nodes"]
+            compiled = [f"{r[key]:.1f}" if key in r else "-" for key, _ in compilers]
+            lines.append(f"| {r['model']} | {r['weights_mb']:.1f} | {r['import_s']:.2f} | {r['convert_s']:.2f} | "
+                         f"{r['peak_rss_mb']:.0f} ({r['import_rss_mb']:.0f}) | {n.get('forward', 0)} / "
+                         f"{n.get('loss', 0)} / {n.get('backward', 0)} / {n.get('optimizer', 0)} | "
+                         + " | ".join(compiled) + (" |" if compiled else ""))
+        lines.append("")
+    if distributed:
+        lines += ["## Data-parallel", "",
+                  "benchmarks/bench_distributed.py: `DataParallelTrainer` in onnxruntime, Adam, weak scaling (32 "
+                  "samples per rank and step), ranks on loopback gloo. Samples/s of the whole job, median step, the "
+                  "share of the step in collectives (waiting for the slowest rank included) and the transfer share "
+                  "(the same all-reduce right after a barrier). More ranks than cores oversubscribe them: those rows "
+                  "measure contention.", "",
+                  "| model (weights) | ranks | samples/s | speed-up | median step | in collectives | transfer only |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |", *distributed, ""]
+    if memory:
+        lines += ["## Conversion memory", "",
+                  "benchmarks/conversion_memory.py: a 100.7M-parameter MLP (6 x Gemm 4096 x 4096 + bias), `mse` + "
+                  "`sgd`, converted and saved in a fresh process; its peak RSS (`ru_maxrss`) against its RSS after "
+                  "`import torch, bridge.api`.", "",
+                  "| layers frozen | weights MiB | peak RSS MiB | above the import's RSS | convert s | convert + save s |",
+                  "|---|---|---|---|---|---|"]
+        for m in memory:
+            above = m["peak_mib"] - m["import_mib"]
+            lines.append(f"| {m['frozen']} of 6 | {m['weights_mib']:.0f} | {m['peak_mib']:.0f} | {above:.0f} MiB = "
+                         f"{above / m['weights_mib']:.2f}x the weights | {m['convert_s']:.1f} | {m['total_s']:.1f} |")
+        lines.append("")
     if notes:
-        lines += ["", "Notes:", ""] + [f"- {note}" for note in notes]
-    return "\n".join(lines + [END]) + "\n"
+        lines += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
+    return "\n".join(lines).rstrip("\n") + "\n" + END + "\n"
 
 
 def write_results(section: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (other benchmarks keep theirs)."""
+    """Replace the generated section of RESULTS.md (the text around it stays)."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
@@ -321,32 +470,37 @@ def plot(results: list[dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    backends = [b for b in BACKENDS if b != "torch" and any(b in r["steps"] for r in results)]
-    figure, axis = plt.subplots(figsize=(8, 4))
+    backends = [b for b in BACKENDS if b != reference(b) and any(b in r["steps"] for r in results)]
+    figure, axis = plt.subplots(figsize=(9, 4))
     width = 0.8 / max(len(backends), 1)
     for i, b in enumerate(backends):
         values = [r["steps"].get(b, {}).get("ratio_to_torch", np.nan) for r in results]
         axis.bar(np.arange(len(results)) + i * width, values, width, label=b)
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xticks(np.arange(len(results)) + width * (len(backends) - 1) / 2, [r["model"] for r in results])
-    axis.set_ylabel("step time / eager torch")
-    axis.legend()
+    axis.set_ylabel("step time / eager torch (same threads)")
+    axis.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--backends", nargs="*", default=list(BACKENDS), choices=list(BACKENDS))
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS), choices=list(MODELS))
+    parser.add_argument("--backends", nargs="*", default=list(DEFAULT_BACKENDS), choices=list(BACKENDS))
+    parser.add_argument("--all", action="store_true", help="every model of benchmarks/models.py (not only "
+                        "DEFAULT_MODELS), and torch-compile")
+    parser.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--burst", type=int, default=3, help="timed steps per backend per round")
     parser.add_argument("--settle", type=float, default=0.2,
                         help="seconds of untimed steps (at least one) before a backend's timed steps in each round")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--distributed-steps", type=int, default=30, help="timed steps per data-parallel run")
     parser.add_argument("--max-load", type=float, default=1.0, help="refuse to start above this 1-minute load average")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and the plot alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md, results.json and the plot")
     parser.add_argument("--ort-training-python", help="the python of a venv with onnxruntime-training 1.19.2 "
                         "(backend ort-training; skipped with a note without it)")
     args = parser.parse_args(argv)
@@ -354,25 +508,38 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 15 (medians of fewer are noise)")
     if args.burst < 1 or args.settle < 0:
         parser.error("--burst must be at least 1 and --settle at least 0")
-    load = os.getloadavg()[0]
-    if load > args.max_load:
-        print(f"the machine is busy (load average {load:.2f} > --max-load {args.max_load}); not measuring")
+    if args.all:
+        args.models = list(MODELS)
+        args.backends = list(dict.fromkeys([*args.backends, "torch-compile"]))
+    load_before = os.getloadavg()
+    if load_before[0] > args.max_load:
+        print(f"the machine is busy (load average {load_before[0]:.2f} > --max-load {args.max_load}); not measuring")
         return 2
+    start = time.perf_counter()
     torch.set_num_threads(args.threads)
-    if "bridge-iree" in args.backends:
+    if "bridge-iree" in args.backends and "step" in args.sections:
         import iree.runtime
 
         iree.runtime.flags.parse_flags(f"--task_topology_max_group_count={args.threads}")
     notes: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        results = [bench_model(name, args, Path(tmp), notes) for name in args.models]
-    info = machine(args.threads, load)
-    section = markdown(results, info, notes)
+    if "bridge-onnx-mlir" in args.backends and "step" in args.sections and not onnx_mlir_available():
+        notes.append("bridge-onnx-mlir skipped: bridge.compile has no onnx-mlir backend in this tree")
+    results = []
+    if "step" in args.sections:
+        with tempfile.TemporaryDirectory() as tmp:
+            results = [bench_model(name, args, Path(tmp), notes) for name in args.models]
+    distributed = distributed_rows(args.distributed_steps) if "distributed" in args.sections else None
+    memory = [memory_figures(frozen) for frozen in (0, 5)] if "memory" in args.sections else None
+    info = {**machine(args, argv), "load_before": load_before, "load_after": os.getloadavg(),
+            "wall_s": time.perf_counter() - start}
+    section = markdown(results, info, notes, distributed, memory)
     print(section)
     if not args.no_write:
         write_results(section)
-        (HERE / "results.json").write_text(json.dumps({"machine": info, "results": results, "notes": notes}, indent=1))
-        plot(results, HERE / "step_time.png")
+        RESULTS_JSON.write_text(json.dumps({"machine": info, "results": results, "notes": notes,
+                                                       "distributed": distributed, "memory": memory}, indent=1))
+        if results:
+            plot(results, PLOT)
     return 0
 
 
