@@ -164,8 +164,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
             ``import``, ONNX -> MLIR, and ``compile``, iree-compile; onnx-mlir: each phase it reports,
             ``onnx-mlir [1/6] Importing ONNX Model to MLIR Module`` to ``[5/6] Linking``); ``bridge compile`` prints them.
         gradients: ``False``: the module does not return the ``grad_*`` outputs (a ``bridge.Trainer``
-            never reads them), so IREE need not write them out; the step computes the same
-            (resnet18 and small_cnn steps 0.95-0.96x, benchmarks/RESULTS.md).
+            never reads them), so the compiler need not write them out; the step computes the same.
         timeout: onnx-mlir: seconds after which the compile is stopped (a ``CompileError``); None: no limit.
             Large graphs take minutes to compile.
     """
