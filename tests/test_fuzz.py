@@ -44,6 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.pipeline.load import load_model
+from bridge.tools.verify import scale_of
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "models" / "mlp.onnx"
@@ -250,10 +251,6 @@ def _torch_update(optim: str, options: dict, weight: np.ndarray, grad: np.ndarra
     return param.detach().numpy()
 
 
-def _scale(array) -> float:
-    return float(np.max(np.abs(array))) if np.size(array) else 0.0
-
-
 def check_case(case: Case) -> str:
     """Convert and run one step; returns "ok" or "refused" (a BridgeError); an assertion on a mismatch."""
     model = case.model
@@ -279,7 +276,7 @@ def check_case(case: Case) -> str:
     torch_noise = _torch_float32_noise(model, x64, tm.weights, case.loss, target) if float32 else {}
     for name, (want, noise) in fd.items():
         grad = np.asarray(got[f"grad_{name}"], np.float64)
-        scale = max(_scale(want), _scale(grad), 1e-30)
+        scale = max(scale_of(want), scale_of(grad), 1e-30)
         # as tests/helpers/oracle.py: a float64 floor relative to max(scale, 1) (an exact 0 is ~1e-17)
         floor = FLOAT32_ULPS * FLOAT32_EPS * scale if float32 else FLOAT64_FLOOR * max(scale, 1.0)
         bound = FD_NOISE_FACTOR * noise + floor
@@ -288,7 +285,7 @@ def check_case(case: Case) -> str:
         if not float32:
             update = _torch_update(case.optim, case.optim_options, weights[name], got[f"grad_{name}"])
             error = np.max(np.abs(got[f"updated_{name}"] - update))
-            assert error <= UPDATE_ULPS * np.finfo(np.float64).eps * max(_scale(update), 1.0), name
+            assert error <= UPDATE_ULPS * np.finfo(np.float64).eps * max(scale_of(update), 1.0), name
     return "ok"
 
 

@@ -30,7 +30,7 @@ import torch
 
 from ..api import _output_index, to_training_onnx
 from ..contract import STEP, UPDATED_PREFIX, grad_name, slot_name, strip_prefix, updated_name
-from ..errors import InvalidModelError, InvalidOptionError
+from ..errors import InvalidModelError, InvalidOptionError, positive_int
 from ..onnx_file import read_model
 from ..pipeline.importer.ops.random import RandomOpInEvalWarning
 from ..pipeline.importer.program import OnnxProgram, all_nodes
@@ -228,8 +228,8 @@ def verify(
 
 def _check_options(steps: int, factor: float, floor: float, per_weight: int, cap: int, noise_runs: int,
                    retry_runs: int, forward: bool) -> None:
-    checks = {"steps": (steps, isinstance(steps, int) and steps >= 1, "an int >= 1"),
-              "tolerance_factor": (factor, factor > 0, "a positive number"),
+    positive_int(steps, "verify: steps")
+    checks = {"tolerance_factor": (factor, factor > 0, "a positive number"),
               "floor": (floor, floor >= 0, "a number >= 0"),
               "fd_per_weight": (per_weight, isinstance(per_weight, int) and per_weight >= 0, "an int >= 0"),
               "fd_max": (cap, isinstance(cap, int) and cap >= 0, "an int >= 0"),

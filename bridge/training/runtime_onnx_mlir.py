@@ -24,7 +24,7 @@ import onnx
 from ..contract import DIM_BOUNDS, decode_random_inputs, props
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
 from .feed_checks import StepChecks, covered_outputs
-from .runtime import StepSession, graph_hash
+from .runtime import SessionGraph, StepSession, graph_hash
 
 if TYPE_CHECKING:
     from ..tools.compile import CompiledModel
@@ -115,8 +115,8 @@ class OnnxMlirTrainingSession(StepSession):
                          eval_model=eval_model)
         try:
             self._session = session_class(str(path), tag="NONE")  # the untagged entry points: any file name
-            self.input_names: list[str] = [v["name"] for v in json.loads(self._session.input_signature())]
-            self.output_names: list[str] = [v["name"] for v in json.loads(self._session.output_signature())]
+            self.input_names = [v["name"] for v in json.loads(self._session.input_signature())]
+            self.output_names = [v["name"] for v in json.loads(self._session.output_signature())]
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"{path} is not a model library compiled by onnx-mlir: {exc}") from exc
         if training_model is not None:
@@ -139,13 +139,8 @@ class OnnxMlirTrainingSession(StepSession):
         return dict(zip(self.output_names, results, strict=True))
 
 
-class OnnxMlirGraph:
-    """A compiled graph called like ``bridge.training.runtime.OrtGraph`` (inputs and outputs by name): the
-    gradient or update half of a step, for accumulation and data parallelism."""
+class OnnxMlirGraph(SessionGraph):
+    """A compiled graph (``library``, compiled from ``model``) called like ``bridge.training.runtime.OrtGraph``."""
 
     def __init__(self, library: bytes, model: onnx.ModelProto):
-        self._session = OnnxMlirTrainingSession(library, {}, training_model=model)  # stateless: only its graph runs
-        self.input_names, self.output_names = self._session.input_names, self._session.output_names
-
-    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._session._run(dict(feed))
+        super().__init__(OnnxMlirTrainingSession(library, {}, training_model=model))

@@ -24,7 +24,7 @@ import torch
 
 from ..contract import LOSS_OUTPUT, OPTIMIZER_OPTIONS, OUTPUT_PREFIX, output_name
 from ..contract import TARGET_CLASSES as CLASSES
-from ..errors import InvalidOptionError, ModelLoadError
+from ..errors import InvalidOptionError, ModelLoadError, positive_int
 from ..onnx_file import read_model
 from .runtime import StepSession, TrainingSession
 from .training_model import TrainingModel, eval_path, part_path
@@ -148,7 +148,7 @@ class Trainer:
             raise InvalidOptionError(f"threads= and spinning= are onnxruntime's (bridge.training.runtime.session_options); "
                                      f"backend={backend!r} takes none (IREE's come from iree.runtime.flags, "
                                      "--task_topology_max_group_count=N; onnx-mlir runs on one thread)")
-        self.accumulation_steps = _check_accumulation(accumulation_steps)
+        self.accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
         self.backend = backend
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
@@ -328,10 +328,7 @@ class Trainer:
                 raise InvalidOptionError(f"the training graph has the static batch size {self._batch}, not "
                                          f"{batch_size}: convert with dynamic_batch=True to train at other sizes")
             return self._batch
-        size = 32 if batch_size is None else int(batch_size)
-        if size < 1:
-            raise InvalidOptionError(f"batch_size={batch_size} must be at least 1")
-        return size
+        return 32 if batch_size is None else positive_int(batch_size, "batch_size")
 
     def _batches(self, order: np.ndarray, size: int) -> tuple[list[np.ndarray], int]:
         """Index batches of ``order``; a static graph drops the last partial one (its count returned)."""
@@ -408,12 +405,6 @@ def _split_graphs(model: TrainingModel | str | os.PathLike) -> tuple[onnx.ModelP
     if not all(path.is_file() for path in paths):
         return None
     return read_model(paths[0]), read_model(paths[1])
-
-
-def _check_accumulation(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise InvalidOptionError(f"accumulation_steps={steps!r} must be an integer >= 1")
-    return int(steps)
 
 
 def _session(backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto | None,
