@@ -28,8 +28,8 @@ def _json_option(text: str | None, flag: str) -> dict | None:
 
 
 def _training_options(args: argparse.Namespace) -> dict:
-    """The loss and optimizer options that ``convert`` and ``verify`` share."""
-    return {"loss": args.loss, "optim": args.optim,
+    """The loss, optimizer and batch options that ``convert`` and ``verify`` share."""
+    return {"loss": args.loss, "optim": args.optim, "batch_size": args.batch_size,
             "loss_options": _json_option(args.loss_options, "--loss-options"),
             "optim_options": _json_option(args.optim_options, "--optim-options")}
 
@@ -87,7 +87,6 @@ def _convert(args: argparse.Namespace) -> int:
             output=args.model_output,
             trainable=args.trainable,
             frozen=args.frozen,
-            batch_size=args.batch_size,
             strict=args.strict,
             dynamic_dims=_dynamic_dims(args),
             input_shapes=_input_shapes(args.input_shapes),
@@ -110,7 +109,6 @@ def _verify(args: argparse.Namespace) -> int:
         args.model,
         **_training_options(args),
         steps=args.steps,
-        batch_size=args.batch_size,
         seed=args.seed,
         tolerance_factor=args.tolerance_factor,
     )
