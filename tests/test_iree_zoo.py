@@ -12,7 +12,6 @@ proven near-decision flips (``zoo.harness.flip_fit``; the zoo test's docstring s
 """
 from __future__ import annotations
 
-import functools
 import time
 import warnings
 from dataclasses import replace
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from helpers.reference import assert_steps_match, bridge_steps, torch_steps
 from helpers.single_op import one_node_model
+from zoo.compiled import median_step_seconds, torch_case, zoo_params
 
 import bridge
 from bridge.tools.compile import FAST_CONV_FLAGS
@@ -134,32 +134,6 @@ def test_small_cnn_matches_onnxruntime_in_iree(flags, tmp_path):
 # --- the zoo (exhaustive tier) ----------------------------------------------------------------
 
 
-def _zoo_params():
-    from zoo.handbuilt import CASES
-    from zoo.torch_models import TEXT, VISION
-
-    for build in CASES:
-        yield pytest.param("handbuilt", build.__name__, "static", id=f"{build.__name__}-static")
-    for kind, names in (("torchvision", TORCHVISION), ("vision", VISION), ("text", TEXT)):
-        for name in names:
-            for mode in ("static", "dynamic"):
-                yield pytest.param(kind, name, mode, id=f"{name}-{mode}")
-
-
-def _torchvision_model(name: str, size: int):
-    """torchvision ``name`` (10 classes, perturbed weights) on a batch of 8 ``size`` x ``size`` images."""
-    import torchvision
-    from zoo.harness import perturb
-    from zoo.torch_models import _classes
-
-    torch.manual_seed(30)
-    module = perturb(getattr(torchvision.models, name)(weights=None, num_classes=10), 30)
-    inputs = {"x": np.random.default_rng(30).standard_normal((8, 3, size, size)).astype(np.float32)}
-    return module, inputs, _classes(30, 10, (8,)), "ce"
-
-
-TORCHVISION = {f"{name}@{size}": functools.partial(_torchvision_model, name, size)
-               for name in ("resnet18", "mobilenet_v3_small") for size in (32, 64)}
 # Models whose IREE compile or first step still fails, and why (strict: a fixed cause turns the
 # xfail into a failure, so this list stays true). mobilenet_v3_small@32-static was one until the
 # float32 noise allowance counted onnxruntime's measured noise too (``_float32_noise``).
@@ -195,41 +169,8 @@ def _float32_noise(float64: dict, torch_noise: dict, onnxruntime: dict) -> dict[
             for k, v in torch_noise.items()}
 
 
-def _torch_case(kind: str, name: str, mode: str, tmp_path):
-    """(case, training model, flip fit) for a torch zoo module exported with a symbolic batch; the
-    fit takes a runtime's first step and the float64 oracle's (step, noise) (``zoo.harness.flip_fit``)."""
-    from test_zoo_vision import ALLOWED_MISMATCH
-    from zoo.exporters import SYMBOLIC_BATCH, export
-    from zoo.harness import Case, batch_rows, flip_fit, module_oracle, name_map
-    from zoo.torch_models import TEXT, VISION, drawn_attempt
-
-    module, inputs, target, loss = {**TEXT, **VISION, **TORCHVISION}[name]()
-    path = export(module, inputs, SYMBOLIC_BATCH, tmp_path / "model.onnx", dynamic_batch=True)
-    shapes = {k: list(v.shape) for k, v in inputs.items()}
-    tm = bridge.to_training_onnx(path, loss=loss, optim="adam", optim_options={"lr": 1e-3}, input_shapes=shapes,
-                                 dynamic_batch=mode == "dynamic")
-    if mode == "dynamic":  # a batch size the graph was not traced with (one more: BatchNorm on 1x1 maps
-        batch = len(target) + 1  # at batch 3 is too ill-conditioned for float32, docs/dynamic_batch.md)
-        # the draw the zoo uses there: no float32 decision flip moves a gradient past tolerance (DRAWS)
-        inputs, target = batch_rows(inputs, target, batch, drawn_attempt(name, batch))
-    mapping, _ = name_map(module, path)
-    oracle = module_oracle(module, mapping, inputs, target, loss, 1e-3)
-    case = Case(f"{name}/{mode}", path, inputs, target, loss, set(tm.weights), oracle, lr=1e-3, rtol=1e-4,
-                allowed_mismatch=ALLOWED_MISMATCH.get(name, 0.0))
-    return case, tm, functools.partial(flip_fit, module, mapping, inputs, target, loss, 1e-3)
-
-
-def _median_step_seconds(session, inputs, target, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.step(inputs, target)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("kind, name, mode", list(_zoo_params()))
+@pytest.mark.parametrize("kind, name, mode", list(zoo_params()))
 def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, request):
     """IREE's first step (loss, every gradient, every update) matches onnxruntime's at the zoo's
     tolerance (twice torch's float32 noise) and, for a torch module, the module's own float64 step
@@ -258,7 +199,7 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            case, tm, fit = _torch_case(kind, name, mode, tmp_path)
+            case, tm, fit = torch_case(kind, name, mode, tmp_path)
         expected = case.oracle()
     convert = time.perf_counter() - start
     try:
@@ -287,5 +228,5 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
         print(f"\nIREE-ZOO FAILED {request.node.callspec.id}: {type(exc).__name__}: {str(exc)[:1500]}")
         raise
     print(f"\nIREE-ZOO {request.node.callspec.id}: convert {convert:.1f} s, compile {compiled.seconds:.1f} s, "
-          f"step IREE {_median_step_seconds(iree, case.inputs, case.target) * 1e3:.1f} ms, "
-          f"onnxruntime {_median_step_seconds(ort, case.inputs, case.target) * 1e3:.1f} ms")
+          f"step IREE {median_step_seconds(iree, case.inputs, case.target) * 1e3:.1f} ms, "
+          f"onnxruntime {median_step_seconds(ort, case.inputs, case.target) * 1e3:.1f} ms")

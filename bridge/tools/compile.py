@@ -14,6 +14,7 @@ are reported with the node too.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -186,7 +187,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     start = time.perf_counter()
     if backend == "onnx-mlir":
         flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
-        module = _onnx_mlir(tools.compiler, proto, flags, report, start, timeout)
+        module = _onnx_mlir(tools.compiler, _unaliased_outputs(proto), flags, report, start, timeout)
         return _compiled(CompiledModel(module, backend, time.perf_counter() - start, _initial_state(model), graph),
                          output)
     import iree.compiler.tools as iree_tools
@@ -219,6 +220,45 @@ def _compiled(compiled: CompiledModel, output: str | os.PathLike | None) -> Comp
 
 _PHASE = re.compile(r"^\[(\d+)/(\d+)\] .*? \(\d+s\) (.*)$")  # onnx-mlir: "[2/6] <date> (0s) Compiling and Optimizing ..."
 _LOADER = re.compile(r"error while loading shared libraries: (\S+)")
+
+
+def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with no two graph outputs one tensor: onnx-mlir returns such outputs as two tensors that
+    own one buffer and the process aborts releasing them (tests/repros/onnx_mlir_aliased_outputs.py).
+    An output that is an Identity (chain) of a value another output already returns becomes
+    ``Expand(value, Shape(value))``, which onnx-mlir does not fold: a copy with the same numbers."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    inputs = {value.name for value in model.graph.input} | {init.name for init in model.graph.initializer}
+
+    def root(name: str) -> str:
+        while name in producer and producer[name].op_type == "Identity":
+            name = producer[name].input[0]
+        return name
+
+    names = [output.name for output in model.graph.output]
+    claimed = {name for name in names if root(name) == name}  # an output that is its value owns it
+    copies = {}
+    for name in names:
+        source = root(name)
+        if name == source or source in inputs:  # onnx-mlir copies an Identity of a graph input
+            continue
+        if source in claimed:
+            copies[name] = source
+        claimed.add(source)
+    if not copies:
+        return model
+    model = copy.deepcopy(model)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.output[0] in copies:
+            source, name = copies[node.output[0]], node.name or node.output[0]
+            nodes += [onnx.helper.make_node("Shape", [source], [f"{name}/shape"], name=f"{name}/shape"),
+                      onnx.helper.make_node("Expand", [source, f"{name}/shape"], [node.output[0]], name=name)]
+        else:
+            nodes.append(node)
+    model.graph.ClearField("node")
+    model.graph.node.extend(nodes)
+    return model
 
 
 def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report: Progress, start: float,

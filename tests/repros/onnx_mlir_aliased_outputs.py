@@ -10,8 +10,9 @@ the outputs are released. The same happens for ``b = Reshape(a, shape of a)`` an
 (folded to ``a``); ``b = Identity(x)`` of a graph input is copied and runs. onnxruntime runs all of them.
 
 bridge's training graphs hit it wherever two trained tensors get one gradient value: the biases of the
-two branches of a residual Add (a resnet block's last conv and its downsample conv, BatchNorm folded:
-timm resnet10t) give ``grad_b2 = Identity(grad_b1)``, and the two weights here too. ``training`` builds
+two branches of a residual Add (a resnet block's bn2 and downsample BatchNorm: the zoo's resnet18 at a
+static batch aborts so; timm resnet10t's abort is likely the same) give ``grad_b2 = Identity(grad_b1)``,
+and the two weights here too. ``training`` builds
 that graph with bridge (``python ... training``). ``b = Expand(a, shape of a)`` is not folded: the
 second output gets its own buffer and the library runs (``--form expand``).
 """

@@ -127,11 +127,15 @@ def global_average_pool(ctx, x):
 @converter("GlobalLpPool")
 def global_lp_pool(ctx, x):
     """``(sum |x|^p) ** (1/p)`` over the whole plane (``p`` defaults to 2). As torch's lp_pool, a
-    plane of zeros has no finite gradient."""
+    plane of zeros has no finite gradient. ``p=1`` is a plain sum of ``|x|``: no ``Pow(x, 0)`` in
+    the backward (onnx-mlir aborts on one with a symbolic dim, tests/repros/onnx_mlir_pow_zero_dynamic.py)."""
     p = ctx.attr("p", 2)
     if p < 1:
         raise ctx.unsupported(f"p={p} (the p-norm needs p >= 1)")
-    return x.abs().pow(p).sum(dim=list(range(2, x.dim())), keepdim=True).pow(1.0 / p)
+    plane = list(range(2, x.dim()))
+    if p == 1:
+        return x.abs().sum(dim=plane, keepdim=True)
+    return x.abs().pow(p).sum(dim=plane, keepdim=True).pow(1.0 / p)
 
 
 @converter("GlobalMaxPool")
