@@ -1,4 +1,5 @@
-"""Zoo models compile in onnx-mlir at its default flags (``--EmitLib -O3``) and train like onnxruntime.
+"""Zoo models converted for onnx-mlir (``target="onnx-mlir"``) compile in onnx-mlir at its default flags
+(``--EmitLib -O3``) and train like onnxruntime.
 
 The models and their conversions are tests/test_iree_zoo.py's (hand-built, text, vision, torchvision;
 static and symbolic batch, Adam): onnx-mlir's first step (loss, every gradient, every update) is
@@ -61,12 +62,12 @@ def test_zoo_model_matches_onnxruntime_in_onnx_mlir(kind, name, mode, tmp_path, 
     if kind == "handbuilt":
         case = next(b for b in CASES if b.__name__ == name)()
         tm = bridge.to_training_onnx(case.model, loss=case.loss, optim="adam", optim_options={"lr": case.lr},
-                                     input_shapes={k: list(v.shape) for k, v in case.inputs.items()})
+                                     input_shapes={k: list(v.shape) for k, v in case.inputs.items()}, target="onnx-mlir")
         expected = None
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            case, tm, fit = torch_case(kind, name, mode, tmp_path)
+            case, tm, fit = torch_case(kind, name, mode, tmp_path, convert_for="onnx-mlir")
         expected = case.oracle()
     start = time.perf_counter()
     compiled = bridge.compile(tm, backend="onnx-mlir")

@@ -41,9 +41,10 @@ def torchvision_model(name: str, size: int):
 
 TORCHVISION = {f"{name}@{size}": functools.partial(torchvision_model, name, size)
                for name in ("resnet18", "mobilenet_v3_small") for size in (32, 64)}
-def torch_case(kind: str, name: str, mode: str, tmp_path):
-    """(case, training model, flip fit) for a torch zoo module exported with a symbolic batch; the
-    fit takes a runtime's first step and the float64 oracle's (step, noise) (``zoo.harness.flip_fit``)."""
+def torch_case(kind: str, name: str, mode: str, tmp_path, convert_for: str = "onnxruntime"):
+    """(case, training model, flip fit) for a torch zoo module exported with a symbolic batch and converted
+    for ``convert_for`` (bridge's form target); the fit takes a runtime's first step and the float64 oracle's
+    (step, noise) (``zoo.harness.flip_fit``)."""
     from test_zoo_vision import ALLOWED_MISMATCH
 
     from .exporters import SYMBOLIC_BATCH, export
@@ -54,7 +55,7 @@ def torch_case(kind: str, name: str, mode: str, tmp_path):
     path = export(module, inputs, SYMBOLIC_BATCH, tmp_path / "model.onnx", dynamic_batch=True)
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     tm = bridge.to_training_onnx(path, loss=loss, optim="adam", optim_options={"lr": 1e-3}, input_shapes=shapes,
-                                 dynamic_batch=mode == "dynamic")
+                                 dynamic_batch=mode == "dynamic", target=convert_for)
     if mode == "dynamic":  # a batch size the graph was not traced with (one more: BatchNorm on 1x1 maps
         batch = len(target) + 1  # at batch 3 is too ill-conditioned for float32, docs/dynamic_batch.md)
         # the draw the zoo uses there: no float32 decision flip moves a gradient past tolerance (DRAWS)
