@@ -27,20 +27,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main as cli_main
+from bridge.tools.target_check import onnx_mlir_missing
 from bridge.training.runtime_onnx_mlir import OnnxMlirGraph, OnnxMlirNotFoundError, OnnxMlirTrainingSession, find_onnx_mlir
 
 TOLERANCE = 16 * float(np.finfo(np.float32).eps)
 
 
-def _onnx_mlir_missing() -> str | None:
-    try:
-        find_onnx_mlir()
-    except OnnxMlirNotFoundError as exc:
-        return str(exc)
-    return None
-
-
-_MISSING = _onnx_mlir_missing()
+_MISSING = onnx_mlir_missing()
 pytestmark = pytest.mark.onnx_mlir
 needs_onnx_mlir = pytest.mark.skipif(_MISSING is not None, reason=f"onnx-mlir is not available: {_MISSING}")
 

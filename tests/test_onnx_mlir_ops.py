@@ -28,19 +28,10 @@ from test_op_db import OPTIONS
 from zoo.harness import NOISE, NOISE_FACTOR
 
 import bridge
+from bridge.tools.target_check import onnx_mlir_missing
 from bridge.tools.verify import as_float64
-from bridge.training.runtime_onnx_mlir import OnnxMlirNotFoundError, find_onnx_mlir
 
-
-def _onnx_mlir_missing() -> str | None:
-    try:
-        find_onnx_mlir()
-    except OnnxMlirNotFoundError as exc:
-        return str(exc)
-    return None
-
-
-_MISSING = _onnx_mlir_missing()
+_MISSING = onnx_mlir_missing()
 pytestmark = [pytest.mark.onnx_mlir,
               pytest.mark.skipif(_MISSING is not None, reason=f"onnx-mlir is not available: {_MISSING}")]
 

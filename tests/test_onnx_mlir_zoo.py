@@ -18,18 +18,9 @@ import pytest
 from zoo.compiled import median_step_seconds, torch_case, zoo_params
 
 import bridge
-from bridge.training.runtime_onnx_mlir import OnnxMlirNotFoundError, find_onnx_mlir
+from bridge.tools.target_check import onnx_mlir_missing
 
-
-def _onnx_mlir_missing() -> str | None:
-    try:
-        find_onnx_mlir()
-    except OnnxMlirNotFoundError as exc:
-        return str(exc)
-    return None
-
-
-_MISSING = _onnx_mlir_missing()
+_MISSING = onnx_mlir_missing()
 pytestmark = [pytest.mark.onnx_mlir,
               pytest.mark.skipif(_MISSING is not None, reason=f"onnx-mlir is not available: {_MISSING}")]
 

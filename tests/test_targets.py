@@ -18,6 +18,7 @@ from helpers.training import module_steps
 import bridge
 from bridge.errors import InvalidOptionError
 from bridge.pipeline import targets
+from bridge.tools.target_check import onnx_mlir_missing
 
 STEPS = 3
 # measured: the largest (graph - plain) and (graph - torch float64) error is 2.5x torch's float32 noise
@@ -164,21 +165,11 @@ def _nodes(model) -> list[tuple[str, ...]]:
     return [(node.op_type, *node.input) for node in model.graph.node]
 
 
-def _onnx_mlir_missing() -> str | None:
-    from bridge.training.runtime_onnx_mlir import OnnxMlirNotFoundError, find_onnx_mlir
-
-    try:
-        find_onnx_mlir()
-    except OnnxMlirNotFoundError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("target", [
     pytest.param("iree", marks=pytest.mark.iree),
     pytest.param("onnx-mlir", marks=[pytest.mark.onnx_mlir, pytest.mark.skipif(
-        _onnx_mlir_missing() is not None, reason="onnx-mlir is not available (ONNX_MLIR_HOME or PATH)")]),
+        onnx_mlir_missing() is not None, reason="onnx-mlir is not available (ONNX_MLIR_HOME or PATH)")]),
 ])
 @pytest.mark.parametrize("name", MODELS)
 def test_compiled_target_graph_steps_as_in_onnxruntime(models, name, target):
