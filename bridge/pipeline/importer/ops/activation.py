@@ -4,7 +4,11 @@ core-ATen ops that have neither a decomposition nor an emitter.
 
 An ``exp`` in the branch ``where`` does not take is evaluated anyway, and its backward
 multiplies the zero gradient of that branch by ``exp(x)``: ``0 * inf = NaN`` for a large
-``x``. The exponential branches therefore see ``min(x, 0)`` (``_expm1_negative``)."""
+``x``. The exponential branches therefore see ``x`` with its positive part replaced by 0
+(``_expm1_negative``).
+
+At the kinks the gradient is torch's: ELU/SELU/CELU and PRelu take the negative branch's
+derivative at ``x = 0`` (``alpha``, ``scale * alpha``, 1, the slope), as ``F.elu``/``F.prelu``."""
 from __future__ import annotations
 
 import math
@@ -32,8 +36,10 @@ def leaky_relu_formula(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def _expm1_negative(x: torch.Tensor) -> torch.Tensor:
-    """``exp(x) - 1`` for the non-positive branch, with no overflow where ``x`` is large."""
-    return torch.exp(torch.clamp(x, max=0.0)) - 1
+    """``exp(x) - 1`` for the non-positive branch, with no overflow where ``x`` is large. A
+    ``where``, not ``clamp(x, max=0)``: clamp's gradient is 0 at its bound, which would zero
+    the branch's derivative at ``x = 0`` (torch's ``elu_backward`` gives ``alpha`` there)."""
+    return torch.exp(torch.where(x > 0, torch.zeros_like(x), x)) - 1
 
 
 def elu_formula(x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -48,7 +54,8 @@ def leaky_relu(ctx, x):
 
 @converter("PRelu")
 def prelu(ctx, x, slope):
-    return torch.where(x >= 0, x, x * slope)
+    """``x`` where ``x > 0`` else ``slope * x``: at 0 the gradient is ``slope``, as ``F.prelu``."""
+    return torch.where(x > 0, x, x * slope)
 
 
 @converter("Elu")

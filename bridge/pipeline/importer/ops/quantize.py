@@ -90,7 +90,11 @@ def _quantize(ctx: NodeContext, x: torch.Tensor, scale: torch.Tensor, zero_point
     value = _round_ste(x / _broadcast(ctx, scale, x))
     if zero_point is not None:
         value = value + _broadcast(ctx, zero_point, x)
-    return torch.clamp(value, *bounds)
+    # The gradient passes where the rounded code is inside the range, bounds included, as torch's
+    # fake_quantize_*_affine (``torch.clamp``'s gradient is 0 at the bounds).
+    low, high = bounds
+    inside = (value >= low) & (value <= high)
+    return torch.where(inside, value, torch.clamp(value.detach(), low, high))
 
 
 def _dequantize(ctx: NodeContext, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None):
