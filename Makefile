@@ -31,6 +31,8 @@ demo: $(STAMP)
 ONNX_MLIR_APT := libllvm22 libprotobuf32 llvm-22 clang-22 binutils libstdc++-12-dev
 system-deps:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@command -v node >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
+	@[ -d examples/web/node_modules ] || (cd examples/web && npm ci --no-audit --no-fund --silent)
 	@if [ -n "$$ONNX_MLIR_HOME" ] && [ -x "$$ONNX_MLIR_HOME/bin/onnx-mlir" ] && ! command -v clang++-22 >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(ONNX_MLIR_APT) >/dev/null; fi
 
