@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
@@ -21,7 +22,7 @@ from .contract import LOSS, LOSS_OUTPUT, LR, STEP, TARGET, StepSignature, slot_n
 from .contract import TARGET_CLASSES as CLASSES
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
-from .onnx_file import check_onnx, model_digest
+from .onnx_file import check_onnx, model_digest, read_model
 from .pipeline.annotate import annotate_model
 from .pipeline.broadcast import match_scalar_ranks
 from .pipeline.cleanup import clean_up
@@ -81,6 +82,7 @@ def to_training_onnx(
     example_inputs: Iterable[torch.Tensor] | torch.Tensor | None = None,
     strict: bool = False,
     target: str = DEFAULT_TARGET,
+    constant_inputs: Mapping[str, Any] | None = None,
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
@@ -120,6 +122,9 @@ def to_training_onnx(
         target: the runtime whose measured forms the graph uses (bridge/pipeline/targets.py): ``onnxruntime``
             (the default), ``iree``, ``onnx-mlir`` or ``plain`` (the canonical graph, no runtime-specific
             form). Every target's graph computes the same step.
+        constant_inputs: graph inputs pinned to values (``{"flag": 1}``): each is removed from the graph's
+            inputs and becomes a constant, so an ``If`` on it and the shapes computed from it fold at import.
+            The eval graph and ``export_inference`` take the same pin (the pinned input is no input there either).
     """
     target = check_target(target)
     loss_fn = make_loss(loss, dict(loss_options or {}))
@@ -138,10 +143,15 @@ def to_training_onnx(
     assert not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))  # a torch source is ONNX from here
     with phase("loading the model"):
         source = load_model(model, buffer_inputs())
+        pins = _check_constant_inputs(source, constant_inputs)
+        pin_inputs(source, pins)
         source_hash = model_digest(source)
         if parameters is None:
             check_export(source, strict=strict)
     original = _original(model)
+    if pins:  # the inference model takes the pin too: the weights were trained on that branch
+        original = original if original is not None else read_model(Path(model))
+        pin_inputs(original, pins)
     program = OnnxProgram(source)
     source = program.model  # without its weights' data (the program holds them as arrays): one copy in memory
     dims = _dim_spec(source, program, dynamic_batch, dynamic_dims, input_shapes or {})
@@ -152,6 +162,7 @@ def to_training_onnx(
     candidates, buffers, random, example_output = run.differentiable, run.buffers, run.random, run.output
     if parameters is not None:
         candidates = [name for name in candidates if name in parameters]
+    candidates = [name for name in candidates if name not in pins]  # a pinned input is a value, not a weight
     scalars = [name for name in candidates if program.initializers[name].ndim == 0]
     weights = select_trainable(candidates, trainable, frozen, scalars, program.floating_initializers())
     if not weights:
@@ -213,7 +224,7 @@ def to_training_onnx(
     initial = {name: tensors[name].detach().numpy() for name in signature.state_names()}
     result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]),
                            eval_signature=eval_signature, source=original,
-                           source_path=None if isinstance(model, onnx.ModelProto) else Path(model).resolve(),
+                           source_path=None if isinstance(model, onnx.ModelProto) or pins else Path(model).resolve(),
                            exporters=parts)
     if output_path is not None:
         result.save(output_path)
@@ -270,6 +281,60 @@ def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto | N
         copy.CopyFrom(model)
         return copy
     return None
+
+
+def _check_constant_inputs(model: onnx.ModelProto, given: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+    """``constant_inputs=`` checked against the graph's data inputs: each value as an array of the input's
+    declared dtype and shape (a Python number or a flat list is cast where that is exact)."""
+    if not given:
+        return {}
+    initializers = {init.name for init in model.graph.initializer}
+    declared = {v.name: v for v in model.graph.input if v.name not in initializers}
+    pins = {}
+    for name, value in given.items():
+        if name not in declared:
+            raise InvalidOptionError(f"constant_inputs names '{name}', which is not a data input of the model; "
+                                     f"its inputs are {list(declared)}")
+        tensor_type = declared[name].type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        try:
+            array = np.asarray(value)
+            cast = array.astype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise InvalidOptionError(f"constant_inputs['{name}'] = {value!r} is not a {dtype} value ({exc}); give "
+                                     f"a number or a list of numbers") from exc
+        exact = np.issubdtype(dtype, np.floating) and array.dtype.kind in "biuf"
+        if not exact and not (array.dtype.kind in "biuf" and np.array_equal(cast, array)):
+            raise InvalidOptionError(f"constant_inputs['{name}'] = {value!r} is not a value of input '{name}'s "
+                                     f"type {dtype}; give a {dtype} value")
+        if tensor_type.HasField("shape"):
+            dims = tensor_type.shape.dim
+            static = all(d.HasField("dim_value") for d in dims)
+            wanted = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+            if static and cast.shape != tuple(wanted) and cast.ndim <= 1 and cast.size == int(np.prod(wanted)):
+                cast = cast.reshape(wanted)  # a flat list (the CLI's form) for a fixed shape
+            if len(wanted) != cast.ndim or any(w is not None and w != s for w, s in zip(wanted, cast.shape,
+                                                                                          strict=True)):
+                shown = [w if w is not None else d.dim_param or "?" for w, d in zip(wanted, dims, strict=True)]
+                raise ShapeError(f"constant_inputs['{name}'] has shape {list(cast.shape)}, but input '{name}' "
+                                 f"has shape {shown}; give a value of that shape")
+        pins[name] = np.ascontiguousarray(cast)
+    return pins
+
+
+def pin_inputs(model: onnx.ModelProto, pins: Mapping[str, np.ndarray]) -> None:
+    """Replace the graph inputs ``pins`` names by ``Constant`` nodes of their values (in place)."""
+    if not pins:
+        return
+    kept = [v for v in model.graph.input if v.name not in pins]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    constants = [onnx.helper.make_node("Constant", [], [name], name=f"{name}.pinned",
+                                       value=numpy_helper.from_array(value, name))
+                 for name, value in pins.items()]
+    nodes = constants + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def _check_batch_size(batch_size: int | None) -> int | None:

@@ -34,6 +34,32 @@ def _training_options(args: argparse.Namespace) -> dict:
             "optim_options": _json_option(args.optim_options, "--optim-options")}
 
 
+def _number(text: str, item: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise InvalidOptionError(f"--constant-input: '{text}' in '{item}' is not a number; give NAME=VALUE "
+                                     "such as flag=1 or scale=0.5,2") from None
+
+
+def _constant_inputs(items: list[str] | None) -> dict[str, int | float | list] | None:
+    """``--constant-input flag=1 --constant-input bias=0.5,2`` -> ``{"flag": 1, "bias": [0.5, 2]}``."""
+    if not items:
+        return None
+    values = {}
+    for item in items:
+        name, _, text = item.partition("=")
+        if not name or not text:
+            raise InvalidOptionError(f"--constant-input: give NAME=VALUE such as flag=1 (a comma list for a "
+                                     f"vector), got '{item}'")
+        parts = [_number(p.strip(), item) for p in text.split(",")]
+        values[name] = parts if "," in text else parts[0]
+    return values
+
+
 def _input_shapes(items: list[str] | None) -> dict[str, list[int]] | None:
     """``--input-shapes input_ids=2x12 mask=2x12`` -> ``{"input_ids": [2, 12], "mask": [2, 12]}``."""
     if not items:
@@ -90,6 +116,7 @@ def _convert(args: argparse.Namespace) -> int:
             strict=args.strict,
             dynamic_dims=_dynamic_dims(args),
             input_shapes=_input_shapes(args.input_shapes),
+            constant_inputs=_constant_inputs(args.constant_input),
             target=args.target,
         )
     for warning in caught:
@@ -258,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--input-shapes", nargs="+", metavar="NAME=DIMS",
                          help="shapes to trace at, e.g. input_ids=2x12 (needed for symbolic dims other than the "
                               "batch that stay static; a symbolic dim is traced at 2 or more)")
+    convert.add_argument("--constant-input", action="append", metavar="NAME=VALUE",
+                         help="pin a graph input to a value (repeatable): flag=1, or a comma list such as "
+                              "scale=0.5,2; the input becomes a constant, so an If on it and shapes from it fold")
     convert.add_argument("--state", help="where to write the initial state (.npz; default next to the output)")
     convert.add_argument("--strict", action="store_true",
                          help="fail (instead of warning) on an ONNX model exported for inference (BatchNorm folded, "

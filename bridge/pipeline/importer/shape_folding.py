@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+import sympy
 import torch
 
 from ...errors import ShapeError
@@ -67,6 +68,49 @@ def _elementwise(fn: Callable) -> Callable:
     return lambda ctx, a, b: np.asarray(fn(np.asarray(a, dtype=object), np.asarray(b, dtype=object)), dtype=object)
 
 
+def _expr(value):
+    """A size as a sympy expression (a SymInt's own; a number as a sympy Integer)."""
+    return value.node.expr if isinstance(value, torch.SymInt) else sympy.Integer(int(value))
+
+
+def _decide(ctx: NodeContext, a, b, relation: Callable) -> bool:
+    """``relation(a, b)`` as a bool when it holds for every size the symbols can take (each one >= 1);
+    a relation that depends on the sizes is refused: folding it at the traced size would fix it."""
+    if not isinstance(a, torch.SymInt) and not isinstance(b, torch.SymInt):
+        return bool(relation(a, b))
+    decided = relation(_expr(a), _expr(b))
+    if decided in (sympy.true, sympy.false):
+        return bool(decided)
+    raise ShapeError(
+        f"{ctx.node.op_type} node '{ctx.name}' compares the symbolic size {a} with {b}, whose result depends on "
+        "the size (bridge folds shape computations to one graph for every size); keep that dim static "
+        "(dynamic_batch=False, or dynamic_dims= without it)"
+    )
+
+
+def _compare(relation: Callable) -> Callable:
+    def fold(ctx, a, b):
+        a, b = np.broadcast_arrays(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
+        return np.asarray([_decide(ctx, x, y, relation) for x, y in zip(a.reshape(-1), b.reshape(-1), strict=True)],
+                          dtype=bool).reshape(a.shape)
+    return fold
+
+
+def _extreme(larger: bool) -> Callable:
+    """Max (``larger``) or Min of sizes: one of the operands, where the order holds for every size."""
+    def pick(ctx, x, y):
+        return x if _decide(ctx, x, y, sympy.Ge if larger else sympy.Le) else y
+
+    def fold(ctx, *args):
+        result = np.asarray(args[0], dtype=object)
+        for arg in args[1:]:
+            a, b = np.broadcast_arrays(result, np.asarray(arg, dtype=object))
+            result = np.asarray([pick(ctx, x, y) for x, y in zip(a.reshape(-1), b.reshape(-1), strict=True)],
+                                dtype=object).reshape(a.shape)
+        return result
+    return fold
+
+
 def _where(ctx, cond, a, b):
     return np.asarray(np.where(np.asarray(cond, dtype=bool), a, b), dtype=object)
 
@@ -87,7 +131,15 @@ FOLDERS: dict[str, Callable] = {
     "Mul": _elementwise(operator.mul),
     "Div": _elementwise(operator.floordiv),
     "Mod": _elementwise(operator.mod),
-    "Equal": _elementwise(operator.eq),
+    "Equal": _compare(sympy.Eq),
+    "Less": _compare(sympy.Lt),
+    "LessOrEqual": _compare(sympy.Le),
+    "Greater": _compare(sympy.Gt),
+    "GreaterOrEqual": _compare(sympy.Ge),
+    "Not": lambda ctx, x: np.logical_not(np.asarray(x, dtype=bool)),
+    "Max": _extreme(True),
+    "Min": _extreme(False),
+    "Neg": lambda ctx, x: -np.asarray(x, dtype=object),
     "Where": _where,
     "ReduceProd": lambda ctx, x, axes=None: np.asarray(np.prod(x, keepdims=bool(ctx.attr("keepdims", 1))), dtype=object),
 }

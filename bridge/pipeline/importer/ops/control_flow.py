@@ -29,13 +29,32 @@ from ..registry import NodeContext, converter
 MAX_UNROLL = int(os.environ.get("BRIDGE_MAX_UNROLL", "1000"))
 
 
-def _known_bool(ctx: NodeContext, value, what: str) -> bool:
-    """A condition known before the model runs, as a Python bool."""
+PIN_HINT = ("if it derives from a graph input that always has the same value (a flag), pin that input: "
+            "constant_inputs={'<input>': value} in bridge.to_training_onnx, --constant-input <input>=value "
+            "with bridge convert")
+
+
+def _known(ctx: NodeContext, value, index: int, what: str):
+    """Input ``index`` of the node, which must be known before the model runs, as numpy."""
     if isinstance(value, torch.Tensor):
+        raise ShapeError(
+            f"{ctx.node.op_type} node '{ctx.name}': input {index} ('{ctx.node.input[index]}', {what}) must be "
+            "known before the model runs, but it is computed from data; bridge resolves control flow at import "
+            "(the training graph is straight-line code), so it must be a constant or computed from constants "
+            f"and static shapes; {PIN_HINT}"
+        )
+    return value
+
+
+def _known_bool(ctx: NodeContext, value, what: str, index: int | None = None) -> bool:
+    """A condition known before the model runs, as a Python bool."""
+    if index is not None:
+        value = _known(ctx, value, index, what)
+    elif isinstance(value, torch.Tensor):
         raise ShapeError(
             f"{ctx.node.op_type} node '{ctx.name}': {what} is computed from data; bridge resolves control "
             "flow at import (the training graph is straight-line code), so it must be known before the "
-            "model runs (a constant, or computed from constants and static shapes)"
+            f"model runs (a constant, or computed from constants and static shapes); {PIN_HINT}"
         )
     return bool(np.asarray(value).reshape(-1)[0])
 
@@ -57,23 +76,23 @@ def _stack(values: list, axis: int = 0):
     return torch.stack(tensors, dim=axis % (tensors[0].dim() + 1))
 
 
-@converter("If", static=(0,), raw=True)
+@converter("If", raw=True)
 def if_(ctx, cond):
     """The branch chosen by a condition known before the model runs, interpreted in place."""
-    branch = ctx.attr("then_branch") if _known_bool(ctx, cond, "the condition") else ctx.attr("else_branch")
+    branch = ctx.attr("then_branch") if _known_bool(ctx, cond, "the condition", 0) else ctx.attr("else_branch")
     return tuple(ctx.run_graph(branch, {}))
 
 
-@converter("Loop", static=(0, 1), raw=True)
+@converter("Loop", raw=True)
 def loop(ctx, trip_count=None, cond=None, *carried):
     """``for i in range(M) while cond``: the body unrolled, loop-carried values threaded through,
     the body's scan outputs stacked along a new axis 0."""
     body = ctx.attr("body")
     inputs = [i.name for i in body.input]
-    limit = None if trip_count is None else int(np.asarray(trip_count).reshape(-1)[0])
+    limit = None if trip_count is None else int(np.asarray(_known(ctx, trip_count, 0, "the trip count")).reshape(-1)[0])
     if limit is None and cond is None:
         raise ShapeError(f"Loop node '{ctx.name}': neither a trip count nor a condition: the loop never ends")
-    keep_going = True if cond is None else _known_bool(ctx, cond, "the initial condition")
+    keep_going = True if cond is None else _known_bool(ctx, cond, "the initial condition", 1)
     state, scans, i = list(carried), [], 0
     while keep_going and (limit is None or i < limit):
         _check_bound(ctx, i + 1)
