@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx.defs
 
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters
-from bridge.pipeline.load import MAX_OPSET
+from bridge.pipeline.load import KNOWN_OPSET
 
 BEGIN, END = "<!-- supported ops: begin -->", "<!-- supported ops: end -->"
 FIRST_OPSET = 11
@@ -21,7 +21,7 @@ FIRST_OPSET = 11
 def _versions(op_type: str) -> str:
     """Versions of ``op_type`` in the default domain that a model at opset 11..MAX may use."""
     since = sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
-                    if s.name == op_type and s.domain == "" and s.since_version <= MAX_OPSET})
+                    if s.name == op_type and s.domain == "" and s.since_version <= KNOWN_OPSET})
     if not since:
         return "-"
     in_range = [v for v in since if v >= FIRST_OPSET]

@@ -1,7 +1,7 @@
 """The ONNX backend node test suite as bridge's conformance suite.
 
 The subset: node tests of ``onnx.backend.test.loader.load_model_tests(kind="node")`` whose model
-imports only the default domain at opset <= ``MAX_OPSET`` and whose every node (subgraphs
+imports only the default domain at opset <= ``KNOWN_OPSET`` and whose every node (subgraphs
 included) is an op of onnx-mlir's CPU table (``bridge/data/onnx_mlir_cpu_ops.json``).
 
 Each test gets three verdicts (strings, recorded in ``tests/onnx_node_expectations.json``):
@@ -46,7 +46,7 @@ from bridge.pipeline.importer.program import OnnxProgram  # noqa: E402
 from bridge.pipeline.importer.program import all_nodes as _all_nodes  # noqa: E402
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters  # noqa: E402
 from bridge.pipeline.importer.weights import differentiable_initializers  # noqa: E402
-from bridge.pipeline.load import MAX_OPSET, load_model  # noqa: E402
+from bridge.pipeline.load import KNOWN_OPSET, load_model  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 EXPECTATIONS = Path(__file__).parent / "onnx_node_expectations.json"
@@ -107,11 +107,11 @@ def op_types(model: onnx.ModelProto) -> list[str]:
 
 
 def in_subset(model: onnx.ModelProto | None) -> bool:
-    """Default domain only, opset <= MAX_OPSET, every node in onnx-mlir's CPU table."""
+    """Default domain only, opset <= KNOWN_OPSET, every node in onnx-mlir's CPU table."""
     if model is None:
         return False
     domains = {o.domain or "ai.onnx": o.version for o in model.opset_import}
-    if set(domains) != {"ai.onnx"} or domains["ai.onnx"] > MAX_OPSET:
+    if set(domains) != {"ai.onnx"} or domains["ai.onnx"] > KNOWN_OPSET:
         return False
     return all(node.domain in ("", "ai.onnx") and MLIR_OPS.get(node.op_type, {}).get("supported")
                for node in _all_nodes(model.graph))

@@ -5,22 +5,39 @@ Clean-up steps (each a small pure function on a ModelProto):
 - fold ``Identity`` nodes whose input is an initializer (legacy exporters de-duplicate
   equal tensors that way), so the consumer sees the initializer itself and the weight
   keeps one name and one gradient;
-- name unnamed nodes ``<OpType>_<index>``, so every traced op can name its source node.
+- name unnamed nodes ``<OpType>_<index>``, so every traced op can name its source node;
+- promote float ``Constant`` tensors to initializers in a model that stores its weights that way
+  (paddle2onnx), so they train like any initializer (``promote_constant_weights``).
 """
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.defs
 import onnx.inliner
+from onnx import numpy_helper
 
-from ..errors import ModelLoadError, UnsupportedOpError
+from ..errors import BridgeWarning, ModelLoadError, UnsupportedOpError
 from ..onnx_file import check_onnx, read_model
 
 MIN_OPSET = 7
-MAX_OPSET = 22
+MAX_OPSET = onnx.defs.onnx_opset_version()  # every opset the installed onnx defines
+KNOWN_OPSET = 22  # the newest opset whose op semantics the importer knows
+# ops whose versions after KNOWN_OPSET (up to 25) only add element types (float4, float8e8m0, int2/4):
+# the importer's opset-22 form computes them
+_TYPES_ONLY = {"Cast", "CastLike", "Constant", "ConstantOfShape", "Flatten", "Identity", "If", "Loop", "Pad",
+               "Reshape", "Scan", "Shape", "Size", "Squeeze", "Transpose", "Unsqueeze"}
+_TYPES_ONLY_UNTIL = 25
+
+
+class PromotedConstantsWarning(BridgeWarning):
+    """Float Constant tensors were made initializers (weights), as the model stores no weight otherwise."""
+
 _UNSUPPORTED_TYPES = {onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
                       onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz", onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
                       onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz", onnx.TensorProto.FLOAT4E2M1: "float4e2m1"}
@@ -50,9 +67,90 @@ def load_model(source: str | os.PathLike | onnx.ModelProto,
         )
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
+    if opset > KNOWN_OPSET:
+        _check_newer_ops(model, opset, where)
     fold_initializer_identities(model, buffer_inputs or {})
     name_unnamed_nodes(model)
+    promoted = promote_constant_weights(model)
+    if promoted:
+        warnings.warn(f"{where} stores its weights as Constant nodes; these {len(promoted)} float Constant "
+                      f"output(s) are trained as weights under their output names: {', '.join(promoted)} "
+                      "(frozen= keeps any of them constant)", PromotedConstantsWarning, stacklevel=3)
     return model
+
+
+def _check_newer_ops(model: onnx.ModelProto, opset: int, where: str) -> None:
+    """Refuse nodes whose op at ``opset`` is a version newer than ``KNOWN_OPSET`` that changes more than the
+    element types (``_TYPES_ONLY``); every other node computes as at opset ``KNOWN_OPSET``."""
+    from .importer.program import all_nodes  # noqa: PLC0415 - the importer imports this module
+
+    newer: dict[str, list[str]] = {}
+    for node in all_nodes(model.graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            since = onnx.defs.get_schema(node.op_type, opset, "").since_version
+        except onnx.defs.SchemaError:
+            continue  # not a standard op: the importer names it
+        if since > KNOWN_OPSET and not (node.op_type in _TYPES_ONLY and since <= _TYPES_ONLY_UNTIL):
+            newer.setdefault(f"{node.op_type}-{since}", []).append(node.name or node.output[0])
+    if newer:
+        listing = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(newer.items()))
+        raise UnsupportedOpError(f"{where} uses default-domain opset {opset}, and these ops at versions newer than "
+                                 f"{KNOWN_OPSET} that bridge does not compute yet: {listing}; export the model at "
+                                 f"opset {KNOWN_OPSET} or lower")
+
+
+def promote_constant_weights(model: onnx.ModelProto) -> list[str]:
+    """Make the float ``Constant`` tensors of a model that has no float initializer of more than one element
+    initializers (in place); their output names, which the weights keep.
+
+    Such a model stores its weights as Constants (paddle2onnx); a model with initializer weights keeps its
+    Constants constant (masks, tables, anchors). Only tensors of more than one element are promoted: an
+    exporter's epsilons, exponents and scales are single numbers. Whether a promoted tensor trains is decided
+    as for any initializer: it must reach the loss differentiably (a Resize scale, a shape stays constant)."""
+    graph = model.graph
+    if any(_is_float(init.data_type) and _size(init.dims) > 1 for init in graph.initializer):
+        return []
+    outputs = {o.name for o in graph.output}
+    promoted, kept = [], []
+    for node in graph.node:
+        tensor = _constant_tensor(node)
+        if tensor is not None and node.output[0] not in outputs:
+            init = graph.initializer.add()
+            init.CopyFrom(tensor)
+            init.name = node.output[0]
+            promoted.append(init.name)
+        else:
+            kept.append(node)
+    if promoted:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return promoted
+
+
+def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The float tensor of more than one element that a ``Constant`` node holds (``value`` or
+    ``value_floats``), else None."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+        return None
+    attribute = node.attribute[0]
+    if attribute.name == "value" and _is_float(attribute.t.data_type) and _size(attribute.t.dims) > 1:
+        return attribute.t
+    if attribute.name == "value_floats" and len(attribute.floats) > 1:
+        return numpy_helper.from_array(np.array(attribute.floats, dtype=np.float32))
+    return None
+
+
+def _is_float(data_type: int) -> bool:
+    return data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+
+
+def _size(dims) -> int:
+    size = 1
+    for dim in dims:
+        size *= dim
+    return size
 
 
 def _check_element_types(model: onnx.ModelProto, where: str) -> None:
