@@ -97,8 +97,9 @@ def _convert(args: argparse.Namespace) -> int:
     from .atomic import check_output_path
     from .errors import BridgeWarning
     from .pipeline import progress
+    from .training.training_model import state_file
 
-    state_path = args.state or str(args.output).removesuffix(".onnx") + ".state.npz"
+    state_path = args.state or str(state_file(args.output))
     for path, flag in ((args.output, "-o"), (state_path, "--state")):
         check_output_path(path, flag)
         if os.path.abspath(path) == os.path.abspath(args.model):

@@ -27,7 +27,7 @@ from ..contract import TARGET_CLASSES as CLASSES
 from ..errors import InvalidOptionError, ModelLoadError, positive_int
 from ..onnx_file import read_model
 from .runtime import StepSession, TrainingSession
-from .training_model import TrainingModel, eval_path, part_path
+from .training_model import TrainingModel, eval_path, part_path, state_file
 
 BACKENDS = ("onnxruntime", "iree", "onnx-mlir")
 # name -> (torch.optim.lr_scheduler class, default interval)
@@ -117,7 +117,7 @@ class Trainer:
 
     Args:
         model: a ``TrainingModel``, or the path of a saved training graph (its state is read from
-            ``state=`` or the ``<name>.state.npz`` that ``bridge convert`` writes beside it; its eval
+            ``state=`` or the ``<name>.state.npz`` that ``tm.save`` and ``bridge convert`` write beside it; its eval
             graph from ``<name>.eval.onnx``).
         backend: ``"onnxruntime"``, ``"iree"`` or ``"onnx-mlir"`` (compiled here with ``bridge.compile``;
             evaluation runs the eval graph on the compiled session's state: compiled too on onnx-mlir,
@@ -386,9 +386,9 @@ def _load(model: TrainingModel | str | os.PathLike, state: Mapping[str, np.ndarr
     graph = read_model(path)
     evaluation = read_model(eval_path(path)) if eval_path(path).is_file() else None
     if state is None:
-        state_path = Path(str(path).removesuffix(".onnx") + ".state.npz")
+        state_path = state_file(path)
         if not state_path.is_file():
-            raise ModelLoadError(f"no state for {path}: pass state= or write {state_path} (bridge convert does)")
+            raise ModelLoadError(f"no state for {path}: pass state= or write {state_path} (tm.save and bridge convert do)")
         with np.load(state_path) as saved:
             state = {name: saved[name] for name in saved.files}
     return graph, evaluation, dict(state)

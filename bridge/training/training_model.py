@@ -12,7 +12,7 @@ import onnx
 
 from ..atomic import AtomicWriter, atomic_writer, check_output_path
 from ..contract import StepSignature
-from ..errors import BridgeError
+from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import copy_field, data_bytes, raw_bytes, read_model, tensor_bytes
 from .inference import with_trained_values
 from .runtime import StepSession, TrainingSession
@@ -85,17 +85,21 @@ class TrainingModel:
     def initial_state(self) -> dict[str, np.ndarray]:
         return {name: value.copy() for name, value in self.initial_values.items()}
 
-    def save(self, path: str | os.PathLike, state_path: str | os.PathLike | None = None) -> Path:
+    def save(self, path: str | os.PathLike, state_path: str | os.PathLike | None = None, *,
+             write_state: bool = True) -> Path:
         """Write the model, and beside it the eval graph as ``<name>.eval.onnx``, the gradient and
-        update graphs as ``<name>.gradient.onnx`` and ``<name>.update.onnx`` (and with ``state_path``
-        the initial state), all atomically: every file appears, or none (bridge.atomic). A graph whose
+        update graphs as ``<name>.gradient.onnx`` and ``<name>.update.onnx`` and the initial state as
+        ``<name>.state.npz`` (or at ``state_path``; ``write_state=False``: no state), so that
+        ``Trainer(path)`` trains it; all atomically: every file appears, or none (bridge.atomic). A graph whose
         tensors exceed ``EXTERNAL_DATA_THRESHOLD`` bytes keeps them in ``<file>.data`` beside it."""
         path = Path(path)
+        if state_path is not None and not write_state:
+            raise InvalidOptionError(f"save({path}): state_path={state_path} with write_state=False; give one of them")
         with atomic_writer() as writer:
             for part in PARTS:
                 self._write_part(writer, part, part_path(path, part))
-            if state_path is not None:
-                self._write_state(writer, state_path)
+            if write_state:
+                self._write_state(writer, state_file(path) if state_path is None else state_path)
             write_model(writer, self.model, path)
         return path
 
@@ -160,6 +164,12 @@ def part_path(path: str | os.PathLike, part: str) -> Path:
     """Where ``TrainingModel.save(path)`` writes the graph ``part`` (eval, gradient, update):
     ``<name>.<part>.onnx``."""
     return Path(str(path).removesuffix(".onnx") + f".{part}.onnx")
+
+
+def state_file(path: str | os.PathLike) -> Path:
+    """Where ``TrainingModel.save(path)`` and ``bridge convert -o path`` write the initial state, and where
+    ``Trainer(path)`` reads it: ``<name>.state.npz``."""
+    return Path(str(path).removesuffix(".onnx") + ".state.npz")
 
 
 def eval_path(path: str | os.PathLike) -> Path:
