@@ -171,13 +171,15 @@ def _convert(model, args=None, optim=ADAM, **options) -> bridge.TrainingModel:
 
 def _default_exports(module, args) -> dict[str, onnx.ModelProto]:
     """``torch.onnx.export`` as a user calls it: the TorchScript exporter's defaults (eval mode,
-    constant folding) and the dynamo exporter's (``optimize=True``)."""
+    constant folding) and the dynamo exporter's (``optimize=True``), of the module in eval and in train
+    mode (the optimizer fuses BatchNorm into Conv in both; only its node metadata says so in train mode)."""
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(copy.deepcopy(module).eval(), args, buffer, dynamo=False)
         dynamo = torch.onnx.export(copy.deepcopy(module).eval(), args, dynamo=True, verbose=False).model_proto
-    return {"torchscript": onnx.load_from_string(buffer.getvalue()), "dynamo": dynamo}
+        dynamo_train = torch.onnx.export(copy.deepcopy(module).train(), args, dynamo=True, verbose=False).model_proto
+    return {"torchscript": onnx.load_from_string(buffer.getvalue()), "dynamo": dynamo, "dynamo, train mode": dynamo_train}
 
 
 # --- default tier: small models ----------------------------------------------------------------

@@ -57,6 +57,7 @@ def find_inference_export(model: onnx.ModelProto) -> list[Finding]:
     """The signs of an inference-optimized export in ``model`` (empty for a training-ready export)."""
     weights = {init.name: init for init in model.graph.initializer if _is_weight(init)}
     folded_convs = _batchnorm_folded(model, weights)
+    folded_convs += [name for name in _batchnorm_fused_by_rewriter(model) if name not in folded_convs]
     findings = []
     if folded_convs:
         findings.append(Finding(f"BatchNorm folded into {len(folded_convs)} Conv node(s): its scale, shift and "
@@ -108,3 +109,13 @@ def _batchnorm_folded(model: onnx.ModelProto, weights: dict) -> list[str]:
         if bias == f"{weight}_bias" or (EXPORTER_NAME.match(weight) and EXPORTER_NAME.match(bias)):
             folded.append(node.name or weight)
     return folded
+
+
+REWRITER_RULE = "pkg.onnxscript.rewriter.rule_name"
+
+
+def _batchnorm_fused_by_rewriter(model: onnx.ModelProto) -> list[str]:
+    """Nodes whose metadata says the exporter's optimizer fused a BatchNorm into them (torch.onnx's default
+    export records each onnxscript rewrite rule it applied, such as ``FuseBatchNormIntoConv``)."""
+    return [node.name or node.output[0] for node in model.graph.node
+            for prop in node.metadata_props if prop.key == REWRITER_RULE and "FuseBatchNorm" in prop.value]
