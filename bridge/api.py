@@ -311,8 +311,9 @@ def _check_constant_inputs(model: onnx.ModelProto, given: Mapping[str, Any] | No
             dims = tensor_type.shape.dim
             static = all(d.HasField("dim_value") for d in dims)
             wanted = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-            if static and cast.shape != tuple(wanted) and cast.ndim <= 1 and cast.size == int(np.prod(wanted)):
-                cast = cast.reshape(wanted)  # a flat list (the CLI's form) for a fixed shape
+            fixed = [d.dim_value for d in dims]
+            if static and cast.shape != tuple(fixed) and cast.ndim <= 1 and cast.size == int(np.prod(fixed)):
+                cast = cast.reshape(fixed)  # a flat list (the CLI's form) for a fixed shape
             if len(wanted) != cast.ndim or any(w is not None and w != s for w, s in zip(wanted, cast.shape,
                                                                                           strict=True)):
                 shown = [w if w is not None else d.dim_param or "?" for w, d in zip(wanted, dims, strict=True)]
