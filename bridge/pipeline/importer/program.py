@@ -224,7 +224,10 @@ class OnnxProgram:
                     if name not in self.initializers:
                         raise ShapeError(
                             f"{node.op_type} node '{node.name}': input {index} ('{name}') must be known "
-                            "before the model runs (a constant or a static shape), but it is computed from data"
+                            "before the model runs (a constant or a static shape), but it is computed from data; "
+                            "if it derives from a graph input that always has the same value (a flag), pin that "
+                            "input: constant_inputs={'<input>': value} in bridge.to_training_onnx, "
+                            "--constant-input <input>=value with bridge convert"
                         )
                     value = self.initializers[name]
             args.append(value)

@@ -76,14 +76,14 @@ def _stack(values: list, axis: int = 0):
     return torch.stack(tensors, dim=axis % (tensors[0].dim() + 1))
 
 
-@converter("If", raw=True)
+@converter("If", static=(0,), raw=True)
 def if_(ctx, cond):
     """The branch chosen by a condition known before the model runs, interpreted in place."""
     branch = ctx.attr("then_branch") if _known_bool(ctx, cond, "the condition", 0) else ctx.attr("else_branch")
     return tuple(ctx.run_graph(branch, {}))
 
 
-@converter("Loop", raw=True)
+@converter("Loop", static=(0, 1), raw=True)
 def loop(ctx, trip_count=None, cond=None, *carried):
     """``for i in range(M) while cond``: the body unrolled, loop-carried values threaded through,
     the body's scan outputs stacked along a new axis 0."""
