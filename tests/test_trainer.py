@@ -136,8 +136,7 @@ def test_trainer_resume_is_bit_identical(tmp_path):
 
 def test_trainer_from_files_and_export(mlp, tmp_path):
     _, tm = mlp
-    path = tm.save(tmp_path / "mlp.onnx")
-    tm.save_state(tmp_path / "mlp.state.npz")
+    path = tm.save(tmp_path / "mlp.onnx")  # writes mlp.state.npz beside it
     trainer = bridge.Trainer(path)
     data = features(SAMPLES, seed=8)
     trainer.fit(data, epochs=1, batch_size=BATCH)
@@ -145,7 +144,7 @@ def test_trainer_from_files_and_export(mlp, tmp_path):
     with pytest.raises(bridge.InvalidOptionError, match="needs the source model"):
         trainer.export_inference(tmp_path / "out.onnx")
     with pytest.raises(bridge.ModelLoadError, match="no state for"):
-        bridge.Trainer(tm.save(tmp_path / "other.onnx"))
+        bridge.Trainer(tm.save(tmp_path / "other.onnx", write_state=False))
     in_memory = bridge.Trainer(tm)
     in_memory.fit(data, epochs=1, batch_size=BATCH)
     exported = in_memory.export_inference(tmp_path / "mlp.trained.onnx")
