@@ -2,7 +2,4 @@
 the defect and its repro in this folder. tests/test_onnx_mlir_ops.py makes each a strict xfail and
 docs/op_database.py counts them in the onnx-mlir column of docs/models.md; docs/onnx-mlir.md lists them."""
 
-OP_DEFECTS: dict[str, str] = {
-    "ConvTranspose-1d_strided-symbolic": "onnx-mlir defect: a MatMul reading a Reshape of a Transpose that moves the symbolic "
-                                         "batch computes wrong rows (grad_W); tests/repros/onnx_mlir_transpose_reshape_matmul.py",
-}
+OP_DEFECTS: dict[str, str] = {}  # bridge emits a form avoiding each defect met so far (docs/onnx-mlir.md)

@@ -362,12 +362,16 @@ def _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, gr
     in_per_group, out_per_group = in_channels // groups, out_channels // groups
     rank = len(sizes)
     spatial = list(range(3, 3 + rank))
-    xs = aten.reshape.default(x, [n, groups, in_per_group] + sizes)
-    xs = aten.permute.default(xs, [2, 1, 0] + spatial)
-    xs = aten.reshape.default(xs, [in_per_group, groups * n] + sizes)
-    gs = aten.reshape.default(grad_output, [n, groups, out_per_group] + outputs)
-    gs = aten.permute.default(gs, [1, 2, 0] + spatial)
-    gs = aten.reshape.default(gs, [groups * out_per_group, n] + outputs)
+    if groups == 1:  # no unit group axis: onnx-mlir miscomputes a MatMul of Reshape(Transpose(Reshape(x)))
+        xs = aten.permute.default(x, [1, 0] + list(range(2, 2 + rank)))  # moving a symbolic batch (docs/onnx-mlir.md)
+        gs = aten.permute.default(grad_output, [1, 0] + list(range(2, 2 + rank)))
+    else:
+        xs = aten.reshape.default(x, [n, groups, in_per_group] + sizes)
+        xs = aten.permute.default(xs, [2, 1, 0] + spatial)
+        xs = aten.reshape.default(xs, [in_per_group, groups * n] + sizes)
+        gs = aten.reshape.default(grad_output, [n, groups, out_per_group] + outputs)
+        gs = aten.permute.default(gs, [1, 2, 0] + spatial)
+        gs = aten.reshape.default(gs, [groups * out_per_group, n] + outputs)
     full = aten.convolution.default(xs, gs, None, list(dilation), list(padding), list(stride), False, [0] * rank, groups)
     return aten.permute.default(fit_spatial(full, weight_size[2:]), [1, 0] + list(range(2, 2 + rank)))
 
