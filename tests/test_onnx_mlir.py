@@ -62,6 +62,14 @@ def _cnn() -> torch.nn.Module:
     )
 
 
+def _pooled_head() -> torch.nn.Module:
+    """A classifier head on a global pool (lcnet's ``conv_head``, a squeeze-excitation's reduce): its 1x1
+    Conv's weight gradient is a MatMul of the batch-transposed gradient (the onnxruntime target's form),
+    which onnx-mlir got wrong with a symbolic batch until ``bridge.compile`` copied that operand."""
+    return torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 16, 1), torch.nn.Hardswish(),
+                               torch.nn.Flatten(), torch.nn.Linear(16, 3))
+
+
 @dataclass
 class Case:
     build: Callable[[], torch.nn.Module]
@@ -75,6 +83,7 @@ class Case:
 CASES = {
     "mlp-symbolic-batch": Case(_mlp, (4, 6), True, "adam", {"lr": 0.05}, (5, 3, 5)),
     "cnn": Case(_cnn, (4, 1, 8, 8), False, "sgd", {"lr": 0.05, "momentum": 0.9}, (4, 4, 4)),
+    "pooled-head-symbolic-batch": Case(_pooled_head, (4, 8, 2, 2), True, "adam", {"lr": 0.05}, (5, 3, 5)),
 }
 
 

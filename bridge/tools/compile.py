@@ -187,7 +187,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     start = time.perf_counter()
     if backend == "onnx-mlir":
         flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
-        module = _onnx_mlir(tools.compiler, _unaliased_outputs(proto), flags, report, start, timeout)
+        module = _onnx_mlir(tools.compiler, _for_onnx_mlir(proto), flags, report, start, timeout)
         return _compiled(CompiledModel(module, backend, time.perf_counter() - start, _initial_state(model), graph),
                          output)
     import iree.compiler.tools as iree_tools
@@ -222,40 +222,98 @@ _PHASE = re.compile(r"^\[(\d+)/(\d+)\] .*? \(\d+s\) (.*)$")  # onnx-mlir: "[2/6]
 _LOADER = re.compile(r"error while loading shared libraries: (\S+)")
 
 
-def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with no two graph outputs one tensor: onnx-mlir returns such outputs as two tensors that
-    own one buffer and the process aborts releasing them (tests/repros/onnx_mlir_aliased_outputs.py).
-    An output that is an Identity (chain) of a value another output already returns becomes
-    ``Expand(value, Shape(value))``, which onnx-mlir does not fold: a copy with the same numbers."""
+def _for_onnx_mlir(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` in forms onnx-mlir computes right (the same values): outputs unaliased, and MatMul
+    operands that are reshaped transposes copied where the graph has a symbolic dim."""
+    return _copied_matmul_operands(_unaliased_outputs(model))
+
+
+def _copied_matmul_operands(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each MatMul operand that is ``Reshape(Transpose(...))`` copied first,
+    ``Expand(operand, Shape(operand))``, when an input has a symbolic dim: onnx-mlir reads such an operand
+    with the wrong strides once a symbolic dim is above 1 (silently wrong rows;
+    tests/repros/onnx_mlir_transpose_reshape_matmul.py). A copy it does not fold makes it read a plain buffer."""
+    symbolic = any(not dim.HasField("dim_value") for value in model.graph.input for dim in value.type.tensor_type.shape.dim)
     producer = {out: node for node in model.graph.node for out in node.output}
-    inputs = {value.name for value in model.graph.input} | {init.name for init in model.graph.initializer}
+
+    def reshaped_transpose(name: str) -> bool:
+        node = producer.get(name)
+        return node is not None and node.op_type == "Reshape" and getattr(producer.get(node.input[0]), "op_type", "") == "Transpose"
+
+    operands = {name for node in model.graph.node if node.op_type == "MatMul" for name in node.input if reshaped_transpose(name)}
+    if not symbolic or not operands:
+        return model
+    model = copy.deepcopy(model)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "MatMul":
+            node.input[:] = [f"{name}/copy" if name in operands else name for name in node.input]
+        nodes.append(node)
+        for name in node.output:
+            if name in operands:
+                nodes += [onnx.helper.make_node("Shape", [name], [f"{name}/copy/shape"], name=f"{name}/copy/shape"),
+                          onnx.helper.make_node("Expand", [name, f"{name}/copy/shape"], [f"{name}/copy"], name=f"{name}/copy")]
+    model.graph.ClearField("node")
+    model.graph.node.extend(nodes)
+    return model
+
+
+# ops whose output onnx-mlir may return as their data input's buffer (views, and folded no-op arithmetic)
+_VIEW_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
+_NEUTRAL = {"Mul": 1.0, "Div": 1.0, "Add": 0.0, "Sub": 0.0}  # op -> the constant operand that leaves x as it is
+
+
+def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with no two graph outputs one buffer: onnx-mlir returns outputs that are views of one value
+    (``Identity``, ``Reshape``, ``Squeeze``/``Unsqueeze``, ``Cast`` to the same type, ``Mul`` by 1, ``Add`` of
+    0, chains of them) as tensors that own that one buffer, and the process aborts releasing them
+    (tests/repros/onnx_mlir_aliased_outputs.py). Every output but one per value is copied:
+    ``Expand(output, Shape(output))``, which onnx-mlir does not fold."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    constants = {init.name: init for init in model.graph.initializer}
+    constants.update({node.output[0]: attribute.t for node in model.graph.node if node.op_type == "Constant"
+                      for attribute in node.attribute if attribute.name == "value"})
+
+    def neutral(name: str, value: float) -> bool:
+        return name in constants and bool(np.all(onnx.numpy_helper.to_array(constants[name]) == value))
+
+    def source(node: onnx.NodeProto) -> str | None:
+        """The input ``node``'s output may alias, if any."""
+        if node.op_type in _VIEW_OPS:
+            return node.input[0]
+        if node.op_type in _NEUTRAL and len(node.input) == 2:
+            if neutral(node.input[1], _NEUTRAL[node.op_type]):
+                return node.input[0]
+            if node.op_type in ("Mul", "Add") and neutral(node.input[0], _NEUTRAL[node.op_type]):
+                return node.input[1]
+        return None
 
     def root(name: str) -> str:
-        while name in producer and producer[name].op_type == "Identity":
-            name = producer[name].input[0]
+        while name in producer and (aliased := source(producer[name])) is not None:
+            name = aliased
         return name
 
     names = [output.name for output in model.graph.output]
     claimed = {name for name in names if root(name) == name}  # an output that is its value owns it
-    copies = {}
+    copies = set()
     for name in names:
-        source = root(name)
-        if name == source or source in inputs:  # onnx-mlir copies an Identity of a graph input
+        value = root(name)
+        if name == value:
             continue
-        if source in claimed:
-            copies[name] = source
-        claimed.add(source)
+        if value in claimed:
+            copies.add(name)
+        claimed.add(value)
     if not copies:
         return model
     model = copy.deepcopy(model)
     nodes = []
     for node in model.graph.node:
-        if node.op_type == "Identity" and node.output[0] in copies:
-            source, name = copies[node.output[0]], node.name or node.output[0]
-            nodes += [onnx.helper.make_node("Shape", [source], [f"{name}/shape"], name=f"{name}/shape"),
-                      onnx.helper.make_node("Expand", [source, f"{name}/shape"], [node.output[0]], name=name)]
-        else:
-            nodes.append(node)
+        nodes.append(node)
+        for index, name in enumerate(node.output):
+            if name in copies:
+                view = node.output[index] = f"{name}/aliased"
+                nodes += [onnx.helper.make_node("Shape", [view], [f"{name}/shape"], name=f"{name}/copy/shape"),
+                          onnx.helper.make_node("Expand", [view, f"{name}/shape"], [name], name=f"{name}/copy")]
     model.graph.ClearField("node")
     model.graph.node.extend(nodes)
     return model
