@@ -208,6 +208,19 @@ def test_accumulation_runs_the_compiled_halves():
     assert_steps_match([om.state()], [ort.state()], rtol=TOLERANCE)
 
 
+@needs_onnx_mlir
+def test_outputs_that_are_views_of_one_value_run_and_release():
+    """Outputs that are views of one value (Identity, Reshape, Unsqueeze, Cast, Mul by 1, Add of 0), which
+    onnx-mlir would return as one buffer each and abort releasing: each has the first output's values and
+    the process survives releasing them (a child process: an abort would end this one)."""
+    from repros.onnx_mlir_aliased_outputs import FORMS, build, compile_and_run
+
+    result = compile_and_run(build(*FORMS))
+    assert result.returncode == 0 and "released" in result.stdout, result.stderr[-300:]
+    differences = re.search(r"differ \[(.*)\]", result.stdout).group(1).split(", ")
+    assert differences == ["0.0"] * len(FORMS), result.stdout
+
+
 def _broadcast_mismatch() -> onnx.ModelProto:
     """A Mul of a [2, 3] by a [3, 2] tensor: no broadcast exists, which onnx-mlir's shape inference reports."""
     weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
