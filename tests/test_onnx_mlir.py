@@ -1,7 +1,7 @@
 """Training graphs compiled by onnx-mlir (``bridge.compile(backend="onnx-mlir")``) train like onnxruntime.
 
-An MLP (symbolic batch, adam) and a CNN (Conv/BatchNorm/MaxPool/Dropout, static batch, SGD with
-momentum) are compiled once per module and stepped 3 times with their updates fed back; every
+An MLP (symbolic batch, adam), a CNN (Conv/BatchNorm/MaxPool/Dropout, static batch, SGD with
+momentum) and a 1x1-conv head on a global pool (symbolic batch, adam) are compiled once per module and stepped 3 times with their updates fed back; every
 output (loss, grad_*, updated_*) is compared with the same steps in onnxruntime at one thread (onnx-mlir
 runs on one), which tests/test_*.py compare with PyTorch. The tolerance, ``TOLERANCE``, is 16 units
 of float32 rounding (``eps``) of each tensor's largest magnitude: the largest deviation measured on
