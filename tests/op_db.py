@@ -420,6 +420,8 @@ def _pool() -> list[OpRow]:
             oracle=(const("axes", [2, 3], np.int64), Node("ReduceL2", ("x", "axes"), ("y",)))),
         row("GlobalLpPool", "1d_p1", x((2, 3, 5)), attrs={"p": 1},
             oracle=(const("axes", [2], np.int64), Node("ReduceL1", ("x", "axes"), ("y",)))),
+        row("GlobalLpPool", "2d_p3", x((2, 3, 4, 4)), attrs={"p": 3},
+            oracle=(Node("LpPool", ("x",), ("y",), {"kernel_shape": [4, 4], "p": 3}),)),
     ]
     x2 = x((2, 3, 6, 6))
     rows += [
