@@ -6,7 +6,7 @@ import functools
 import gc
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from .pipeline.broadcast import match_scalar_ranks
 from .pipeline.cleanup import clean_up
 from .pipeline.export import export_step
 from .pipeline.from_torch import is_torch_source, load_torch_source
-from .pipeline.importer.program import OnnxProgram
+from .pipeline.importer.program import OnnxProgram, drop_unimportable_outputs
 from .pipeline.importer.registry import buffer_inputs
 from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_model
@@ -148,6 +148,10 @@ def to_training_onnx(
         source_hash = model_digest(source)
         if parameters is None:
             check_export(source, strict=strict)
+        declared = [o.name for o in source.graph.output]
+        loss_output, extras = declared[_output_index(declared, output)], _extra_outputs(declared, extra_outputs)
+        drop_unimportable_outputs(source, [loss_output, *extras])
+        output, extra_outputs = loss_output, extras  # names: indices shift where outputs are dropped
     original = _original(model)
     if pins:  # the inference model takes the pin too: the weights were trained on that branch
         original = original if original is not None else read_model(Path(model))
@@ -156,7 +160,7 @@ def to_training_onnx(
     source = program.model  # without its weights' data (the program holds them as arrays): one copy in memory
     dims = _dim_spec(source, program, dynamic_batch, dynamic_dims, input_shapes or {})
     inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
-    output_index = _output_index(program, output)
+    output_index = _output_index(program.output_names, output)
 
     run = _probe(lambda: _run_example(lambda: example_run(program, inputs, output_index), inputs))
     candidates, buffers, random, example_output = run.differentiable, run.buffers, run.random, run.output
@@ -169,7 +173,7 @@ def to_training_onnx(
         _nothing_to_train(candidates, trainable, frozen)
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
     signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
-                              outputs=_extra_outputs(program, extra_outputs))
+                              outputs=_extra_outputs(program.output_names, extra_outputs))
 
     _check_names_free(source, signature)
 
@@ -423,15 +427,15 @@ def _check_class_dim(loss: Loss, output: torch.Tensor, inputs: Mapping[str, torc
         )
 
 
-def _extra_outputs(program: OnnxProgram, extra: bool | str | int | Iterable[str | int] | None) -> list[str]:
+def _extra_outputs(output_names: Sequence[str], extra: bool | str | int | Iterable[str | int] | None) -> list[str]:
     """Names of the model outputs that ``extra_outputs=`` selects."""
     if extra is None or extra is False:
         return []
     if extra is True:
-        return list(program.output_names)
+        return list(output_names)
     if isinstance(extra, (str, int)):
         extra = [extra]
-    names = [program.output_names[_output_index(program, item, "extra_outputs")] for item in extra]
+    names = [output_names[_output_index(output_names, item, "extra_outputs")] for item in extra]
     return list(dict.fromkeys(names))
 
 
@@ -565,16 +569,16 @@ def _has_symbolic_batch(model: onnx.ModelProto, program: OnnxProgram) -> bool:
     return False
 
 
-def _output_index(program: OnnxProgram, output: str | int | None, option: str = "output") -> int:
+def _output_index(output_names: Sequence[str], output: str | int | None, option: str = "output") -> int:
     if output is None:
         return 0
     if isinstance(output, bool):
         raise InvalidOptionError(f"{option}={output} is a bool, not an output name or index; "
-                                 f"outputs: {program.output_names}")
+                                 f"outputs: {list(output_names)}")
     if isinstance(output, int):
-        if not 0 <= output < len(program.output_names):
-            raise InvalidOptionError(f"{option}={output} is out of range; the model has {len(program.output_names)} outputs")
+        if not 0 <= output < len(output_names):
+            raise InvalidOptionError(f"{option}={output} is out of range; the model has {len(output_names)} outputs")
         return output
-    if output not in program.output_names:
-        raise InvalidOptionError(f"{option}='{output}' is not a model output; outputs: {program.output_names}")
-    return program.output_names.index(output)
+    if output not in output_names:
+        raise InvalidOptionError(f"{option}='{output}' is not a model output; outputs: {list(output_names)}")
+    return list(output_names).index(output)

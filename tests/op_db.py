@@ -13,11 +13,14 @@ ops (``distinct``), positive inputs for Log/Sqrt, ``|x| < 1`` for Asin/Atanh, > 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
+import torch
+import torch.nn.functional as F  # noqa: N812
 from helpers.single_op import ELEM
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -111,6 +114,9 @@ class OpRow:
     node_inputs: tuple[str, ...] | None = None  # the op node's inputs (default: every arg, in order)
     before: tuple[Node, ...] = ()  # nodes in front of the op's node
     after: tuple[Node, ...] = ()  # nodes after it; the last one's outputs are the model's
+    # The torch function of the model (its inputs and weights by name, float64 tensors): where set,
+    # the gradient oracle is its autograd, not finite differences (rows placed at kinks: ``kink``).
+    twin: Callable[..., Any] | None = None
 
     @property
     def id(self) -> str:
@@ -414,6 +420,8 @@ def _pool() -> list[OpRow]:
             oracle=(const("axes", [2, 3], np.int64), Node("ReduceL2", ("x", "axes"), ("y",)))),
         row("GlobalLpPool", "1d_p1", x((2, 3, 5)), attrs={"p": 1},
             oracle=(const("axes", [2], np.int64), Node("ReduceL1", ("x", "axes"), ("y",)))),
+        row("GlobalLpPool", "2d_p3", x((2, 3, 4, 4)), attrs={"p": 3},
+            oracle=(Node("LpPool", ("x",), ("y",), {"kernel_shape": [4, 4], "p": 3}),)),
     ]
     x2 = x((2, 3, 6, 6))
     rows += [
@@ -936,3 +944,101 @@ def _random() -> list[OpRow]:
 
 
 ROWS += _random()
+
+
+# --- kinks and bounds (issue 33) ---
+# Each row puts a trainable ``w`` at exactly the op's non-smooth points, where finite differences
+# mean nothing: the gradient must equal torch's (``twin``), the convention bridge follows.
+
+def kink(op_type: str, variant: str, at, twin: Callable[..., Any], *args: Arg, **options) -> OpRow:
+    """``op(x + w, *args)`` with ``x = 0`` and ``w = at``; ``twin``: the torch op of ``x + w`` (and of
+    the weights among ``args``, by name)."""
+    at = np.asarray(at, np.float32)
+    return row(op_type, f"kink_{variant}", Arg("x", role=DATA, value=np.zeros_like(at)), Arg("w", role=WEIGHT, value=at),
+               *args, node_inputs=("s", *(a.name for a in args)), before=(Node("Add", ("x", "w"), ("s",)),),
+               twin=lambda x, w, **weights: twin(x + w, **weights), dynamic_batch=False, iree=False, **options)
+
+
+def tie(op_type: str, variant: str, at, twin: Callable[..., Any], **options) -> OpRow:
+    """``op(x + a, b)`` with ``x = 0`` and ``a = b = at``: a tie between two trainable inputs."""
+    at = np.asarray(at, np.float32)
+    return row(op_type, f"tie_{variant}", Arg("x", role=DATA, value=np.zeros_like(at)), Arg("a", role=WEIGHT, value=at),
+               Arg("b", role=WEIGHT, value=at), node_inputs=("s", "b"), before=(Node("Add", ("x", "a"), ("s",)),),
+               twin=lambda x, a, b: twin(x + a, b), dynamic_batch=False, iree=False, **options)
+
+
+def _qdq_kink(variant: str, at, scale, zero_point, twin: Callable[..., Any], **attrs) -> OpRow:
+    """QuantizeLinear -> DequantizeLinear at the clamp bounds and rounding ties: torch's fake
+    quantization, which runs in float32 only; its values and its 0/1 gradient mask are exact, so
+    the twin carries them into float64 (the upstream gradient is not rounded to float32)."""
+    def in_float64(t):
+        t32 = t.detach().float().requires_grad_()
+        value = twin(t32)
+        (mask,) = torch.autograd.grad(value.sum(), t32)
+        return value.detach().double() + mask.double() * (t - t.detach())
+
+    consts = (c("scale", scale, np.float32), c("zp", zero_point, np.int8))
+    after = (Node("DequantizeLinear", ("y", "scale", "zp"), ("z",), attrs),)
+    return kink("QuantizeLinear", variant, at, in_float64, *consts, attrs=attrs, after=after, opset=19)
+
+
+A01 = float(np.float32(0.1))
+# Selu's default attributes as ONNX holds them (float32), so the twin computes the same function
+SELU_ALPHA, SELU_GAMMA = float(np.float32(1.67326319217681884765625)), float(np.float32(1.05070102214813232421875))
+
+
+def _kinks() -> list[OpRow]:
+    at0 = [[0.0, 1.0, -1.0], [0.0, -0.0, 2.0]]
+    integers, halves = [[0.0, 1.0, -2.0], [3.0, 0.5, 0.0]], [[0.5, 1.5, -0.5], [2.5, 0.0, -1.5]]
+    ties = [[[[1.0, 1.0, 0.5, -2.0], [1.0, 1.0, -2.0, -2.0], [0.0, 0.0, 0.0, 3.0], [0.0, -1.0, 3.0, 3.0]]]]
+    zero_slice = [[0.0, 0.0, 0.0], [3.0, 0.0, -4.0]]
+    return [
+        kink("Relu", "0", at0, F.relu),
+        kink("LeakyRelu", "0", at0, lambda t: F.leaky_relu(t, A01), attrs={"alpha": A01}),
+        kink("PRelu", "0", at0, lambda t, slope: F.prelu(t, slope), Arg("slope", role=WEIGHT, value=np.float32([0.25]))),
+        kink("Elu", "0", at0, F.elu),
+        kink("Elu", "alpha2_0", at0, lambda t: F.elu(t, 2.0), attrs={"alpha": 2.0}),
+        kink("Selu", "0", at0, lambda t: SELU_GAMMA * F.elu(t, SELU_ALPHA)),
+        kink("Celu", "alpha2_0", at0, lambda t: F.celu(t, 2.0), attrs={"alpha": 2.0}),
+        kink("ThresholdedRelu", "alpha", [[1.0, 2.0, 0.0]], lambda t: F.threshold(t, 1.0, 0.0)),
+        kink("HardSigmoid", "bounds", [[-2.0, 2.0, 0.0]], lambda t: torch.clamp(0.25 * t + 0.5, 0.0, 1.0),
+             attrs={"alpha": 0.25, "beta": 0.5}),
+        kink("HardSwish", "bounds", [[-3.0, 3.0, 0.0]], F.hardswish),
+        kink("Shrink", "lambd", [[0.5, -0.5, 0.0]], lambda t: F.softshrink(t, 0.5), attrs={"lambd": 0.5, "bias": 0.5}),
+        kink("Abs", "0", at0, torch.abs),
+        kink("Sign", "0", at0, torch.sign),
+        kink("Floor", "integers", integers, torch.floor),
+        kink("Ceil", "integers", integers, torch.ceil),
+        kink("Round", "halves", halves, torch.round),
+        kink("Clip", "at_bounds", [[-0.5, 0.75, 0.0], [-1.0, 1.0, 0.75]], lambda t: torch.clamp(t, -0.5, 0.75),
+             c("lo", -0.5, np.float32), c("hi", 0.75, np.float32)),
+        kink("Clip", "at_min_only", [[-0.5, 0.75, -1.0]], lambda t: torch.clamp(t, min=-0.5), c("lo", -0.5, np.float32)),
+        tie("Max", "two", at0, torch.maximum),
+        tie("Min", "two", at0, torch.minimum),
+        kink("ReduceMax", "ties", ties[0][0], lambda t: torch.amax(t, dim=1, keepdim=True), c("axes", [1])),
+        kink("ReduceMin", "ties", ties[0][0], lambda t: torch.amin(t, dim=0, keepdim=True), c("axes", [0])),
+        kink("MaxPool", "ties_k2s2", ties, lambda t: F.max_pool2d(t, 2, 2), attrs={"kernel_shape": [2, 2], "strides": [2, 2]}),
+        kink("MaxPool", "ties_k3_pads", ties, lambda t: F.max_pool2d(t, 3, 1, 1),
+             attrs={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+        kink("GlobalMaxPool", "ties", ties, lambda t: F.adaptive_max_pool2d(t, 1)),
+        kink("LpNormalization", "p2_zero_slice", zero_slice, lambda t: F.normalize(t, 2.0, -1)),
+        kink("LpNormalization", "p1_zero_slice", zero_slice, lambda t: F.normalize(t, 1.0, -1), attrs={"p": 1}),
+        kink("LpNormalization", "axis0_zero_slice", np.transpose(zero_slice), lambda t: F.normalize(t, 2.0, 0),
+             attrs={"axis": 0}),
+        kink("ReduceL2", "zero_slice", zero_slice, lambda t: torch.linalg.vector_norm(t, 2, -1, keepdim=True),
+             c("axes", [-1])),
+        kink("GlobalLpPool", "p2_zero_plane", [[[[0.0, 0.0], [0.0, 0.0]], [[3.0, 0.0], [0.0, -4.0]]]],
+             lambda t: F.lp_pool2d(t, 2.0, t.shape[2:]),
+             oracle=(const("axes", [2, 3], np.int64), Node("ReduceL2", ("s", "axes"), ("y",)))),
+        kink("ReduceL1", "zero_slice", zero_slice, lambda t: torch.linalg.vector_norm(t, 1, -1, keepdim=True),
+             c("axes", [-1])),
+        # codes 127 and -128 exactly (pass), 127.5 -> 128 and -128.5 -> -128 (round half to even), beyond
+        _qdq_kink("per_tensor_bounds", [[63.5, -64.0, 63.75, -64.25], [64.5, -65.0, 0.25, 0.75]], 0.5, 0,
+                  lambda t: torch.fake_quantize_per_tensor_affine(t, 0.5, 0, -128, 127)),
+        _qdq_kink("per_channel_bounds", [[127.0, -128.0, 127.5, 126.5], [63.5, -64.0, 63.75, -64.5]], [1.0, 0.5], [0, 0],
+                  lambda t: torch.fake_quantize_per_channel_affine(t, torch.tensor([1.0, 0.5]), torch.zeros(2, dtype=torch.int32),
+                                                                   0, -128, 127), axis=0),
+    ]
+
+
+ROWS += _kinks()

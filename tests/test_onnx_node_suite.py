@@ -121,5 +121,10 @@ def test_gradient_sample_is_gradient_cases():
     assert GRADIENT_FAST <= GRADIENT_SAMPLE
 
 
+def test_no_recorded_gradient_is_wrong():
+    """Every gradient verdict that reached its oracle agrees with it (finite differences; torch at kinks)."""
+    assert [n for n in NAMES if suite.wrong_gradient(EXPECTED[n]["grad"] or "")] == []
+
+
 def test_conformance_doc_current():
     assert_generated_block_current("conformance.py", "models.md", "render")

@@ -104,7 +104,8 @@ def _training_params():
 
 @pytest.mark.parametrize("row", list(_training_params()))
 def test_training_step_matches_finite_differences(row: OpRow):
-    result = check_training_step(row.model(), row.inputs(), reference=row.oracle_model(), dynamic_batch=False)
+    result = check_training_step(row.model(), row.inputs(), reference=row.oracle_model(), twin=row.twin,
+                                 dynamic_batch=False)
     assert sorted(result.weights) == sorted(row.weights)
     assert result.failures() == []
 

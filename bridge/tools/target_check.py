@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 TARGETS = ("onnx-mlir", "iree")
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE}
+INDEX_TYPES = {TensorProto.INT32, TensorProto.INT64}
 SHORT_INTS = {TensorProto.INT8, TensorProto.INT16, TensorProto.UINT8, TensorProto.UINT16}
 
 
@@ -168,8 +169,12 @@ def _resize(node, graph):
 
 @rule("Cast", "CastLike")
 def _cast_types(node, graph):
+    """The table allows float <-> double only; int32 <-> int64 (an embedding's int32 indices widened
+    in its backward) compiles and steps as onnxruntime does (tests/test_int32_indices.py)."""
     source = graph.types.get(node.input[0])
     to = attribute(node, "to") if node.op_type == "Cast" else graph.types.get(node.input[1])
+    if {source, to} <= INDEX_TYPES:
+        return
     for what, elem in (("from", source), ("to", to)):
         if elem is not None and elem not in FLOAT_TYPES:
             yield f"cast {what} {TensorProto.DataType.Name(elem)} (float <-> double only)"

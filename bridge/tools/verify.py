@@ -187,7 +187,7 @@ def verify(
     source = load_model(model, buffer_inputs())
     program32, program64 = OnnxProgram(source), OnnxProgram(as_float64(source))
     loss_fn, optimizer = make_loss(loss, dict(loss_options or {})), make_optimizer(optim, dict(optim_options or {}))
-    output_index = _output_index(program32, convert_options.get("output"))
+    output_index = _output_index(program32.output_names, convert_options.get("output"))
     rng = np.random.default_rng(seed)
     unknown = sorted(set(inputs or {}) - set(tm.data_inputs))
     if unknown:

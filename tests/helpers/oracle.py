@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -39,6 +40,7 @@ FLOAT64_FLOOR = 1e-9
 FLOAT32_ULPS = 2.0**10  # of float32 unit roundoff (2**-24): 6e-5 of the gradient's scale
 FLOAT32_EPS = 2.0**-24
 TORCH_NOISE_FACTOR = 10.0  # bridge's float32 gradient may be this many times as far from float64 as torch's
+TWIN_ULPS = 16.0  # float64 unit roundoffs of the gradient's scale: bridge's float64 graph vs the torch twin
 LR = 0.125  # a power of two: the lr input is float32 even in a float64 graph
 
 
@@ -158,6 +160,20 @@ def finite_difference_gradients(
     return result
 
 
+def twin_gradients(twin: Callable[..., Any], feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                   target: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+    """The mse loss and its float64 autograd gradients of a torch twin of the model, called with
+    the model's inputs and weights by name: the oracle at kinks, where finite differences mean
+    nothing and torch's convention is the truth."""
+    import torch
+
+    params = {k: torch.tensor(np.asarray(v, np.float64), requires_grad=True) for k, v in weights.items()}
+    data = {k: torch.tensor(np.asarray(v)) for k, v in feeds.items()}
+    loss = torch.mean((twin(**data, **params) - torch.tensor(target)) ** 2)
+    grads = torch.autograd.grad(loss, list(params.values()))
+    return float(loss.detach()), {k: g.numpy() for k, g in zip(params, grads, strict=True)}
+
+
 def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """``model`` run by ONNX's reference evaluator."""
     return ReferenceEvaluator(model, new_ops=REFERENCE_OPS).run(None, dict(feeds))
@@ -217,7 +233,8 @@ def _as_input_dtypes(tm: bridge.TrainingModel, values: Mapping[str, np.ndarray])
 def check_training_step(
     model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *, output_index: int = 0,
     max_elements: int = 24, seed: int = 0, float32: bool = True, reference: onnx.ModelProto | None = None,
-    fd_budget_s: float | None = None, loss_rtol: float = 1e-12, **convert_options,
+    fd_budget_s: float | None = None, loss_rtol: float = 1e-12, twin: Callable[..., Any] | None = None,
+    **convert_options,
 ) -> StepCheck:
     """Convert ``model`` (mse, SGD), run one step in float64 and (``float32``) float32, compare.
 
@@ -230,6 +247,9 @@ def check_training_step(
     ``fd_budget_s``: the finite differences' time budget (``finite_difference_gradients``).
     ``loss_rtol``: the loss's bound relative to its scale (ONNX float attributes are float32:
     evaluators that widen a default such as HardSigmoid's alpha=0.2 differently differ by ~1e-9).
+    ``twin``: a torch function of the model's inputs and weights by name; where given, the loss
+    and gradients are compared with its float64 autograd (``twin_gradients``), not with finite
+    differences (inputs at kinks, where torch's convention decides the gradient).
     """
     model64 = as_float64(model)
     reference64 = model64 if reference is None else as_float64(reference)
@@ -244,7 +264,14 @@ def check_training_step(
     result = StepCheck(list(tm64.weights))
 
     state = tm64.initial_state()
-    if not noise64:
+    if twin is not None:
+        twin_loss, twin_grads = twin_gradients(twin, inputs64, {w: state[w] for w in tm64.weights}, target)
+        result.record("loss", abs(float(got64["loss"]) - twin_loss), loss_rtol * max(1.0, abs(twin_loss)))
+        for w, want in twin_grads.items():
+            got = np.asarray(got64[f"grad_{w}"], np.float64)
+            result.record(f"grad_{w} vs torch twin", float(np.max(np.abs(got - want), initial=0.0)),
+                          TWIN_ULPS * np.finfo(np.float64).eps * max(scale_of(want), 1.0))
+    elif not noise64:
         reference_loss = mse(run_reference(reference64, {**inputs64, **{w: state[w] for w in tm64.weights}})[output_index], target)
         result.record("loss", abs(float(got64["loss"]) - reference_loss), loss_rtol * max(1.0, abs(reference_loss)))
         fd = finite_difference_gradients(reference64, inputs64, {w: state[w] for w in tm64.weights}, target,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import warnings
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 
@@ -29,7 +30,7 @@ from onnx import numpy_helper
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
-from ...errors import ShapeError, UnsupportedOpError
+from ...errors import BridgeWarning, ShapeError, UnsupportedOpError
 from ...onnx_file import skeleton
 from .. import targets
 from ..load import default_opset
@@ -55,6 +56,76 @@ def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
         for attribute in node.attribute:
             for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
                 yield from all_nodes(sub)
+
+
+def importable(node: onnx.NodeProto) -> bool:
+    """Whether bridge has a converter for ``node`` (its subgraphs not looked at)."""
+    return node.domain in ("", "ai.onnx") and node.op_type in CONVERTERS
+
+
+class DroppedOutputsWarning(BridgeWarning):
+    """Model outputs that the loss does not use and bridge cannot compute were left out."""
+
+
+def _read_names(node: onnx.NodeProto) -> Iterator[str]:
+    """The values ``node`` reads: its inputs and, through its subgraphs, the outer-scope values."""
+    yield from node.input
+    for attribute in node.attribute:
+        for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+            for inner in sub.node:
+                yield from _read_names(inner)
+
+
+def _cone(graph: onnx.GraphProto, outputs: Iterable[str]) -> list[onnx.NodeProto]:
+    """The top-level nodes that ``outputs`` depend on, in graph order."""
+    producer = {name: index for index, node in enumerate(graph.node) for name in node.output}
+    needed: set[int] = set()
+    pending = [producer[name] for name in outputs if name in producer]
+    while pending:
+        index = pending.pop()
+        if index not in needed:
+            needed.add(index)
+            pending.extend(producer[name] for name in _read_names(graph.node[index]) if name in producer)
+    return [graph.node[index] for index in sorted(needed)]
+
+
+def drop_unimportable_outputs(model: onnx.ModelProto, keep: Iterable[str]) -> list[str]:
+    """Remove, in place, the graph outputs not in ``keep`` that bridge cannot compute (an op without a
+    converter on their path, or not a tensor: skl2onnx's ``label`` through ai.onnx.ml's
+    ArrayFeatureExtractor, ZipMap's maps), with the nodes and initializers only they use, so that
+    the outputs the loss needs train. Returns the names dropped (a ``DroppedOutputsWarning``); an
+    output in ``keep`` is never dropped, so an op it needs is still refused by name."""
+    import_all_converters()
+    graph, keep = model.graph, set(keep)
+
+    def computable(output: onnx.ValueInfoProto) -> bool:
+        if not output.type.HasField("tensor_type") or output.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+            return False
+        cone = onnx.GraphProto()
+        cone.node.extend(_cone(graph, [output.name]))
+        return all(importable(node) for node in all_nodes(cone))
+
+    dropped = [o.name for o in graph.output if o.name not in keep and not computable(o)]
+    if not dropped:
+        return []
+    kept_outputs = [o for o in graph.output if o.name not in dropped]
+    live = _cone(graph, [o.name for o in kept_outputs])
+    read = {name for node in live for name in _read_names(node)} | {o.name for o in kept_outputs}
+    del graph.output[:]
+    graph.output.extend(kept_outputs)
+    nodes = list(live)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    unused = {init.name for init in graph.initializer if init.name not in read}
+    initializers = [init for init in graph.initializer if init.name not in unused]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    inputs = [i for i in graph.input if i.name not in unused]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    warnings.warn(f"model output(s) {dropped} are left out of the training and eval graphs: the loss does not use "
+                  "them and bridge cannot compute them (export_inference keeps them)", DroppedOutputsWarning, stacklevel=4)
+    return dropped
 
 
 def relus_pooled_first(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
@@ -118,7 +189,7 @@ class OnnxProgram:
     def _check_supported(self) -> None:
         unsupported: dict[str, list[str]] = {}
         for node in all_nodes(self.graph):
-            if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
+            if not importable(node):
                 key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
                 unsupported.setdefault(key, []).append(node.name)
         strings = [v.name for v in list(self.graph.input) + list(self.graph.initializer)

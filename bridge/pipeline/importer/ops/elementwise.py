@@ -114,13 +114,42 @@ def convert_isinf(ctx, x):
     return torch.isposinf(x) if pos else torch.isneginf(x)
 
 
+class _Clamp(torch.autograd.Function):
+    """``torch.clamp`` with constant bounds and torch's gradient for number bounds: the gradient
+    passes strictly inside ``(low, high)`` and is 0 at a bound (``F.relu6``, ``F.hardtanh``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, low, high) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.low, ctx.high = low, high
+        return torch.clamp(x, low, high)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        inside = torch.ones_like(x, dtype=torch.bool)
+        if ctx.low is not None:
+            inside = inside & (x > ctx.low)
+        if ctx.high is not None:
+            inside = inside & (x < ctx.high)
+        return torch.where(inside, grad, torch.zeros_like(grad)), None, None
+
+
+def _trained(bound) -> bool:
+    return isinstance(bound, torch.Tensor) and bound.requires_grad
+
+
 @converter("Clip")
 def clip(ctx, x, low=None, high=None):
+    """``clamp(x, low, high)``; with constant bounds the gradient is 0 at a bound, as torch gives
+    for number bounds (a trained bound keeps ``torch.clamp``'s own gradients)."""
     if ctx.opset < 11:
         low, high = ctx.attr("min"), ctx.attr("max")
     if low is None and high is None:  # no bound: the identity
         return x
-    return torch.clamp(x, low, high)
+    if not x.dtype.is_floating_point or _trained(low) or _trained(high):
+        return torch.clamp(x, low, high)
+    return _Clamp.apply(x, low, high)
 
 
 def onnx_to_torch_dtype(onnx_type: int) -> torch.dtype:

@@ -170,10 +170,15 @@ def group_normalization(ctx, x, scale, bias):
     return normalized.reshape(x.shape) * _channel(scale, x.dim()) + _channel(bias, x.dim())
 
 
+# F.normalize's floor of the norm: at an all-zero slice its gradient is the upstream one / eps
+NORMALIZE_EPS = 1e-12
+
+
 @converter("LpNormalization")
 def lp_normalization(ctx, x):
-    """``x / ||x||_p`` along ``axis``; an all-zero slice gives 0 (as onnxruntime and the ONNX
-    reference do) with a zero, finite gradient: the norm of a zero slice is computed as 1."""
+    """``x / ||x||_p`` along ``axis``. An all-zero slice gives 0 (as onnxruntime and the ONNX
+    reference do) with torch's gradient there: ``F.normalize`` divides by ``max(norm, 1e-12)``, so
+    the slice's gradient is the upstream gradient / 1e-12. Elsewhere the division is exact."""
     axis, p = ctx.attr("axis", -1), ctx.attr("p", 2)
     if p not in (1, 2):
         raise ctx.unsupported(f"p={p} (only 1 and 2 exist in ONNX)")
@@ -181,7 +186,7 @@ def lp_normalization(ctx, x):
     zero = total == 0
     safe = torch.where(zero, torch.ones_like(total), total)
     norm = safe if p == 1 else torch.sqrt(safe)
-    return torch.where(zero, torch.zeros_like(x), x / norm)
+    return torch.where(zero, x / NORMALIZE_EPS, x / norm)
 
 
 @converter("MeanVarianceNormalization")

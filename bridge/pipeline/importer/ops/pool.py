@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ....geometry import avg_pool_divisor
 from ..registry import converter
 from .conv import forward_pads, spatial_attrs, split_pads
+from .reduce import lp_norm
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -126,16 +127,14 @@ def global_average_pool(ctx, x):
 
 @converter("GlobalLpPool")
 def global_lp_pool(ctx, x):
-    """``(sum |x|^p) ** (1/p)`` over the whole plane (``p`` defaults to 2). As torch's lp_pool, a
-    plane of zeros has no finite gradient. ``p=1`` is a plain sum of ``|x|``: no ``Pow(x, 0)`` in
-    the backward (onnx-mlir aborts on one with a symbolic dim, tests/repros/onnx_mlir_pow_zero_dynamic.py)."""
+    """``(sum |x|^p) ** (1/p)`` over the whole plane (``p`` defaults to 2): ``lp_norm``, whose
+    gradient at a plane of zeros is 0, as torch's ``lp_pool``. ``p=1`` is a plain sum of ``|x|``:
+    no ``Pow(x, 0)`` in the backward (onnx-mlir aborts on one with a symbolic dim,
+    tests/repros/onnx_mlir_pow_zero_dynamic.py)."""
     p = ctx.attr("p", 2)
     if p < 1:
         raise ctx.unsupported(f"p={p} (the p-norm needs p >= 1)")
-    plane = list(range(2, x.dim()))
-    if p == 1:
-        return x.abs().sum(dim=plane, keepdim=True)
-    return x.abs().pow(p).sum(dim=plane, keepdim=True).pow(1.0 / p)
+    return lp_norm(x, list(range(2, x.dim())), p)
 
 
 @converter("GlobalMaxPool")

@@ -1,8 +1,8 @@
 """Reductions: ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare, ArgMax/ArgMin.
 
-Each Reduce* is ``post(reduce(pre(x)))`` (ReduceL2 = sqrt . sum . square), as the ONNX
-reference defines it; ``noop_with_empty_axes`` with no axes reduces over NO axis, so the
-element-wise parts still apply (ReduceL1 -> ``|x|``, ReduceLogSum -> ``log x``), as in
+Each Reduce* is ``post(reduce(pre(x)))`` (ReduceL1 = sum . abs), as the ONNX reference
+defines it; ReduceL2 is ``lp_norm``, whose gradient at a zero slice is torch's (0).
+``noop_with_empty_axes`` with no axes reduces over NO axis, so the element-wise parts still apply (ReduceL1 -> ``|x|``, ReduceLogSum -> ``log x``), as in
 onnxruntime. Reducing an empty axis gives the empty set's identity: 0 (sums), 1 (product),
 ``-inf``/``+inf`` (ReduceMax/ReduceMin; the dtype's min/max for integers), ``-inf``
 (ReduceLogSumExp) and NaN for ReduceMean (0/0; the ONNX reference's numpy mean, while
@@ -62,6 +62,34 @@ def extremum(largest: bool):
     return reduce
 
 
+class _PNorm(torch.autograd.Function):
+    """``(sum |x|^p) ** (1/p)`` over ``axes`` (p >= 2) with torch's gradient at a zero slice: 0,
+    as ``torch.linalg.vector_norm`` and ``F.lp_pool2d`` (the chain rule through ``sqrt`` gives
+    ``0 * inf = NaN`` there)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, axes: list[int], p: float) -> torch.Tensor:
+        y = torch.sum(x * x if p == 2 else torch.abs(x) ** p, dim=axes, keepdim=True) ** (1 / p)
+        ctx.save_for_backward(x, y)
+        ctx.p = p
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, y = ctx.saved_tensors
+        zero = y == 0
+        safe = torch.where(zero, torch.ones_like(y), y)
+        ratio = x / safe if ctx.p == 2 else torch.sign(x) * (torch.abs(x) / safe) ** (ctx.p - 1)
+        return torch.where(zero, torch.zeros_like(x), grad * ratio), None, None
+
+
+def lp_norm(x: torch.Tensor, axes: list[int], p: float) -> torch.Tensor:
+    """The p-norm over ``axes`` (kept), p >= 1, with torch's gradient at a zero slice (0)."""
+    if p == 1:
+        return torch.sum(torch.abs(x), dim=axes, keepdim=True)
+    return _PNorm.apply(x, axes, p)
+
+
 def _prod(x: torch.Tensor, axes: list[int]) -> torch.Tensor:
     for axis in axes:
         x = torch.prod(x, dim=axis, keepdim=True)
@@ -91,6 +119,7 @@ class _Reduction(NamedTuple):
     pre: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
     post: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
     empty: Callable[[torch.dtype], float] | None = None
+    pointwise: Callable[[torch.Tensor], torch.Tensor] | None = None  # with no axes (default: post . pre)
 
 
 _REDUCTIONS = {
@@ -100,7 +129,7 @@ _REDUCTIONS = {
     "ReduceMin": _Reduction(extremum(False), empty=_empty_min),
     "ReduceProd": _Reduction(_prod),
     "ReduceL1": _Reduction(_sum, pre=torch.abs),
-    "ReduceL2": _Reduction(_sum, pre=lambda x: x * x, post=torch.sqrt),
+    "ReduceL2": _Reduction(lambda x, a: lp_norm(x, a, 2), pointwise=torch.abs),
     "ReduceSumSquare": _Reduction(_sum, pre=lambda x: x * x),
     "ReduceLogSum": _Reduction(_sum, post=torch.log),
     "ReduceLogSumExp": _Reduction(lambda x, a: torch.logsumexp(x, dim=a, keepdim=True)),
@@ -111,7 +140,7 @@ def _reduce(reduction: _Reduction):
     def convert(ctx, x, axes_input=None):
         axes = _axes(ctx, x, axes_input)
         if not axes:
-            return reduction.post(reduction.pre(x))
+            return reduction.pointwise(x) if reduction.pointwise else reduction.post(reduction.pre(x))
         if reduction.empty is not None and any(x.shape[a] == 0 for a in axes):
             shape = [1 if i in axes else size for i, size in enumerate(x.shape)]
             y = torch.full(shape, reduction.empty(x.dtype), dtype=x.dtype)
