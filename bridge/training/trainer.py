@@ -300,12 +300,13 @@ class Trainer:
         self.history = History(**extra["history"])
         return extra
 
-    def export_inference(self, path: str | os.PathLike) -> Path:
-        """The source inference model with the trained weights and running statistics."""
+    def export_inference(self, path: str | os.PathLike, merge: bool = True) -> Path:
+        """The source inference model with the trained weights and running statistics (LoRA adapters merged
+        in, or with ``merge=False`` kept beside the base weights)."""
         if self.training_model is None:
             raise InvalidOptionError("export_inference needs the source model: create the Trainer from the "
                                      "TrainingModel that to_training_onnx returned")
-        return self.training_model.export_inference(path, self.session.state)
+        return self.training_model.export_inference(path, self.session.state, merge)
 
     # -- helpers -------------------------------------------------------------------------------
 
