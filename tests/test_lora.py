@@ -4,10 +4,13 @@ as they were; the merged export computes what the unmerged eval graph does."""
 from __future__ import annotations
 
 import copy
-import io
 import json
+import re
+import subprocess
+import sys
 import warnings
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -15,6 +18,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from helpers.reference import bridge_steps, torch_steps
+from lifecycle_models import mlp_and_data
 from onnx import numpy_helper as nh
 from zoo import torch_models
 from zoo.harness import tolerance, torch_loss
@@ -27,17 +31,6 @@ from bridge.pipeline.lora import inject_lora, merge_lora
 
 peft = pytest.importorskip("peft")
 RANK, ALPHA, LR, STEPS = 4, 8.0, 0.1, 5
-
-
-def _mlp_and_data():
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-    x, y = torch.randn(5, 6), torch.randn(5, 3)
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["x"], output_names=["y"])
-    return module, onnx.load_from_string(buffer.getvalue()), x, y
 
 
 def _set(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> None:
@@ -53,7 +46,7 @@ def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray
 
 
 def test_injected_mlp_trains_like_peft():
-    module, model, x, y = _mlp_and_data()
+    module, model, x, y = mlp_and_data()
     lora = peft.get_peft_model(copy.deepcopy(module), peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["0", "2"]))
     injected, plan = inject_lora(model, rank=RANK, alpha=ALPHA, targets=["0.weight", "2.weight"])
     assert sorted(a.weight for a in plan.adapters) == ["0.weight", "2.weight"]
@@ -90,7 +83,7 @@ def test_lora_option_trains_only_the_adapters(tmp_path):
     """``lora=``: the state and checkpoints hold the adapters and their optimizer state only; the base
     weights are the training graph's initializers under the source's names, bit for bit, and are the
     exported model's after training; merged and unmerged exports compute what the eval graph does."""
-    _, model, x, y = _mlp_and_data()
+    _, model, x, y = mlp_and_data()
     tm = bridge.to_training_onnx(model, "mse", "adam", lora={"rank": 2, "alpha": 4, "targets": ["*.weight"]})
     adapters = tm.lora.adapter_names
     assert sorted(tm.weights) == sorted(adapters)
@@ -127,14 +120,14 @@ def test_lora_option_trains_only_the_adapters(tmp_path):
     ("rank=2", "dict"),
 ])
 def test_bad_lora_options_name_the_option(lora, named):
-    _, model, _, _ = _mlp_and_data()
+    _, model, _, _ = mlp_and_data()
     with pytest.raises(InvalidOptionError, match="lora") as caught:
         bridge.to_training_onnx(model, "mse", "sgd", lora=lora)
     assert named in str(caught.value)
 
 
 def test_cli_converts_with_lora_and_exports_merged_or_not(tmp_path, capsys):
-    _, model, x, y = _mlp_and_data()
+    _, model, x, y = mlp_and_data()
     onnx.save(model, tmp_path / "mlp.onnx")
     train = tmp_path / "train.onnx"
     options = json.dumps({"rank": 2, "alpha": 2, "targets": ["2.*"]})
@@ -212,6 +205,9 @@ def test_lora_trains_like_peft(name):
     for adapter in tm.lora.adapters:
         layer = adapter.weight.removesuffix(".weight")
         names[adapter.a], names[adapter.b] = f"{layer}.lora_A.default.weight", f"{layer}.lora_B.default.weight"
+    base = _base_initializers(tm.model, [a.weight for a in tm.lora.adapters])  # the graph's frozen base weights
+    assert base == {name: module.get_parameter(name).detach().numpy().tobytes() for name in base}
+    assert not set(base) & set(tm.initial_state())  # nor a copy of them in the state
     peft_params = dict(lora_module.named_parameters())
     adapters = {k: peft_params[v].detach().numpy().copy() for k, v in names.items()}
     tm.initial_values.update(adapters)  # peft's A (B: zeros in both)
@@ -238,3 +234,15 @@ def test_lora_trains_like_peft(name):
     output = _run(merged, feed)[0]
     want_output = evaluated[f"output_{tm.source.graph.output[0].name}"]
     np.testing.assert_allclose(output, want_output, rtol=1e-5, atol=tolerance(1e-5, want_output, 0.0))
+
+
+def test_guide_example_runs(tmp_path):
+    """docs/lora.md's example, as written: it trains the adapters and writes both exports."""
+    code = re.search(r"```python\n(.*?)```", (Path(__file__).parent.parent / "docs" / "lora.md").read_text(), re.DOTALL).group(1)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "'0.weight.lora_A', '0.weight.lora_B', '2.weight.lora_A', '2.weight.lora_B'" in result.stdout
+    merged, unmerged = (onnx.load(tmp_path / name) for name in ("merged.onnx", "with_adapters.onnx"))
+    feed = {merged.graph.input[0].name: np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)}
+    want = _run(unmerged, feed)[0]
+    np.testing.assert_allclose(_run(merged, feed)[0], want, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(want).max())

@@ -26,6 +26,7 @@ from ..contract import LOSS_OUTPUT, OPTIMIZER_OPTIONS, OUTPUT_PREFIX, output_nam
 from ..contract import TARGET_CLASSES as CLASSES
 from ..errors import InvalidOptionError, ModelLoadError, positive_int
 from ..onnx_file import read_model
+from .delta import read_delta, trained_weights, write_delta
 from .runtime import StepSession, TrainingSession
 from .training_model import TrainingModel, eval_path, part_path, state_file
 
@@ -153,6 +154,8 @@ class Trainer:
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
         self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite, threads, spinning)
+        # the trained weights where this federated round started (export_delta / load_delta)
+        self._round_start = {name: np.array(self.session.state[name], np.float64) for name in trained_weights(graph)}
         self._model = model  # where enable_accumulation finds the gradient and update graphs
         if self.accumulation_steps > 1:
             self._enable_accumulation()
@@ -307,6 +310,22 @@ class Trainer:
             raise InvalidOptionError("export_inference needs the source model: create the Trainer from the "
                                      "TrainingModel that to_training_onnx returned")
         return self.training_model.export_inference(path, self.session.state, merge)
+
+    def export_delta(self, path: str | os.PathLike, samples: int = 1) -> Path:
+        """Write the trained weights' change since this round started (the Trainer's creation or the last
+        ``load_delta``), and the ``samples`` it was trained on: a federated client's update
+        (bridge.training.delta; only the trained weights, e.g. a LoRA conversion's adapters)."""
+        return write_delta(path, {name: self.session.state[name] - start for name, start in self._round_start.items()},
+                           samples)
+
+    def load_delta(self, path: str | os.PathLike) -> None:
+        """Start the next round from this round's start plus the delta at ``path`` (e.g. the clients' average,
+        ``bridge.training.delta.average_deltas``): clients that load the same delta hold the same weights.
+        Optimizer state and buffers are kept."""
+        delta, _ = read_delta(path, {name: start.shape for name, start in self._round_start.items()})
+        for name, start in self._round_start.items():
+            self.session.state[name] = (start + delta[name]).astype(self.session.state[name].dtype)
+            self._round_start[name] = self.session.state[name].astype(np.float64)
 
     # -- helpers -------------------------------------------------------------------------------
 
