@@ -155,7 +155,7 @@ class Trainer:
         graph, eval_graph, initial = _load(model, state)
         self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite, threads, spinning)
         # the trained weights where this federated round started (export_delta / load_delta)
-        self._round_start = {name: np.array(self.session.state[name], np.float64) for name in trained_weights(graph)}
+        self._round_start = {name: self.session.state[name].copy() for name in trained_weights(graph)}
         self._model = model  # where enable_accumulation finds the gradient and update graphs
         if self.accumulation_steps > 1:
             self._enable_accumulation()
@@ -315,8 +315,8 @@ class Trainer:
         """Write the trained weights' change since this round started (the Trainer's creation or the last
         ``load_delta``), and the ``samples`` it was trained on: a federated client's update
         (bridge.training.delta; only the trained weights, e.g. a LoRA conversion's adapters)."""
-        return write_delta(path, {name: self.session.state[name] - start for name, start in self._round_start.items()},
-                           samples)
+        return write_delta(path, {name: self.session.state[name].astype(np.float64) - start
+                                  for name, start in self._round_start.items()}, samples)
 
     def load_delta(self, path: str | os.PathLike) -> None:
         """Start the next round from this round's start plus the delta at ``path`` (e.g. the clients' average,
@@ -324,8 +324,8 @@ class Trainer:
         Optimizer state and buffers are kept."""
         delta, _ = read_delta(path, {name: start.shape for name, start in self._round_start.items()})
         for name, start in self._round_start.items():
-            self.session.state[name] = (start + delta[name]).astype(self.session.state[name].dtype)
-            self._round_start[name] = self.session.state[name].astype(np.float64)
+            self._round_start[name] = (start + delta[name]).astype(start.dtype)
+            self.session.state[name] = self._round_start[name].copy()
 
     # -- helpers -------------------------------------------------------------------------------
 
