@@ -19,6 +19,7 @@ import pytest
 import torch
 from helpers.reference import bridge_steps, torch_steps
 from lifecycle_models import mlp_and_data
+from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 from zoo import torch_models
 from zoo.harness import tolerance, torch_loss
@@ -27,7 +28,7 @@ import bridge
 from bridge.cli import main
 from bridge.contract import LORA_PLAN
 from bridge.errors import InvalidOptionError
-from bridge.pipeline.lora import inject_lora, merge_lora
+from bridge.pipeline.lora import LoraError, inject_lora, merge_lora
 
 peft = pytest.importorskip("peft")
 RANK, ALPHA, LR, STEPS = 4, 8.0, 0.1, 5
@@ -124,6 +125,31 @@ def test_bad_lora_options_name_the_option(lora, named):
     with pytest.raises(InvalidOptionError, match="lora") as caught:
         bridge.to_training_onnx(model, "mse", "sgd", lora=lora)
     assert named in str(caught.value)
+
+
+def test_a_shared_weight_exports_unmerged_only(tmp_path):
+    """A weight that a Gather also reads (a tied embedding): merging its adapter would change the Gather's rows
+    too, so the merged export is refused naming the weight; the unmerged one computes the eval graph's output."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["projected"]), helper.make_node("Gather", ["W", "ids"], ["rows"]),
+         helper.make_node("Add", ["projected", "rows"], ["y"])], "tied",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]), helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [nh.from_array(rng.standard_normal((4, 4)).astype(np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    tm = bridge.to_training_onnx(model, "mse", "sgd", optim_options={"lr": 0.5}, lora={"rank": 2, "targets": ["W"]})
+    feed, target = {"x": rng.standard_normal((2, 4)).astype(np.float32), "ids": np.array([1, 3])}, np.zeros((2, 4), np.float32)
+    session = tm.session()
+    for _ in range(2):
+        session.step(feed, target)
+    with pytest.raises(LoraError, match="'W' is read by") as caught:
+        tm.export_inference(tmp_path / "merged.onnx", session.state)
+    assert "separately" in str(caught.value)
+    evaluated = session.evaluate(feed, target)["output_y"]
+    unmerged = onnx.load(tm.export_inference(tmp_path / "unmerged.onnx", session.state, merge=False))
+    assert np.abs(evaluated - _run(model, feed)[0]).max() > 1e-3  # the adapters changed the output
+    np.testing.assert_allclose(_run(unmerged, feed)[0], evaluated, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(evaluated).max())
 
 
 def test_cli_converts_with_lora_and_exports_merged_or_not(tmp_path, capsys):

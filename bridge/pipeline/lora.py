@@ -174,7 +174,7 @@ def inject_lora(model: onnx.ModelProto, rank: int = 8, alpha: float | None = Non
         new_nodes.extend(nodes)
     if not adapters:
         raise InvalidOptionError(f"lora targets {list(patterns)} match no Gemm/MatMul/Conv with an initializer "
-                                 f"weight; candidates: {_candidates(model)}")
+                                 f"weight; give patterns that match some of {_candidates(model)}")
     del graph.node[:]
     graph.node.extend(new_nodes)
     return result, LoraPlan(rank, alpha, patterns, tuple(adapters))
