@@ -154,8 +154,9 @@ class Trainer:
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
         self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite, threads, spinning)
-        # the trained weights where this federated round started (export_delta / load_delta)
-        self._round_start = {name: self.session.state[name].copy() for name in trained_weights(graph)}
+        # the trained weights where this federated round started (export_delta / load_delta), taken when needed
+        self._trained = trained_weights(graph)
+        self._round_start: dict[str, np.ndarray] | None = None
         self._model = model  # where enable_accumulation finds the gradient and update graphs
         if self.accumulation_steps > 1:
             self._enable_accumulation()
@@ -222,6 +223,7 @@ class Trainer:
         if self.schedule is not None:
             self.session.lr = self.schedule.lr
         lr = self.session.lr
+        self._round()
         results = run()
         self.history.steps.append({"loss": float(results["loss"]), "lr": lr})
         if self.schedule is not None and self.schedule.interval == "step":
@@ -296,6 +298,7 @@ class Trainer:
         """Resume from ``save_checkpoint``: the continuation is bit-identical. Returns the
         checkpoint's ``extra`` (this loop's position)."""
         extra = self.session.load_checkpoint(path)
+        self._round_start = None
         self.epoch = extra["epoch"]
         if self.schedule is not None:
             self.schedule.restore(extra["schedule_position"])
@@ -311,21 +314,29 @@ class Trainer:
                                      "TrainingModel that to_training_onnx returned")
         return self.training_model.export_inference(path, self.session.state, merge)
 
+    def _round(self) -> dict[str, np.ndarray]:
+        """The trained weights where this round started: as they were at the first step after the Trainer's
+        creation, ``load_checkpoint`` or ``load_delta``."""
+        if self._round_start is None:
+            self._round_start = {name: self.session.state[name].copy() for name in self._trained}
+        return self._round_start
+
     def export_delta(self, path: str | os.PathLike, samples: int = 1) -> Path:
-        """Write the trained weights' change since this round started (the Trainer's creation or the last
-        ``load_delta``), and the ``samples`` it was trained on: a federated client's update
-        (bridge.training.delta; only the trained weights, e.g. a LoRA conversion's adapters)."""
+        """Write the trained weights' change since this round started (``_round``) and the ``samples`` it
+        was trained on: a federated client's update (bridge.training.delta; only the trained weights, e.g. a
+        LoRA conversion's adapters)."""
         return write_delta(path, {name: self.session.state[name].astype(np.float64) - start
-                                  for name, start in self._round_start.items()}, samples)
+                                  for name, start in self._round().items()}, samples)
 
     def load_delta(self, path: str | os.PathLike) -> None:
         """Start the next round from this round's start plus the delta at ``path`` (e.g. the clients' average,
         ``bridge.training.delta.average_deltas``): clients that load the same delta hold the same weights.
         Optimizer state and buffers are kept."""
-        delta, _ = read_delta(path, {name: start.shape for name, start in self._round_start.items()})
-        for name, start in self._round_start.items():
-            self._round_start[name] = (start + delta[name]).astype(start.dtype)
-            self.session.state[name] = self._round_start[name].copy()
+        start = self._round()
+        delta, _ = read_delta(path, {name: value.shape for name, value in start.items()})
+        for name, value in start.items():
+            start[name] = (value + delta[name]).astype(value.dtype)
+            self.session.state[name] = start[name].copy()
 
     # -- helpers -------------------------------------------------------------------------------
 
