@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
 from .atomic import check_output_path
-from .contract import LOSS, LOSS_OUTPUT, LR, STEP, TARGET, StepSignature, slot_name
+from .contract import LORA_PLAN, LOSS, LOSS_OUTPUT, LR, STEP, TARGET, StepSignature, slot_name
 from .contract import TARGET_CLASSES as CLASSES
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
@@ -32,6 +32,7 @@ from .pipeline.importer.program import OnnxProgram, drop_unimportable_outputs
 from .pipeline.importer.registry import buffer_inputs
 from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_model
+from .pipeline.lora import inject_for_training, lora_trainable
 from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
 from .pipeline.progress import phase
@@ -83,6 +84,7 @@ def to_training_onnx(
     strict: bool = False,
     target: str = DEFAULT_TARGET,
     constant_inputs: Mapping[str, Any] | None = None,
+    lora: Mapping[str, Any] | None = None,
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
@@ -125,6 +127,9 @@ def to_training_onnx(
         constant_inputs: graph inputs pinned to values (``{"flag": 1}``): each is removed from the graph's
             inputs and becomes a constant, so an ``If`` on it and the shapes computed from it fold at import.
             The eval graph and ``export_inference`` take the same pin (the pinned input is no input there either).
+        lora: train LoRA adapters instead of the weights (docs/lora.md): ``{"rank": 8, "alpha": 16, "targets":
+            ["*attn*"], "seed": 0}``, targets fnmatch patterns of Gemm/MatMul/Conv weight or node names. The base
+            weights stay frozen; ``trainable=`` adds weights trained in full (a new head).
     """
     target = check_target(target)
     loss_fn = make_loss(loss, dict(loss_options or {}))
@@ -141,6 +146,12 @@ def to_training_onnx(
     elif example_inputs is not None:
         raise InvalidOptionError("example_inputs= is for torch modules; an ONNX model declares its inputs")
     assert not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram))  # a torch source is ONNX from here
+    given = model  # the inference model export_inference writes back to (without adapters)
+    plan = None
+    if lora is not None:
+        model, plan = inject_for_training(model, lora)
+        trainable = lora_trainable(plan, trainable)
+        parameters = None if parameters is None else [*parameters, *plan.adapter_names]
     with phase("loading the model"):
         source = load_model(model, buffer_inputs())
         pins = _check_constant_inputs(source, constant_inputs)
@@ -152,9 +163,9 @@ def to_training_onnx(
         loss_output, extras = declared[_output_index(declared, output)], _extra_outputs(declared, extra_outputs)
         drop_unimportable_outputs(source, [loss_output, *extras])
         output, extra_outputs = loss_output, extras  # names: indices shift where outputs are dropped
-    original = _original(model)
+    original = _original(given)
     if pins:  # the inference model takes the pin too: the weights were trained on that branch
-        original = original if original is not None else read_model(Path(model))
+        original = original if original is not None else read_model(Path(given))
         pin_inputs(original, pins)
     program = OnnxProgram(source)
     source = program.model  # without its weights' data (the program holds them as arrays): one copy in memory
@@ -199,6 +210,8 @@ def to_training_onnx(
     gradient_signature, update_signature = signature.split()
     halves = functools.cache(lambda: split_step(graph_module, signature))
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
+    if plan is not None:
+        metadata[LORA_PLAN] = plan.to_json()
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
         metadata[CLASSES] = json.dumps(classes)
@@ -228,8 +241,8 @@ def to_training_onnx(
     initial = {name: tensors[name].detach().numpy() for name in signature.state_names()}
     result = TrainingModel(training, signature, initial, tuple(spec.shape), np.dtype(TORCH_TO_NUMPY[spec.dtype]),
                            eval_signature=eval_signature, source=original,
-                           source_path=None if isinstance(model, onnx.ModelProto) or pins else Path(model).resolve(),
-                           exporters=parts)
+                           source_path=None if isinstance(given, onnx.ModelProto) or pins else Path(given).resolve(),
+                           exporters=parts, lora=plan)
     if output_path is not None:
         result.save(output_path)
     return result

@@ -119,6 +119,7 @@ def _convert(args: argparse.Namespace) -> int:
             input_shapes=_input_shapes(args.input_shapes),
             constant_inputs=_constant_inputs(args.constant_input),
             target=args.target,
+            lora=_json_option(args.lora, "--lora"),
         )
     for warning in caught:
         if issubclass(warning.category, BridgeWarning):
@@ -252,7 +253,7 @@ def _export_inference(args: argparse.Namespace) -> int:
     from .training.inference import from_checkpoint
     from .training.training_model import save_atomically
 
-    model = from_checkpoint(read_model(args.source), read_model(args.train), args.checkpoint)
+    model = from_checkpoint(read_model(args.source), read_model(args.train), args.checkpoint, merge=not args.unmerged)
     save_atomically(model, args.output)
     print(f"wrote {args.output}")
     return 0
@@ -289,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--constant-input", action="append", metavar="NAME=VALUE",
                          help="pin a graph input to a value (repeatable): flag=1, or a comma list such as "
                               "scale=0.5,2; the input becomes a constant, so an If on it and shapes from it fold")
+    convert.add_argument("--lora", metavar="JSON", help="train LoRA adapters, not the weights: a JSON object such as "
+                         "'{\"rank\": 8, \"alpha\": 16, \"targets\": [\"*attn*\"]}' (docs/lora.md)")
     convert.add_argument("--state", help="where to write the initial state (.npz; default next to the output)")
     convert.add_argument("--strict", action="store_true",
                          help="fail (instead of warning) on an ONNX model exported for inference (BatchNorm folded, "
@@ -372,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--train", required=True, help="the training .onnx the checkpoint belongs to")
     export.add_argument("--checkpoint", required=True, help="checkpoint .npz (bridge train, save_checkpoint)")
     export.add_argument("-o", "--output", required=True, help="output inference .onnx")
+    export.add_argument("--unmerged", action="store_true",
+                        help="LoRA: keep the adapters beside the base weights instead of merging them in")
     export.set_defaults(run=_export_inference)
     return parser
 

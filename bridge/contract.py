@@ -118,8 +118,9 @@ RANDOM_INPUTS = "bridge.random_inputs"  # JSON list of the noise inputs (encode_
 DIM_BOUNDS = "bridge.dim_bounds"  # JSON {dim name: the largest size the graph holds for}
 TARGET_CLASSES = "bridge.target_classes"  # JSON {"classes", "ignore_index", "axis"} of class-index targets
 LOSS_OUTPUT = "bridge.loss_output"  # the model output the loss applies to
+LORA_PLAN = "bridge.lora_plan"  # JSON LoraPlan of a LoRA conversion (bridge/pipeline/lora.py)
 MODEL_KEYS = (VERSION, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, SOURCE_MODEL, SOURCE_SHA256,
-              RANDOM_INPUTS, DIM_BOUNDS, TARGET_CLASSES, LOSS_OUTPUT)
+              RANDOM_INPUTS, DIM_BOUNDS, TARGET_CLASSES, LOSS_OUTPUT, LORA_PLAN)
 
 DIM_NAMES = "bridge.dim_names"  # torch.fx.GraphModule.meta only: {sympy symbol: dim name}
 
@@ -203,6 +204,7 @@ KEY_DOCS: dict[str, tuple[str, str]] = {  # key -> (where, the value)
     DIM_BOUNDS: ("model", "JSON {dim name: the largest size the graph holds for} (docs/dynamic_batch.md)"),
     TARGET_CLASSES: ("model", 'JSON {"classes", "ignore_index", "axis"} of class-index targets'),
     LOSS_OUTPUT: ("model", "the model output the loss applies to"),
+    LORA_PLAN: ("model", "JSON: the LoRA adapters trained (rank, alpha, targets, each adapter's weight and scale)"),
     INPUTS: ("IREE reflection", "JSON list of the graph input names, in argument order"),
     OUTPUTS: ("IREE reflection", "JSON list of the graph output names, in result order"),
     INPUT_SPECS: ("IREE reflection", "JSON {input name: [shape (a symbolic dim: null), numpy dtype name]}"),

@@ -85,3 +85,15 @@ def features(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Random feature rows for ``small_mlp`` and class indices."""
     rng = np.random.default_rng(seed)
     return rng.standard_normal((count, 6)).astype(np.float32), rng.integers(0, CLASSES, count).astype(np.int64)
+
+
+def mlp_and_data() -> tuple[torch.nn.Module, onnx.ModelProto, torch.Tensor, torch.Tensor]:
+    """Linear -> ReLU -> Linear (6 -> 8 -> 3) exported by the legacy exporter (input x, output y), and a batch of 5."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(5, 6), torch.randn(5, 3)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["x"], output_names=["y"])
+    return module, onnx.load_from_string(buffer.getvalue()), x, y

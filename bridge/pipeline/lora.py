@@ -19,7 +19,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..contract import LORA_PLAN
 from ..errors import InvalidModelError, InvalidOptionError
+from ..onnx_file import read_model
 
 OPS = ("Gemm", "MatMul", "Conv")
 PLAN_KEY = "lora_plan"  # the plan's JSON in an adapters .npz file
@@ -97,6 +99,36 @@ def check_lora_options(options: Mapping) -> tuple[int, float, tuple[str, ...], i
     return int(rank), float(alpha), targets, int(seed)
 
 
+def inject_for_training(model: str | os.PathLike | onnx.ModelProto, options: Mapping) -> tuple[onnx.ModelProto, LoraPlan]:
+    """``to_training_onnx(lora=options)``: the model (a path or a ModelProto) with its adapters injected, and
+    the plan. The options' keys are checked before the model is read."""
+    check_lora_options(options)
+    return inject_lora(read_model(model), **options)
+
+
+def lora_trainable(plan: LoraPlan, trainable: Iterable[str] | str | None) -> list[str]:
+    """The ``trainable=`` of a LoRA conversion: the adapters, and any weights ``trainable`` adds (a new
+    classifier head, say) that are trained in full."""
+    extra = [] if trainable is None else [trainable] if isinstance(trainable, str) else list(trainable)
+    return plan.adapter_names + extra
+
+
+def plan_of(model: onnx.ModelProto) -> LoraPlan | None:
+    """The LoRA plan a training (or eval) graph carries in its metadata, or None."""
+    for entry in model.metadata_props:
+        if entry.key == LORA_PLAN:
+            return LoraPlan.from_json(entry.value)
+    return None
+
+
+def lora_inference(source: onnx.ModelProto, plan: LoraPlan, values: dict[str, np.ndarray], merge: bool) -> onnx.ModelProto:
+    """The base ``source`` with the adapters of ``values`` (removed from it) merged into its weights
+    (``merge``) or injected beside them as the plan says: the inference model before the other trained values
+    are written back."""
+    adapters = {name: values.pop(name) for name in plan.adapter_names}
+    return merge_lora(source, adapters, plan) if merge else with_adapters(source, adapters, plan)
+
+
 def inject_lora(model: onnx.ModelProto, rank: int = 8, alpha: float | None = None,
                 targets: Iterable[str] | str = ("*",), seed: int = 0) -> tuple[onnx.ModelProto, LoraPlan]:
     """A copy of ``model`` with LoRA adapters beside each targeted Gemm/MatMul/Conv, and the plan.
@@ -142,7 +174,7 @@ def inject_lora(model: onnx.ModelProto, rank: int = 8, alpha: float | None = Non
         new_nodes.extend(nodes)
     if not adapters:
         raise InvalidOptionError(f"lora targets {list(patterns)} match no Gemm/MatMul/Conv with an initializer "
-                                 f"weight; candidates: {_candidates(model)}")
+                                 f"weight; give patterns that match some of {_candidates(model)}")
     del graph.node[:]
     graph.node.extend(new_nodes)
     return result, LoraPlan(rank, alpha, patterns, tuple(adapters))

@@ -50,9 +50,12 @@ def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray
     return model
 
 
-def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoint: str | os.PathLike) -> onnx.ModelProto:
+def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoint: str | os.PathLike,
+                    merge: bool = True) -> onnx.ModelProto:
     """``source`` with the weights and buffers of a checkpoint of the training graph ``training``
-    (refused if the checkpoint belongs to another graph)."""
+    (refused if the checkpoint belongs to another graph); a LoRA graph's adapters merged in (``merge``)
+    or kept beside the base weights."""
+    from ..pipeline.lora import lora_inference, plan_of
     from .checkpoint import read_checkpoint
     from .runtime import graph_hash
 
@@ -60,6 +63,9 @@ def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoi
     state_names = {name for name, role in roles.items() if role in STATE_ROLES}
     state, _ = read_checkpoint(checkpoint, graph_hash(training), state_names)
     trained = {name: state[name] for name, role in roles.items() if role in (Role.WEIGHT, Role.BUFFER)}
+    plan = plan_of(training)
+    if plan is not None:
+        source = lora_inference(source, plan, trained, merge)
     return with_trained_values(source, trained)
 
 

@@ -26,6 +26,7 @@ from ..contract import LOSS_OUTPUT, OPTIMIZER_OPTIONS, OUTPUT_PREFIX, output_nam
 from ..contract import TARGET_CLASSES as CLASSES
 from ..errors import InvalidOptionError, ModelLoadError, positive_int
 from ..onnx_file import read_model
+from .delta import read_delta, trained_weights, write_delta
 from .runtime import StepSession, TrainingSession
 from .training_model import TrainingModel, eval_path, part_path, state_file
 
@@ -153,6 +154,9 @@ class Trainer:
         self.training_model = model if isinstance(model, TrainingModel) else None
         graph, eval_graph, initial = _load(model, state)
         self.session = self._make_session(backend, graph, eval_graph, initial, seed, on_nonfinite, threads, spinning)
+        # the trained weights where this federated round started (export_delta / load_delta), taken when needed
+        self._trained = trained_weights(graph)
+        self._round_start: dict[str, np.ndarray] | None = None
         self._model = model  # where enable_accumulation finds the gradient and update graphs
         if self.accumulation_steps > 1:
             self._enable_accumulation()
@@ -219,6 +223,7 @@ class Trainer:
         if self.schedule is not None:
             self.session.lr = self.schedule.lr
         lr = self.session.lr
+        self._round()
         results = run()
         self.history.steps.append({"loss": float(results["loss"]), "lr": lr})
         if self.schedule is not None and self.schedule.interval == "step":
@@ -293,6 +298,7 @@ class Trainer:
         """Resume from ``save_checkpoint``: the continuation is bit-identical. Returns the
         checkpoint's ``extra`` (this loop's position)."""
         extra = self.session.load_checkpoint(path)
+        self._round_start = None
         self.epoch = extra["epoch"]
         if self.schedule is not None:
             self.schedule.restore(extra["schedule_position"])
@@ -300,12 +306,37 @@ class Trainer:
         self.history = History(**extra["history"])
         return extra
 
-    def export_inference(self, path: str | os.PathLike) -> Path:
-        """The source inference model with the trained weights and running statistics."""
+    def export_inference(self, path: str | os.PathLike, merge: bool = True) -> Path:
+        """The source inference model with the trained weights and running statistics (LoRA adapters merged
+        in, or with ``merge=False`` kept beside the base weights)."""
         if self.training_model is None:
             raise InvalidOptionError("export_inference needs the source model: create the Trainer from the "
                                      "TrainingModel that to_training_onnx returned")
-        return self.training_model.export_inference(path, self.session.state)
+        return self.training_model.export_inference(path, self.session.state, merge)
+
+    def _round(self) -> dict[str, np.ndarray]:
+        """The trained weights where this round started: as they were at the first step after the Trainer's
+        creation, ``load_checkpoint`` or ``load_delta``."""
+        if self._round_start is None:
+            self._round_start = {name: self.session.state[name].copy() for name in self._trained}
+        return self._round_start
+
+    def export_delta(self, path: str | os.PathLike, samples: int = 1) -> Path:
+        """Write the trained weights' change since this round started (``_round``) and the ``samples`` it
+        was trained on: a federated client's update (bridge.training.delta; only the trained weights, e.g. a
+        LoRA conversion's adapters)."""
+        return write_delta(path, {name: self.session.state[name].astype(np.float64) - start
+                                  for name, start in self._round().items()}, samples)
+
+    def load_delta(self, path: str | os.PathLike) -> None:
+        """Start the next round from this round's start plus the delta at ``path`` (e.g. the clients' average,
+        ``bridge.training.delta.average_deltas``): clients that load the same delta hold the same weights.
+        Optimizer state and buffers are kept."""
+        start = self._round()
+        delta, _ = read_delta(path, {name: value.shape for name, value in start.items()})
+        for name, value in start.items():
+            start[name] = (value + delta[name]).astype(value.dtype)
+            self.session.state[name] = start[name].copy()
 
     # -- helpers -------------------------------------------------------------------------------
 

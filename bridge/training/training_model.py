@@ -14,6 +14,7 @@ from ..atomic import AtomicWriter, atomic_writer, check_output_path
 from ..contract import StepSignature
 from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import copy_field, data_bytes, raw_bytes, read_model, tensor_bytes
+from ..pipeline.lora import LoraPlan, lora_inference
 from .inference import with_trained_values
 from .runtime import StepSession, TrainingSession
 
@@ -45,6 +46,7 @@ class TrainingModel:
     # builds each of PARTS on request (``part``; built parts are kept); for ``save``, called with a dict that
     # receives the arrays of its big constants, written as data-less stubs (``GraphBuilder.write_initializers``)
     exporters: Mapping[str, Callable[..., onnx.ModelProto]] = field(default_factory=dict, repr=False)
+    lora: LoraPlan | None = None  # the adapters trained, for a LoRA conversion (docs/lora.md)
     _parts: dict[str, onnx.ModelProto | None] = field(default_factory=dict, init=False, repr=False)
 
     def part(self, name: str) -> onnx.ModelProto | None:
@@ -114,9 +116,10 @@ class TrainingModel:
         if graph is not None:
             write_model(writer, graph, path, arrays)
 
-    def inference_model(self, state: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    def inference_model(self, state: Mapping[str, np.ndarray], merge: bool = True) -> onnx.ModelProto:
         """The source inference model with the weights and buffers of ``state`` (e.g. a session's
-        ``.state``) in its initializers; see ``bridge.training.inference.with_trained_values``."""
+        ``.state``) in its initializers; see ``bridge.training.inference.with_trained_values``. For a LoRA
+        conversion the adapters are folded into the base weights (``merge``), or kept beside them as nodes."""
         source = self.source if self.source is not None or self.source_path is None else read_model(self.source_path)
         if source is None:
             raise BridgeError("this TrainingModel does not hold its source model (it was not made by to_training_onnx)")
@@ -124,12 +127,15 @@ class TrainingModel:
         missing = [name for name in names if name not in state]
         if missing:
             raise BridgeError(f"the state lacks {missing}; pass a session's .state (or initial_state())")
-        return with_trained_values(source, {name: np.asarray(state[name]) for name in names})
+        values = {name: np.asarray(state[name]) for name in names}
+        if self.lora is not None:
+            source = lora_inference(source, self.lora, values, merge)
+        return with_trained_values(source, values)
 
-    def export_inference(self, path: str | os.PathLike, state: Mapping[str, np.ndarray]) -> Path:
+    def export_inference(self, path: str | os.PathLike, state: Mapping[str, np.ndarray], merge: bool = True) -> Path:
         """Write the source inference model with the trained weights and running statistics of
-        ``state`` (same inputs, outputs, ops and value names), atomically."""
-        return save_atomically(self.inference_model(state), path)
+        ``state`` (same inputs, outputs, ops and value names), atomically; ``merge``: see ``inference_model``."""
+        return save_atomically(self.inference_model(state, merge), path)
 
     def save_state(self, path: str | os.PathLike) -> Path:
         """Write ``initial_state()`` as an ``.npz`` file at exactly ``path`` (what the CLI's ``--state``
