@@ -71,10 +71,11 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype BatchNorm's batch statistics accumulate in: float64 for float32, as torch's CPU
-    kernel accumulates them (at::acc_type<float> is double). A BatchNorm followed by global pooling
-    cancels heavily in its backward, and with float32 sums the gradients upstream drift by percents."""
-    return torch.float64 if dtype == torch.float32 else dtype
+    """The dtype BatchNorm's batch statistics accumulate in: float64 for float32, float32 for float16 and
+    bfloat16 (mixed precision), as torch's CPU kernel accumulates them (at::acc_type<float> is double, its
+    opmath type of the half types float). A BatchNorm followed by global pooling cancels heavily in its
+    backward, and with float32 sums the gradients upstream drift by percents."""
+    return {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}.get(dtype, dtype)
 
 
 def _channel_mean(t: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
@@ -138,7 +139,9 @@ def _batch_norm_backward(dy: torch.Tensor, centered: torch.Tensor, shift: torch.
     dot = (_channel_mean(dy * centered, shift.dtype) - shift * mean_dy).to(dy.dtype)
     mean_dy = mean_dy.to(dy.dtype)
     dx = (dy - affine(centered, (dot * invstd * invstd).reshape(-1), mean_dy.reshape(-1))) * alpha
-    grad_scale = (dot * (invstd * count)).reshape(-1) if needs_scale else None
+    # the scale's gradient in the statistics' type (float32 under mixed precision, where the weights are)
+    grad_scale = (dot.to(shift.dtype) * (invstd.to(shift.dtype) * count)).reshape(-1).to(dot.dtype) \
+        if needs_scale else None
     grad_bias = (mean_dy * count).reshape(-1) if needs_bias else None
     return dx, grad_scale, grad_bias
 
