@@ -32,8 +32,8 @@ from .pipeline.importer.program import OnnxProgram
 from .pipeline.importer.registry import buffer_inputs
 from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_model
-from .pipeline.low_precision import widen_unsupported
 from .pipeline.losses import INDICES, Loss, make_loss
+from .pipeline.low_precision import widen_unsupported
 from .pipeline.mixed_precision import make_precision
 from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
 from .pipeline.progress import phase

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from ....geometry import torch_pad
 from ..registry import NodeContext, converter
 
-
 # The functional convolutions, not ``torch.convolution``: they trace to the same ``aten.convolution``, and torch's
 # autocast (mixed precision) casts their inputs, as it does for torch.nn's Conv modules.
 _CONVS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

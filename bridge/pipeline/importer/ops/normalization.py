@@ -71,11 +71,16 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype BatchNorm's batch statistics accumulate in: float64 for float32, float32 for float16 and
-    bfloat16 (mixed precision), as torch's CPU kernel accumulates them (at::acc_type<float> is double, its
-    opmath type of the half types float). A BatchNorm followed by global pooling cancels heavily in its
-    backward, and with float32 sums the gradients upstream drift by percents."""
-    return {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}.get(dtype, dtype)
+    """The dtype BatchNorm's batch statistics accumulate in: float64 for float32, as torch's CPU
+    kernel accumulates them (at::acc_type<float> is double). A BatchNorm followed by global pooling
+    cancels heavily in its backward, and with float32 sums the gradients upstream drift by percents."""
+    return torch.float64 if dtype == torch.float32 else dtype
+
+
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch's CPU BatchNorm computes a float16/bfloat16 input in (mixed precision): float32, each
+    result rounded once to the input's type."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _channel_mean(t: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
@@ -106,15 +111,16 @@ class _BatchNormTraining(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsilon: float):
-        y, mean_out, var_out, *saved = replayed(_batch_norm_forward, x, scale, bias, epsilon)
+        y, mean_out, var_out, *saved = replayed(_batch_norm_forward, x.to(_opmath(x.dtype)), scale, bias, epsilon)
         ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(mean_out, var_out)
-        return y, mean_out, var_out
+        return y.to(x.dtype), mean_out.to(x.dtype), var_out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor, _mean_grad, _var_grad):
-        dx, grad_scale, grad_bias = replayed(_batch_norm_backward, dy, *ctx.saved_tensors, *ctx.needs_input_grad[1:3])
-        return dx, grad_scale, grad_bias, None
+        dx, grad_scale, grad_bias = replayed(_batch_norm_backward, dy.to(_opmath(dy.dtype)), *ctx.saved_tensors,
+                                             *ctx.needs_input_grad[1:3])
+        return dx.to(dy.dtype), grad_scale, grad_bias, None
 
 
 def _batch_norm_forward(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsilon: float):
@@ -139,9 +145,7 @@ def _batch_norm_backward(dy: torch.Tensor, centered: torch.Tensor, shift: torch.
     dot = (_channel_mean(dy * centered, shift.dtype) - shift * mean_dy).to(dy.dtype)
     mean_dy = mean_dy.to(dy.dtype)
     dx = (dy - affine(centered, (dot * invstd * invstd).reshape(-1), mean_dy.reshape(-1))) * alpha
-    # the scale's gradient in the statistics' type (float32 under mixed precision, where the weights are)
-    grad_scale = (dot.to(shift.dtype) * (invstd.to(shift.dtype) * count)).reshape(-1).to(dot.dtype) \
-        if needs_scale else None
+    grad_scale = (dot * (invstd * count)).reshape(-1) if needs_scale else None
     grad_bias = (mean_dy * count).reshape(-1) if needs_bias else None
     return dx, grad_scale, grad_bias
 
