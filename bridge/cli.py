@@ -119,6 +119,7 @@ def _convert(args: argparse.Namespace) -> int:
             input_shapes=_input_shapes(args.input_shapes),
             constant_inputs=_constant_inputs(args.constant_input),
             target=args.target,
+            precision=args.precision,
         )
     for warning in caught:
         if issubclass(warning.category, BridgeWarning):
@@ -296,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--target", default=DEFAULT_TARGET, choices=list(TARGETS),
                          help=f"the runtime whose measured forms the graph uses (default {DEFAULT_TARGET}; plain: "
                               "none, the canonical graph)")
+    convert.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                         help="mixed precision: compute where torch's autocast would, with GradScaler's dynamic loss "
+                              "scaling (docs/finetuning.md)")
     convert.set_defaults(run=_convert)
 
     verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "
