@@ -208,7 +208,7 @@ def _forward_loss(example: StepExample, signature: StepSignature, args: dict[str
             random={name: args[name] for name in signature.random}, evaluation=not signature.training,
         )
         with tags.scope(Phase.LOSS, LOSS_LAYER, example.loss.name):
-            loss_value = example.loss(outputs[example.output_index], args[TARGET])
+            loss_value = _float32(example.loss(outputs[example.output_index], args[TARGET]))
     return loss_value, outputs, updated_buffers
 
 
@@ -308,8 +308,14 @@ class _LoweringReplay:
 
 
 def _extra_outputs(program: OnnxProgram, signature: StepSignature, outputs: list) -> dict[str, torch.Tensor]:
-    """``output_<name>`` for the model outputs the step also returns (``signature.outputs``)."""
-    return {output_name(name): outputs[program.output_names.index(name)] for name in signature.outputs}
+    """``output_<name>`` for the model outputs the step also returns (``signature.outputs``); one that mixed
+    precision computed in float16/bfloat16 is returned as float32, the type of the source model's output."""
+    return {output_name(name): _float32(outputs[program.output_names.index(name)]) for name in signature.outputs}
+
+
+def _float32(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as float32 if autocast made it float16 or bfloat16 (numpy has no bfloat16 for the runtimes)."""
+    return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
 
 
 def split_step(graph_module: torch.fx.GraphModule,
