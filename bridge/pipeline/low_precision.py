@@ -2,9 +2,9 @@
 in float32 between Casts (its low-precision inputs widened, its outputs rounded back once).
 
 A node cannot run in the low type when the ONNX schema does not allow it (bfloat16 Conv, for one: the
-canonical graph needs this on every target), or, where the target enables ``float32_kernels``
-(bridge/pipeline/targets.py), when onnxruntime's CPU has no kernel for it (asked of onnxruntime itself, one
-single-node session per op and type signature). The element types are propagated through the graph with the
+canonical graph needs this on every target), or, for the ``onnxruntime`` target, when onnxruntime's CPU has no
+kernel for it (asked of onnxruntime itself, one single-node session per op and type signature). Not one of
+``targets.FORMS``: those change a float32 graph's form, this one only exists in mixed precision. The element types are propagated through the graph with the
 ONNX schemas' type constraints.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .export import OPSET
-from .targets import enabled
+from .targets import current
 
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -27,7 +27,7 @@ def widen_unsupported(model: onnx.ModelProto) -> None:
     graph = model.graph
     types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
     types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
-    runs: Callable[[onnx.NodeProto, dict[str, int]], bool] = _onnxruntime_runs if enabled("float32_kernels") \
+    runs: Callable[[onnx.NodeProto, dict[str, int]], bool] = _onnxruntime_runs if current() == "onnxruntime" \
         else lambda node, types: True
     taken = set(types) | {name for node in graph.node for name in [*node.output, node.name]}
 

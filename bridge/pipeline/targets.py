@@ -35,9 +35,6 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
                             "onnxruntime instead of a Mul and an Add, bit for bit",
     "scalar_ranks": "a one-element operand given the rank of the tensor it broadcasts against: onnxruntime's "
                     "CPU broadcaster otherwise calls its kernel once per element",
-    "float32_kernels": "a float16/bfloat16 node (mixed precision) that onnxruntime's CPU has no kernel for "
-                       "computes in float32 between Casts (bridge/pipeline/low_precision.py): onnxruntime refuses "
-                       "such a bfloat16 node; for a float16 one it inserts the same Casts itself",
     "relu_after_maxpool": "MaxPool(Relu(x)) run as Relu(MaxPool(x)): the Relu and its backward mask on the "
                           "pooled tensor (same values and gradients)",
 }
