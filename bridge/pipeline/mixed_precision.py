@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ class Precision:
 
     name: str = "fp32"
     dtype: torch.dtype | None = None
-    grad_scaler: dict[str, Any] | None = field(default=None)
+    grad_scaler: dict[str, Any] | None = None
 
     @property
     def loss_scaling(self) -> bool:
@@ -57,20 +57,18 @@ def make_precision(precision: str, grad_scaler_options: Mapping[str, Any] | bool
     unknown = sorted(set(options) - set(_SCALER_OPTIONS))
     if unknown:
         raise InvalidOptionError(f"unknown grad_scaler_options {unknown}; valid options: {', '.join(_SCALER_OPTIONS)}")
-    if isinstance(options.get("growth_interval"), bool) or not isinstance(options.get("growth_interval", 1), int) \
-            or options.get("growth_interval", 1) < 1:
-        raise InvalidOptionError(f"grad_scaler_options growth_interval={options['growth_interval']!r}: give an "
-                                 "integer >= 1")
+    interval = options.get("growth_interval", 1)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise InvalidOptionError(f"grad_scaler_options growth_interval={interval!r}: give an integer >= 1")
     init_scale = options.get("init_scale", 1.0)
-    if not 0 < float(init_scale) < float("inf"):
+    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not 0 < init_scale < float("inf"):
         raise InvalidOptionError(f"grad_scaler_options init_scale={init_scale!r}: give a positive finite number")
-    try:
-        scaler = torch.amp.GradScaler("cpu", **options)
+    try:  # GradScaler checks growth_factor > 1 and backoff_factor < 1
+        torch.amp.GradScaler("cpu", **options)
     except (AssertionError, ValueError, TypeError) as exc:
         raise InvalidOptionError(f"grad_scaler_options {options}: {exc or 'invalid value'}") from exc
     defaults = {name: parameter.default for name, parameter in
                 inspect.signature(torch.amp.GradScaler.__init__).parameters.items() if name in _SCALER_OPTIONS}
-    del scaler
     return Precision(precision, dtype, {**defaults, **options})
 
 

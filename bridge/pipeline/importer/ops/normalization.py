@@ -152,12 +152,14 @@ def _batch_norm_backward(dy: torch.Tensor, centered: torch.Tensor, shift: torch.
 
 @converter("LayerNormalization")
 def layer_normalization(ctx, x, scale, bias=None):
-    axis = ctx.attr("axis", -1) % x.dim()
-    normalized, mean, var = _normalize(x, list(range(axis, x.dim())), ctx.attr("epsilon", 1e-5))
+    """A float16/bfloat16 ``x`` (mixed precision) is normalized in float32 and the result rounded once, as torch's
+    CPU layer_norm computes it."""
+    axis, dtype = ctx.attr("axis", -1) % x.dim(), x.dtype
+    normalized, mean, var = _normalize(x.to(_opmath(dtype)), list(range(axis, x.dim())), ctx.attr("epsilon", 1e-5))
     y = normalized * scale
     if bias is not None:
         y = y + bias
-    return (y, mean, torch.rsqrt(var + ctx.attr("epsilon", 1e-5)))[:len(ctx.node.output)]
+    return (y.to(dtype), mean, torch.rsqrt(var + ctx.attr("epsilon", 1e-5)))[:len(ctx.node.output)]
 
 
 @converter("InstanceNormalization")
