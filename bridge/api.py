@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
 from .atomic import check_output_path
-from .contract import LORA_PLAN, LOSS, LOSS_OUTPUT, LR, STEP, TARGET, StepSignature, slot_name
+from .contract import GROWTH_TRACKER, LORA_PLAN, LOSS, LOSS_OUTPUT, LOSS_SCALE, LR, PRECISION, STEP, TARGET, StepSignature, slot_name
 from .contract import TARGET_CLASSES as CLASSES
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
@@ -34,6 +34,8 @@ from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_model
 from .pipeline.lora import inject_for_training, lora_trainable
 from .pipeline.losses import INDICES, Loss, make_loss
+from .pipeline.low_precision import widen_unsupported
+from .pipeline.mixed_precision import make_precision
 from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
 from .pipeline.progress import phase
 from .pipeline.source_checks import check_export
@@ -85,6 +87,8 @@ def to_training_onnx(
     target: str = DEFAULT_TARGET,
     constant_inputs: Mapping[str, Any] | None = None,
     lora: Mapping[str, Any] | None = None,
+    precision: str = "fp32",
+    grad_scaler_options: Mapping[str, Any] | bool | None = None,
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
@@ -130,11 +134,17 @@ def to_training_onnx(
         lora: train LoRA adapters instead of the weights (docs/lora.md): ``{"rank": 8, "alpha": 16, "targets":
             ["*attn*"], "seed": 0}``, targets fnmatch patterns of Gemm/MatMul/Conv weight or node names. The base
             weights stay frozen; ``trainable=`` adds weights trained in full (a new head).
+        precision: ``fp32`` (the default), or mixed precision ``fp16`` / ``bf16``: the forward and backward
+            compute in that type where torch's autocast would, weights and optimizer state stay float32, and the
+            loss is scaled dynamically as ``torch.amp.GradScaler`` does (docs/finetuning.md).
+        grad_scaler_options: ``torch.amp.GradScaler``'s ``init_scale``, ``growth_factor``, ``backoff_factor``
+            and ``growth_interval`` (its defaults otherwise); ``False``: mixed precision without loss scaling.
     """
     target = check_target(target)
     loss_fn = make_loss(loss, dict(loss_options or {}))
     optimizer = make_optimizer(optim, dict(optim_options or {}))
     max_grad_norm = check_max_norm(clip_grad_norm)
+    mixed = make_precision(precision, grad_scaler_options)
     batch_size = _check_batch_size(batch_size)
     if output_path is not None:
         _check_output_path(model, output_path)
@@ -184,7 +194,7 @@ def to_training_onnx(
         _nothing_to_train(candidates, trainable, frozen)
     state_slots = [(w, slot) for w in weights for slot in optimizer.slots()]
     signature = StepSignature(weights, buffers, state_slots, list(program.input_names), list(random),
-                              outputs=_extra_outputs(program.output_names, extra_outputs))
+                              outputs=_extra_outputs(program.output_names, extra_outputs), loss_scaling=mixed.loss_scaling)
 
     _check_names_free(source, signature)
 
@@ -194,6 +204,9 @@ def to_training_onnx(
             tensors[slot_name(w, slot)] = value
     tensors[STEP] = torch.tensor(0.0)
     tensors[LR] = torch.tensor(optimizer.lr, dtype=torch.float32)
+    if mixed.grad_scaler is not None:
+        tensors[LOSS_SCALE] = torch.tensor(float(mixed.grad_scaler["init_scale"]), dtype=torch.float32)
+        tensors[GROWTH_TRACKER] = torch.tensor(0.0)
 
     if example_output.numel() == 0:
         raise ShapeError(f"model output '{program.output_names[output_index]}' is empty (shape "
@@ -203,7 +216,7 @@ def to_training_onnx(
     example_target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, example_target)
 
-    example = StepExample(program, loss_fn, tensors, {**inputs, **random}, example_target, output_index, dims)
+    example = StepExample(program, loss_fn, tensors, {**inputs, **random}, example_target, output_index, dims, mixed)
     with phase("tracing the training step"), using(target):
         graph_module = trace_training_step(example, optimizer, signature, max_grad_norm=max_grad_norm)
     eval_signature = signature.for_eval(list(program.output_names))
@@ -212,6 +225,8 @@ def to_training_onnx(
     metadata = {LOSS_OUTPUT: program.output_names[output_index]}
     if plan is not None:
         metadata[LORA_PLAN] = plan.to_json()
+    if mixed.dtype is not None:
+        metadata[PRECISION] = json.dumps({"precision": mixed.name, "grad_scaler": mixed.grad_scaler})
     classes = _class_targets(loss_fn, example_output)
     if classes is not None:
         metadata[CLASSES] = json.dumps(classes)
@@ -221,7 +236,8 @@ def to_training_onnx(
     def exporter(module: Callable[[], torch.fx.GraphModule], sig: StepSignature) -> Callable[..., onnx.ModelProto]:
         def export(stubs=None) -> onnx.ModelProto:
             with using(target):
-                return _export(module(), sig, outline, source_hash, loss_fn, optimizer, metadata, names, stubs)
+                return _export(module(), sig, outline, source_hash, loss_fn, optimizer, metadata, names, stubs,
+                               mixed.dtype is not None)
 
         return export
 
@@ -250,13 +266,16 @@ def to_training_onnx(
 
 def _export(graph_module, signature: StepSignature, source: onnx.ModelProto, source_hash: str,
             loss: Loss, optimizer: Optimizer, metadata: dict[str, str],
-            constant_names: Mapping[tuple[int, tuple[int, ...]], str], stubs: dict | None = None
-            ) -> onnx.ModelProto:
+            constant_names: Mapping[tuple[int, tuple[int, ...]], str], stubs: dict | None = None,
+            low_precision: bool = False) -> onnx.ModelProto:
     """Export, annotate and check one traced graph (the training step or the eval step) under the current
-    target (``targets.using``); ``stubs``: see ``GraphBuilder.write_initializers``."""
+    target (``targets.using``); ``stubs``: see ``GraphBuilder.write_initializers``; ``low_precision``: a
+    mixed-precision graph, whose nodes without a float16/bfloat16 form compute in float32 (``widen_unsupported``)."""
     with phase(f"exporting {len(graph_module.graph.nodes)} traced nodes to ONNX"):
         model = export_step(graph_module, signature, constant_names, stubs)
         clean_up(model)
+        if low_precision:
+            widen_unsupported(model)
         if enabled("scalar_ranks"):
             match_scalar_ranks(model)
     annotate_model(model, signature, source=source, source_hash=source_hash, loss=loss, optimizer=optimizer,

@@ -120,6 +120,8 @@ def _convert(args: argparse.Namespace) -> int:
             constant_inputs=_constant_inputs(args.constant_input),
             target=args.target,
             lora=_json_option(args.lora, "--lora"),
+            precision=args.precision,
+            grad_scaler_options=_json_option(args.grad_scaler_options, "--grad-scaler-options"),
         )
     for warning in caught:
         if issubclass(warning.category, BridgeWarning):
@@ -299,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--target", default=DEFAULT_TARGET, choices=list(TARGETS),
                          help=f"the runtime whose measured forms the graph uses (default {DEFAULT_TARGET}; plain: "
                               "none, the canonical graph)")
+    convert.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                         help="mixed precision: compute where torch's autocast would, with GradScaler's dynamic loss "
+                              "scaling (docs/finetuning.md)")
+    convert.add_argument("--grad-scaler-options", help="JSON object of torch.amp.GradScaler keyword arguments "
+                                                       "(init_scale, growth_factor, backoff_factor, growth_interval)")
     convert.set_defaults(run=_convert)
 
     verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "

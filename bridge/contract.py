@@ -71,6 +71,9 @@ GRAD_PREFIX = "grad_"
 UPDATED_PREFIX = "updated_"
 OUTPUT_PREFIX = "output_"
 LOSS_LAYER = "loss"  # the bridge.layer of the loss's nodes and of its own backward
+LOSS_SCALE = "loss_scale"  # float scalar: the dynamic loss scale of mixed precision (torch.amp.GradScaler's scale)
+GROWTH_TRACKER = "loss_scale_growth_tracker"  # float scalar: good steps since the scale last changed
+LOSS_SCALING = (LOSS_SCALE, GROWTH_TRACKER)
 
 
 def grad_name(value: str) -> str:
@@ -119,8 +122,9 @@ DIM_BOUNDS = "bridge.dim_bounds"  # JSON {dim name: the largest size the graph h
 TARGET_CLASSES = "bridge.target_classes"  # JSON {"classes", "ignore_index", "axis"} of class-index targets
 LOSS_OUTPUT = "bridge.loss_output"  # the model output the loss applies to
 LORA_PLAN = "bridge.lora_plan"  # JSON LoraPlan of a LoRA conversion (bridge/pipeline/lora.py)
+PRECISION = "bridge.precision"  # JSON {"precision", "grad_scaler"} of a mixed-precision graph
 MODEL_KEYS = (VERSION, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, SOURCE_MODEL, SOURCE_SHA256,
-              RANDOM_INPUTS, DIM_BOUNDS, TARGET_CLASSES, LOSS_OUTPUT, LORA_PLAN)
+              RANDOM_INPUTS, DIM_BOUNDS, TARGET_CLASSES, LOSS_OUTPUT, LORA_PLAN, PRECISION)
 
 DIM_NAMES = "bridge.dim_names"  # torch.fx.GraphModule.meta only: {sympy symbol: dim name}
 
@@ -167,8 +171,10 @@ ROLE_DOCS: dict[str, tuple[str, str]] = {  # role -> (the values that have it, w
                   "a weight shared by several nodes is one input with one gradient"),
     Role.BUFFER: ("normalization running statistics (`bn1.running_mean`)",
                   "updated by the forward pass in training mode"),
-    Role.OPTIMIZER_STATE: (f"`<weight>.<slot>` with torch.optim's state keys (`fc.weight.exp_avg`, ...); `{STEP}`",
-                           f"`{STEP}` is a float32 scalar: steps done so far"),
+    Role.OPTIMIZER_STATE: (f"`<weight>.<slot>` with torch.optim's state keys (`fc.weight.exp_avg`, ...); `{STEP}`; "
+                           f"with loss scaling `{LOSS_SCALE}` and `{GROWTH_TRACKER}`",
+                           f"`{STEP}` is a float32 scalar: steps done so far; `{LOSS_SCALE}` the loss scale, "
+                           f"`{GROWTH_TRACKER}` the good steps since it last changed (docs/finetuning.md)"),
     Role.HYPERPARAMETER: (f"`{LR}` (float scalar)", "change it between steps for a schedule"),
     Role.RANDOM: ("`<node>.noise` for each training-mode random op (Dropout)",
                   "uniform [0, 1) noise the runner draws fresh every step (onnx-mlir would freeze a Random* "
@@ -205,6 +211,8 @@ KEY_DOCS: dict[str, tuple[str, str]] = {  # key -> (where, the value)
     TARGET_CLASSES: ("model", 'JSON {"classes", "ignore_index", "axis"} of class-index targets'),
     LOSS_OUTPUT: ("model", "the model output the loss applies to"),
     LORA_PLAN: ("model", "JSON: the LoRA adapters trained (rank, alpha, targets, each adapter's weight and scale)"),
+    PRECISION: ("model (mixed precision only)", 'JSON {"precision": "fp16" or "bf16", "grad_scaler": the '
+                "torch.amp.GradScaler options, or null without loss scaling}"),
     INPUTS: ("IREE reflection", "JSON list of the graph input names, in argument order"),
     OUTPUTS: ("IREE reflection", "JSON list of the graph output names, in result order"),
     INPUT_SPECS: ("IREE reflection", "JSON {input name: [shape (a symbolic dim: null), numpy dtype name]}"),
@@ -234,6 +242,7 @@ class StepSignature:
     outputs: list[str] = field(default_factory=list)  # model outputs returned as ``output_<name>``
     training: bool = True  # False: the eval graph (forward + loss, no update)
     part: str = "step"  # "step": the whole step; "gradient" / "update": its two halves (see ``split``)
+    loss_scaling: bool = False  # mixed precision's dynamic loss scale (``LOSS_SCALING``) is state of the step
 
     def slot_names(self) -> list[str]:
         """``<weight>.<slot>`` of the optimizer state, in ``state`` order."""
@@ -242,13 +251,16 @@ class StepSignature:
     def state_names(self) -> list[str]:
         """Inputs that carry training state: fed from ``initial_state()``, then from ``updated_*``.
 
-        The eval and gradient graphs read only the weights and buffers; the update graph the
-        weights, the optimizer state, ``step`` and ``lr``."""
-        if not self.training or self.part == "gradient":
+        The eval graph reads only the weights and buffers, the gradient graph also the loss scale;
+        the update graph the weights, the optimizer state, ``step``, ``lr`` and the loss scaling state."""
+        scaling = list(LOSS_SCALING) if self.loss_scaling else []
+        if not self.training:
             return self.weights + self.buffers
+        if self.part == "gradient":
+            return self.weights + self.buffers + scaling[:1]
         if self.part == "update":
-            return self.weights + self.slot_names() + [STEP, LR]
-        return self.weights + self.buffers + self.slot_names() + [STEP, LR]
+            return self.weights + self.slot_names() + [STEP, LR] + scaling
+        return self.weights + self.buffers + self.slot_names() + [STEP, LR] + scaling
 
     def gradient_names(self) -> list[str]:
         """``grad_<w>`` for every trained weight: outputs of the step and gradient graphs,
@@ -313,6 +325,7 @@ class StepSignature:
         roles.update({name: Role.BUFFER for name in self.buffers})
         roles.update({name: Role.OPTIMIZER_STATE for name in self.slot_names()})
         roles.update({STEP: Role.OPTIMIZER_STATE, LR: Role.HYPERPARAMETER, TARGET: Role.TARGET})
+        roles.update({name: Role.OPTIMIZER_STATE for name in LOSS_SCALING if self.loss_scaling})
         roles.update({name: Role.INPUT for name in self.inputs})
         roles.update({name: Role.RANDOM for name in self.random})
         if self.part == "update":

@@ -29,13 +29,31 @@ from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_modu
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from ..contract import DIM_BOUNDS, DIM_NAMES, LOSS, LOSS_LAYER, LR, STEP, TARGET, Phase, StepSignature, output_name, slot_name, updated_name
+from ..contract import (
+    DIM_BOUNDS,
+    DIM_NAMES,
+    GROWTH_TRACKER,
+    LOSS,
+    LOSS_LAYER,
+    LOSS_SCALE,
+    LR,
+    STEP,
+    TARGET,
+    UPDATED_PREFIX,
+    Phase,
+    StepSignature,
+    output_name,
+    slot_name,
+    strip_prefix,
+    updated_name,
+)
 from ..errors import LoweringError, ShapeError
 from .cse import eliminate_common_subexpressions, eliminate_dead_code
 from .importer.program import OnnxProgram
 from .importer.weights import autograd_nodes
 from .losses import Loss
 from .lowering import LOWERINGS, decomposition_table
+from .mixed_precision import Precision, autocast, found_nonfinite, keep_if, unscale, update_scale
 from .optimizers import Optimizer, clip_grad_norm
 from .replay import Replay, Unkeyable
 from .replay import key as replay_key
@@ -134,6 +152,7 @@ class StepExample:
     target: torch.Tensor
     output_index: int
     dims: DimSpec | None = None
+    precision: Precision = Precision()
 
 
 def trace_training_step(example: StepExample, optimizer: Optimizer, signature: StepSignature,
@@ -157,9 +176,10 @@ def trace_training_step(example: StepExample, optimizer: Optimizer, signature: S
         tags.watch([args[name] for name in signature.data_names()])
         weights = {name: args[name] for name in signature.weights}
         loss_value, outputs, updated_buffers = _forward_loss(example, signature, args, tags)
-        grads = _backward(loss_value, list(weights.values()), tags)
+        grads = _backward(loss_value, list(weights.values()), tags, args.get(LOSS_SCALE))
         results = {LOSS: loss_value, **dict(zip(signature.gradient_names(), grads, strict=True))}
-        results.update(_optimizer_update(optimizer, signature, args, grads, tags, max_grad_norm))
+        results.update(_optimizer_update(optimizer, signature, args, grads, tags, max_grad_norm,
+                                         example.precision.grad_scaler))
         results.update({updated_name(name): updated_buffers.get(name, args[name]) for name in signature.buffers})
         results.update(_extra_outputs(example.program, signature, outputs))
         return tuple(signature.flatten(results, outputs=True))
@@ -178,35 +198,45 @@ def _forward_loss(example: StepExample, signature: StepSignature, args: dict[str
                   tags: _LayerTags) -> tuple[torch.Tensor, list, dict]:
     """Pass 1: the ONNX program on the step's arguments (forward phase, each op tagged with its
     ONNX node; in inference mode for the eval signature), then the loss of output ``example.output_index``
-    (loss phase). Returns the loss, the model outputs and the buffers the forward updated (BatchNorm
-    statistics in training mode)."""
-    outputs, updated_buffers = example.program.run(
-        {name: args[name] for name in signature.inputs},
-        {name: args[name] for name in signature.weights + signature.buffers},
-        training=signature.training, node_scope=tags.forward,
-        random={name: args[name] for name in signature.random}, evaluation=not signature.training,
-    )
-    with tags.scope(Phase.LOSS, LOSS_LAYER, example.loss.name):
-        loss_value = example.loss(outputs[example.output_index], args[TARGET])
+    (loss phase), both under torch's autocast for mixed precision (``example.precision``). Returns the loss, the
+    model outputs and the buffers the forward updated (BatchNorm statistics in training mode)."""
+    with autocast(example.precision):
+        outputs, updated_buffers = example.program.run(
+            {name: args[name] for name in signature.inputs},
+            {name: args[name] for name in signature.weights + signature.buffers},
+            training=signature.training, node_scope=tags.forward,
+            random={name: args[name] for name in signature.random}, evaluation=not signature.training,
+        )
+        with tags.scope(Phase.LOSS, LOSS_LAYER, example.loss.name):
+            loss_value = _float32(example.loss(outputs[example.output_index], args[TARGET]))
     return loss_value, outputs, updated_buffers
 
 
-def _backward(loss_value: torch.Tensor, weights: list[torch.Tensor], tags: _LayerTags) -> tuple[torch.Tensor, ...]:
+def _backward(loss_value: torch.Tensor, weights: list[torch.Tensor], tags: _LayerTags,
+              loss_scale: torch.Tensor | None = None) -> Sequence[torch.Tensor]:
     """Pass 2: the gradients of the loss with respect to ``weights`` (backward phase, each op tagged
-    with the forward layer whose grad_fn runs it)."""
+    with the forward layer whose grad_fn runs it). With a ``loss_scale`` (mixed precision), the gradients
+    of the loss times the scale, unscaled."""
+    if loss_scale is not None:
+        with tags.scope(Phase.LOSS, LOSS_LAYER, LOSS_SCALE):
+            loss_value = loss_value * loss_scale
     tags.hook_backward(loss_value)
     with fx_traceback.annotate({"phase": Phase.BACKWARD, "layer": "", "kind": ""}):
         grads = torch.autograd.grad(loss_value, weights, materialize_grads=True)
     tags.check_symbolic("the loss or the backward pass (a lowering of bridge.pipeline.lowering)")
-    return grads
+    if loss_scale is None:
+        return grads
+    with fx_traceback.annotate({"phase": Phase.BACKWARD, "layer": LOSS_LAYER, "kind": LOSS_SCALE}):
+        return unscale(grads, loss_scale)
 
 
 def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict[str, torch.Tensor],
                       grads: Sequence[torch.Tensor], tags: _LayerTags,
-                      max_grad_norm: float | None) -> dict[str, torch.Tensor]:
+                      max_grad_norm: float | None, grad_scaler: dict | None = None) -> dict[str, torch.Tensor]:
     """Pass 3: ``step + 1``, global-norm clipping (``max_grad_norm``), then each weight's update
     (optimizer phase, layer = the weight). Returns ``updated_*`` of the weights, optimizer state
-    and step."""
+    and step. With loss scaling (``grad_scaler``: GradScaler's options), a non-finite gradient skips the
+    update (every weight, slot and ``step`` kept) and the loss scale state is updated."""
     state: dict[str, dict[str, torch.Tensor]] = {}
     for weight, slot in signature.state:
         state.setdefault(weight, {})[slot] = args[slot_name(weight, slot)]
@@ -225,7 +255,14 @@ def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict
         results.update({updated_name(slot_name(name, slot)): new_slots[slot]
                         for w, slot in signature.state if w == name})
     results[updated_name(STEP)] = new_step
-    return results
+    if grad_scaler is None:
+        return results
+    with tags.scope(Phase.OPTIMIZER, LOSS_SCALE, LOSS_SCALE):
+        skipped = found_nonfinite(grads)
+        kept = {name: keep_if(skipped, args[strip_prefix(name, UPDATED_PREFIX)], value) for name, value in results.items()}
+        kept[updated_name(LOSS_SCALE)], kept[updated_name(GROWTH_TRACKER)] = update_scale(
+            args[LOSS_SCALE], args[GROWTH_TRACKER], skipped, grad_scaler)
+    return kept
 
 
 class _UpdateReplay:
@@ -271,8 +308,14 @@ class _LoweringReplay:
 
 
 def _extra_outputs(program: OnnxProgram, signature: StepSignature, outputs: list) -> dict[str, torch.Tensor]:
-    """``output_<name>`` for the model outputs the step also returns (``signature.outputs``)."""
-    return {output_name(name): outputs[program.output_names.index(name)] for name in signature.outputs}
+    """``output_<name>`` for the model outputs the step also returns (``signature.outputs``); one that mixed
+    precision computed in float16/bfloat16 is returned as float32, the type of the source model's output."""
+    return {output_name(name): _float32(outputs[program.output_names.index(name)]) for name in signature.outputs}
+
+
+def _float32(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as float32 if autocast made it float16 or bfloat16 (numpy has no bfloat16 for the runtimes)."""
+    return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
 
 
 def split_step(graph_module: torch.fx.GraphModule,

@@ -28,6 +28,7 @@ from ..contract import (
     GRAD_PREFIX,
     LOSS_OPTIONS,
     OUTPUT_PREFIX,
+    PRECISION,
     UPDATED_PREFIX,
     decode_random_inputs,
     props,
@@ -257,6 +258,20 @@ def outputs_dropped(model: onnx.ModelProto, dropped: Callable[[str], bool] | Non
             model.graph.output.extend(outputs)
 
 
+@contextlib.contextmanager
+def _kernels_checked() -> Iterator[None]:
+    """onnxruntime's refusal of a node it has no kernel for (a bfloat16 graph converted with ``target="plain"``)
+    as a ``BridgeError`` that names the node and the fix."""
+    import onnxruntime as ort
+
+    try:
+        yield
+    except ort.capi.onnxruntime_pybind11_state.NotImplemented as exc:
+        raise BridgeError(f"onnxruntime has no CPU kernel for a node of this graph ({exc}); for a float16/bfloat16 "
+                          "graph convert with target='onnxruntime' (the default), which computes such nodes in "
+                          "float32 (docs/finetuning.md)") from exc
+
+
 class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
@@ -267,8 +282,12 @@ class OrtGraph:
         import onnxruntime as ort
 
         options = session_options(threads, spinning)
+        if PRECISION in props(model.metadata_props):
+            # onnxruntime's graph optimizations run some float16 nodes in float32 without rounding back: a
+            # gradient that overflows in torch's autocast stays finite, and loss scaling no longer skips its step
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
-        with outputs_dropped(model, dropped_outputs):
+        with outputs_dropped(model, dropped_outputs), _kernels_checked():
             if is_large(model):  # past protobuf's 2 GiB: through a file with external data
                 with external_copy(model) as path:
                     self.session = ort.InferenceSession(path, options, providers=providers)

@@ -14,6 +14,11 @@ import torch.nn.functional as F
 from ....geometry import torch_pad
 from ..registry import NodeContext, converter
 
+# The functional convolutions, not ``torch.convolution``: they trace to the same ``aten.convolution``, and torch's
+# autocast (mixed precision) casts their inputs, as it does for torch.nn's Conv modules.
+_CONVS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_TRANSPOSED_CONVS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
 
 def spatial_attrs(ctx: NodeContext, rank: int) -> tuple[list[int], list[int]]:
     """(strides, dilations), one per spatial dim (ONNX defaults: 1)."""
@@ -66,7 +71,7 @@ def conv(ctx, x, weight, bias=None):
     strides, dilations = spatial_attrs(ctx, rank)
     begins, ends = forward_pads(ctx, x.shape[2:], weight.shape[2:], strides, dilations)
     x, padding = split_pads(x, begins, ends, 0.0)
-    return torch.convolution(x, weight, bias, strides, padding, dilations, False, [0] * rank, ctx.attr("group", 1))
+    return _CONVS[rank](x, weight, bias, strides, padding, dilations, ctx.attr("group", 1))
 
 
 @converter("ConvTranspose")
@@ -93,6 +98,6 @@ def conv_transpose(ctx, x, weight, bias=None):
         pads = list(ctx.attr("pads") or [0] * (2 * rank))
         begins, ends = pads[:rank], pads[rank:]
     symmetric = [max(0, min(b, e)) for b, e in zip(begins, ends, strict=True)]
-    y = torch.convolution(x, weight, bias, strides, symmetric, dilations, True, output_padding, ctx.attr("group", 1))
+    y = _TRANSPOSED_CONVS[rank](x, weight, bias, strides, symmetric, output_padding, ctx.attr("group", 1), dilations)
     crop = torch_pad([m - b for b, m in zip(begins, symmetric, strict=True)], [m - e for e, m in zip(ends, symmetric, strict=True)])
     return F.pad(y, crop) if any(crop) else y

@@ -18,6 +18,8 @@ def gemm(ctx, a, b, c=None):
     if alpha != 1.0:
         y = y * alpha
     if c is not None:
+        if torch.is_autocast_enabled("cpu"):  # torch's Linear is addmm, which autocast runs with C cast too
+            c = c.to(torch.get_autocast_dtype("cpu"))
         y = y + (c * beta if beta != 1.0 else c)
     return y
 

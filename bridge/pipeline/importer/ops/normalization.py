@@ -77,6 +77,12 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float32 else dtype
 
 
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch's CPU BatchNorm computes a float16/bfloat16 input in (mixed precision): float32, each
+    result rounded once to the input's type."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _channel_mean(t: torch.Tensor, wide: torch.dtype) -> torch.Tensor:
     """Per-channel mean of ``t`` ([N, C, ...]) over every dim but 1, shaped [1, C, 1, ...], in
     ``wide``: means along the last (contiguous) dim in ``t``'s dtype, the rest in ``wide``. Only
@@ -105,15 +111,16 @@ class _BatchNormTraining(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsilon: float):
-        y, mean_out, var_out, *saved = replayed(_batch_norm_forward, x, scale, bias, epsilon)
+        y, mean_out, var_out, *saved = replayed(_batch_norm_forward, x.to(_opmath(x.dtype)), scale, bias, epsilon)
         ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(mean_out, var_out)
-        return y, mean_out, var_out
+        return y.to(x.dtype), mean_out.to(x.dtype), var_out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor, _mean_grad, _var_grad):
-        dx, grad_scale, grad_bias = replayed(_batch_norm_backward, dy, *ctx.saved_tensors, *ctx.needs_input_grad[1:3])
-        return dx, grad_scale, grad_bias, None
+        dx, grad_scale, grad_bias = replayed(_batch_norm_backward, dy.to(_opmath(dy.dtype)), *ctx.saved_tensors,
+                                             *ctx.needs_input_grad[1:3])
+        return dx.to(dy.dtype), grad_scale, grad_bias, None
 
 
 def _batch_norm_forward(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsilon: float):
@@ -145,12 +152,14 @@ def _batch_norm_backward(dy: torch.Tensor, centered: torch.Tensor, shift: torch.
 
 @converter("LayerNormalization")
 def layer_normalization(ctx, x, scale, bias=None):
-    axis = ctx.attr("axis", -1) % x.dim()
-    normalized, mean, var = _normalize(x, list(range(axis, x.dim())), ctx.attr("epsilon", 1e-5))
+    """A float16/bfloat16 ``x`` (mixed precision) is normalized in float32 and the result rounded once, as torch's
+    CPU layer_norm computes it."""
+    axis, dtype = ctx.attr("axis", -1) % x.dim(), x.dtype
+    normalized, mean, var = _normalize(x.to(_opmath(dtype)), list(range(axis, x.dim())), ctx.attr("epsilon", 1e-5))
     y = normalized * scale
     if bias is not None:
         y = y + bias
-    return (y, mean, torch.rsqrt(var + ctx.attr("epsilon", 1e-5)))[:len(ctx.node.output)]
+    return (y.to(dtype), mean, torch.rsqrt(var + ctx.attr("epsilon", 1e-5)))[:len(ctx.node.output)]
 
 
 @converter("InstanceNormalization")
