@@ -32,7 +32,7 @@ from .pipeline.importer.program import OnnxProgram, drop_unimportable_outputs
 from .pipeline.importer.registry import buffer_inputs
 from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_model
-from .pipeline.lora import inject_for_training, lora_trainable
+from .lora import inject_for_training, lora_trainable
 from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.low_precision import widen_unsupported
 from .pipeline.mixed_precision import make_precision

@@ -121,7 +121,7 @@ RANDOM_INPUTS = "bridge.random_inputs"  # JSON list of the noise inputs (encode_
 DIM_BOUNDS = "bridge.dim_bounds"  # JSON {dim name: the largest size the graph holds for}
 TARGET_CLASSES = "bridge.target_classes"  # JSON {"classes", "ignore_index", "axis"} of class-index targets
 LOSS_OUTPUT = "bridge.loss_output"  # the model output the loss applies to
-LORA_PLAN = "bridge.lora_plan"  # JSON LoraPlan of a LoRA conversion (bridge/pipeline/lora.py)
+LORA_PLAN = "bridge.lora_plan"  # JSON LoraPlan of a LoRA conversion (bridge/lora.py)
 PRECISION = "bridge.precision"  # JSON {"precision", "grad_scaler"} of a mixed-precision graph
 MODEL_KEYS = (VERSION, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, SOURCE_MODEL, SOURCE_SHA256,
               RANDOM_INPUTS, DIM_BOUNDS, TARGET_CLASSES, LOSS_OUTPUT, LORA_PLAN, PRECISION)

@@ -1,4 +1,4 @@
-"""LoRA adapters (bridge/pipeline/lora.py, ``to_training_onnx(lora=)``) train as peft's LoRA does: same
+"""LoRA adapters (bridge/lora.py, ``to_training_onnx(lora=)``) train as peft's LoRA does: same
 initial adapters, same optimizer steps, same losses, adapter gradients and adapters; the base weights stay
 as they were; the merged export computes what the unmerged eval graph does."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ import bridge
 from bridge.cli import main
 from bridge.contract import LORA_PLAN
 from bridge.errors import InvalidOptionError
-from bridge.pipeline.lora import LoraError, inject_lora, merge_lora
+from bridge.lora import LoraError, inject_lora, merge_lora
 
 peft = pytest.importorskip("peft")
 RANK, ALPHA, LR, STEPS = 4, 8.0, 0.1, 5

@@ -55,7 +55,7 @@ def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoi
     """``source`` with the weights and buffers of a checkpoint of the training graph ``training``
     (refused if the checkpoint belongs to another graph); a LoRA graph's adapters merged in (``merge``)
     or kept beside the base weights."""
-    from ..pipeline.lora import lora_inference, plan_of
+    from ..lora import lora_inference, plan_of
     from .checkpoint import read_checkpoint
     from .runtime import graph_hash
 

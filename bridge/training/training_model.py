@@ -14,7 +14,7 @@ from ..atomic import AtomicWriter, atomic_writer, check_output_path
 from ..contract import StepSignature
 from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import copy_field, data_bytes, raw_bytes, read_model, tensor_bytes
-from ..pipeline.lora import LoraPlan, lora_inference
+from ..lora import LoraPlan, lora_inference
 from .inference import with_trained_values
 from .runtime import StepSession, TrainingSession
 

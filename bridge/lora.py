@@ -19,9 +19,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..contract import LORA_PLAN
-from ..errors import InvalidModelError, InvalidOptionError
-from ..onnx_file import read_model
+from .contract import LORA_PLAN
+from .errors import InvalidModelError, InvalidOptionError
+from .onnx_file import read_model
 
 OPS = ("Gemm", "MatMul", "Conv")
 PLAN_KEY = "lora_plan"  # the plan's JSON in an adapters .npz file
