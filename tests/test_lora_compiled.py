@@ -1,7 +1,7 @@
 """LoRA training graphs (``to_training_onnx(lora=)``) compiled by IREE and onnx-mlir step as onnxruntime does.
 
-An MLP (make test) and bert_tiny (make test-all; adapters on the attention and MLP projections) are compiled and stepped 3 times (SGD with
-momentum), updates fed back; every output (loss, grad_*, updated_*) is compared with onnxruntime at one thread
+An MLP (make test) and bert_tiny (make test-all; adapters on the attention and MLP projections) are compiled
+and stepped 3 times (SGD with momentum), updates fed back; every output (loss, grad_*, updated_*) is compared with onnxruntime at one thread
 (onnx-mlir runs on one), at test_onnx_mlir.py's tolerance: 16 units of float32 rounding of each tensor's
 largest magnitude.
 """
