@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 ONNX_MLIR_HOME ?= $(wildcard $(abspath ../shared/onnx-mlir/install))
 export ONNX_MLIR_HOME
 
-.PHONY: demo test test-fast test-all lint venv clean system-deps
+.PHONY: demo test test-fast test-all lint venv clean system-deps notebooks
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 	$(PY) examples/digits.py out
+
+# The comparison notebooks: each notebooks/<name>.py (jupytext) executed and saved as <name>.ipynb
+# with its outputs; tests/test_notebooks.py checks the saved outputs are current.
+notebooks: $(STAMP)
+	$(PY) notebooks/render.py
 
 # Debian packages the tests use: chromium renders `bridge show --html` pictures headless; onnx-mlir
 # (ONNX_MLIR_HOME, ../shared/onnx-mlir/README.md) runs on LLVM 22's libraries and links each model
@@ -54,7 +59,7 @@ test-all: $(STAMP) system-deps
 # ruff (pyflakes, bugbear, isort, pyupgrade) everywhere; mypy on the public API, the contract, the
 # runtime and the IR (pyproject.toml's [tool.ruff] and [tool.mypy]).
 lint: $(STAMP)
-	$(PY) -m ruff check bridge tests docs benchmarks examples
+	$(PY) -m ruff check bridge tests docs benchmarks examples notebooks
 	$(PY) -m mypy
 
 clean:

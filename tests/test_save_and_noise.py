@@ -2,10 +2,11 @@
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import bridge
-from bridge.training.training_model import state_file
+from bridge.training.training_model import PARTS, part_path, state_file
 
 MLP = Path(__file__).resolve().parents[1] / "examples" / "models" / "mlp.onnx"
 
@@ -47,3 +48,26 @@ def test_save_state_path_and_skipping_it(tmp_path):
     with pytest.raises(bridge.InvalidOptionError, match="write_state=False"):
         tm.save(tmp_path / "c.onnx", state_path=tmp_path / "c.npz", write_state=False)
     assert not (tmp_path / "c.onnx").exists()
+
+
+@pytest.mark.parametrize("optim", ["adam", "rmsprop"])
+def test_saved_state_has_the_shapes_every_saved_graph_declares_and_steps_quietly(tmp_path, capfd, optim):
+    """Each state array (``step`` and ``lr`` are 0-d) has exactly the shape its input declares in the
+    step, eval, gradient and update graphs, so onnxruntime warns about no shape while Trainer(path)
+    trains and evaluates."""
+    tm = bridge.to_training_onnx(MLP, loss="ce", optim=optim, batch_size=32)
+    path = tm.save(tmp_path / "train.onnx")
+    state = dict(np.load(state_file(path)))
+    assert state["step"].shape == () and state["lr"].shape == ()
+    for graph_path in [path] + [part_path(path, part) for part in PARTS]:
+        declared = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(graph_path).graph.input}
+        if graph_path == path:
+            assert state.keys() <= declared.keys()  # the step reads the whole state
+        for name in declared.keys() & state.keys():
+            assert list(state[name].shape) == declared[name], f"{graph_path.name}: {name}"
+    capfd.readouterr()
+    trainer = bridge.Trainer(path)
+    (x, y), = _batches(1)
+    losses = [trainer.step(x, y)["loss"] for _ in range(3)]
+    trainer.evaluate((x, y))
+    assert capfd.readouterr().err == "" and losses[-1] < losses[0]

@@ -6,6 +6,7 @@ import copy
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
@@ -243,7 +244,9 @@ def test_failed_checkpoint_write_keeps_the_previous_file(cnn, tmp_path, monkeypa
 
 # -- 5. back to inference ------------------------------------------------------------------------
 
-def test_export_inference_is_the_source_model_with_trained_values(cnn, tmp_path):
+def test_export_inference_is_the_source_model_with_trained_values(cnn, tmp_path, capfd):
+    """The source's nodes, inputs and outputs, BatchNorm and Dropout in inference mode; the Constant
+    that held Dropout's training_mode goes with that input, so onnxruntime warns about no unused value."""
     _, model, tm = cnn
     session = tm.session(seed=2)
     _run(session, [40, 41, 42])
@@ -251,10 +254,16 @@ def test_export_inference_is_the_source_model_with_trained_values(cnn, tmp_path)
     exported = onnx.load(str(path))
     onnx.checker.check_model(exported, full_check=True)
     assert exported.graph.input == model.graph.input and exported.graph.output == model.graph.output
-    assert [(n.name, n.op_type) for n in exported.graph.node] == [(n.name, n.op_type) for n in model.graph.node]
+    (drop,) = [n for n in model.graph.node if n.op_type == "Dropout"]
+    training_mode = drop.input[2]
+    assert [(n.name, n.op_type) for n in exported.graph.node] == [
+        (n.name, n.op_type) for n in model.graph.node if training_mode not in n.output]
     modes = {n.op_type: n for n in exported.graph.node if n.op_type in ("BatchNormalization", "Dropout")}
     assert onnx.helper.get_attribute_value(modes["BatchNormalization"].attribute[-1]) == 0  # was 1 (training)
     assert len(modes["BatchNormalization"].output) == 1 and len(modes["Dropout"].input) == 2
+    capfd.readouterr()
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert "onnxruntime" not in capfd.readouterr().err
     assert [i.name for i in exported.graph.initializer] == [i.name for i in model.graph.initializer]
     trained = {i.name: onnx.numpy_helper.to_array(i) for i in exported.graph.initializer}
     for name in tm.weights + tm.signature.buffers:

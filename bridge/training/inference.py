@@ -70,9 +70,12 @@ def from_checkpoint(source: onnx.ModelProto, training: onnx.ModelProto, checkpoi
 
 
 def inference_mode(model: onnx.ModelProto) -> None:
-    """Turn BatchNormalization and Dropout nodes to inference mode (in place); see the module doc."""
+    """Turn BatchNormalization and Dropout nodes to inference mode (in place); see the module doc.
+    A Dropout's ``training_mode`` that nothing else reads goes with it (its Constant node or
+    initializer), so runtimes find no unused value in the written model."""
     graph = model.graph
     used = {name for node in graph.node for name in node.input} | {out.name for out in graph.output}
+    removed: set[str] = set()
     for node in graph.node:
         if node.op_type == "BatchNormalization":
             extra = [name for name in node.output[1:] if name]
@@ -84,7 +87,34 @@ def inference_mode(model: onnx.ModelProto) -> None:
                 if attribute.name == "training_mode":
                     attribute.i = 0
         elif node.op_type == "Dropout" and len(node.input) > 2:
+            removed.update(node.input[2:])
             del node.input[2:]
+    _drop_unread(graph, removed)
+
+
+def _drop_unread(graph: onnx.GraphProto, names: set[str]) -> None:
+    """Remove the Constant nodes, initializers and value infos among ``names`` that no node (in
+    any subgraph), graph output or graph input reads or declares any more."""
+    unread = names - _reads(graph) - {out.name for out in graph.output} - {inp.name for inp in graph.input}
+    for index in reversed(range(len(graph.node))):
+        node = graph.node[index]
+        if node.op_type == "Constant" and node.output[0] in unread:
+            del graph.node[index]
+    for items in (graph.initializer, graph.value_info):
+        for index in reversed(range(len(items))):
+            if items[index].name in unread:
+                del items[index]
+
+
+def _reads(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of ``graph`` or of its subgraphs reads."""
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for sub in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
+                names |= _reads(sub)
+    return names
 
 
 def _tensor(value: np.ndarray, like: onnx.TensorProto, name: str) -> onnx.TensorProto:

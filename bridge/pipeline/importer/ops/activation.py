@@ -86,14 +86,19 @@ def sigmoid(ctx, x):
     return torch.sigmoid(x)
 
 
+# HardSigmoid and HardSwish are spelled with Where rather than clamp: the gradient at exactly the bounds
+# (h = 0 and h = 1) is then torch's for F.hardsigmoid / F.hardswish (the outer branch's) whatever clamp's
+# own convention at a bound is in the installed torch.
 @converter("HardSigmoid")
 def hard_sigmoid(ctx, x):
-    return torch.clamp(ctx.attr("alpha", HARD_SIGMOID_ALPHA) * x + ctx.attr("beta", 0.5), 0.0, 1.0)
+    h = ctx.attr("alpha", HARD_SIGMOID_ALPHA) * x + ctx.attr("beta", 0.5)
+    return torch.where(h <= 0.0, torch.zeros_like(h), torch.where(h >= 1.0, torch.ones_like(h), h))
 
 
 @converter("HardSwish")
 def hard_swish(ctx, x):
-    return x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
+    h = x / 6.0 + 0.5
+    return torch.where(h <= 0.0, torch.zeros_like(x), torch.where(h >= 1.0, x, x * h))
 
 
 @converter("Tanh")
