@@ -1,4 +1,5 @@
-"""The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight and replayed, bridge's
+"""The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight (once for every
+shape: it is elementwise) and replayed, bridge's
 lowerings traced once per call signature and replayed (arguments keyed by type and value; constants they capture
 captured again), BatchNorm's forward and
 backward traced once per shape and replayed, the eval step traced only when its graph is asked for."""
@@ -47,7 +48,7 @@ def _convert(path: str, optim: str, monkeypatch, replay: bool) -> tuple[bridge.T
 @pytest.mark.parametrize("optim", ["adam", "nadam"])  # nadam: a 0-d state slot beside the weight-shaped ones
 def test_update_traced_once_per_kind_of_weight_same_graph(mlp_path, monkeypatch, optim):
     replayed, traced = _convert(mlp_path, optim, monkeypatch, replay=True)
-    assert traced == 3, "the update is traced once per kind of weight, not once per weight"
+    assert traced == 1, "the elementwise update is traced once for the weights of every shape, not once per weight"
     every, traced = _convert(mlp_path, optim, monkeypatch, replay=False)
     assert traced == 6
     for part in ("model", "update_model"):
