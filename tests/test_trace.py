@@ -18,6 +18,7 @@ import bridge.pipeline.importer.ops.normalization
 import bridge.pipeline.lowering
 import bridge.pipeline.lowering.conv
 import bridge.pipeline.optimizers
+import bridge.pipeline.replay
 import bridge.pipeline.trace
 from bridge.pipeline.replay import replayed
 
@@ -233,3 +234,35 @@ def test_replayed_in_a_fake_run_reuses_the_result_layout():
         assert calls.count("alias") == 2
     replayed(fn, torch.ones(2, 3), torch.ones(2, 3))
     assert calls.count("fn") == 3
+
+
+def _pointwise_graph(fn, replay: bool) -> tuple[list, int]:
+    """``fn(x, s)`` on two tensors of different shapes and a 0-d ``s``, traced by make_fx (through
+    ``Replay.run_pointwise`` when ``replay``): each node's op, arguments (by position) and value shape, and how many
+    times ``fn`` ran."""
+    calls = []
+
+    def step(a, b, s):
+        regions = bridge.pipeline.replay.Replay()
+        run = (lambda x: regions.run_pointwise("update", [x, s], lambda: calls.append(1) or fn(x, s))) if replay \
+            else (lambda x: fn(x, s))
+        return run(a), run(b)
+
+    graph = make_fx(step, tracing_mode="fake")(torch.randn(3, 4), torch.randn(5), torch.tensor(0.5)).graph
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    nodes = [(node.op, str(node.target), torch.fx.node.map_arg(node.args, lambda n: index[n]),
+              tuple(node.meta["val"].shape) if isinstance(node.meta.get("val"), torch.Tensor) else None)
+             for node in graph.nodes]
+    return nodes, len(calls)
+
+
+def test_pointwise_replay_resizes_elementwise_regions_and_keys_others_by_shape():
+    """An elementwise region is traced once for tensors of every shape and replayed at the call's shape (every
+    value of the copy has it); a region with a reduction is traced once per shape. Both give the graph that
+    tracing every call gives."""
+    elementwise = lambda x, s: torch.sqrt(x * x + s) * (s * 2)  # noqa: E731
+    reduction = lambda x, s: x - torch.sum(x) * s  # noqa: E731
+    for fn, traced in ((elementwise, 1), (reduction, 2)):
+        replayed, calls = _pointwise_graph(fn, replay=True)
+        assert calls == traced
+        assert replayed == _pointwise_graph(fn, replay=False)[0]
