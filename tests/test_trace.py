@@ -1,4 +1,5 @@
-"""The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight and replayed, bridge's
+"""The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight (once for every
+shape: it is elementwise) and replayed, bridge's
 lowerings traced once per call signature and replayed (arguments keyed by type and value; constants they capture
 captured again), BatchNorm's forward and
 backward traced once per shape and replayed, the eval step traced only when its graph is asked for."""
@@ -17,6 +18,7 @@ import bridge.pipeline.importer.ops.normalization
 import bridge.pipeline.lowering
 import bridge.pipeline.lowering.conv
 import bridge.pipeline.optimizers
+import bridge.pipeline.replay
 import bridge.pipeline.trace
 from bridge.pipeline.replay import replayed
 
@@ -47,7 +49,7 @@ def _convert(path: str, optim: str, monkeypatch, replay: bool) -> tuple[bridge.T
 @pytest.mark.parametrize("optim", ["adam", "nadam"])  # nadam: a 0-d state slot beside the weight-shaped ones
 def test_update_traced_once_per_kind_of_weight_same_graph(mlp_path, monkeypatch, optim):
     replayed, traced = _convert(mlp_path, optim, monkeypatch, replay=True)
-    assert traced == 3, "the update is traced once per kind of weight, not once per weight"
+    assert traced == 1, "the elementwise update is traced once for the weights of every shape, not once per weight"
     every, traced = _convert(mlp_path, optim, monkeypatch, replay=False)
     assert traced == 6
     for part in ("model", "update_model"):
@@ -232,3 +234,35 @@ def test_replayed_in_a_fake_run_reuses_the_result_layout():
         assert calls.count("alias") == 2
     replayed(fn, torch.ones(2, 3), torch.ones(2, 3))
     assert calls.count("fn") == 3
+
+
+def _pointwise_graph(fn, replay: bool) -> tuple[list, int]:
+    """``fn(x, s)`` on two tensors of different shapes and a 0-d ``s``, traced by make_fx (through
+    ``Replay.run_pointwise`` when ``replay``): each node's op, arguments (by position) and value shape, and how many
+    times ``fn`` ran."""
+    calls = []
+
+    def step(a, b, s):
+        regions = bridge.pipeline.replay.Replay()
+        run = (lambda x: regions.run_pointwise("update", [x, s], lambda: calls.append(1) or fn(x, s))) if replay \
+            else (lambda x: fn(x, s))
+        return run(a), run(b)
+
+    graph = make_fx(step, tracing_mode="fake")(torch.randn(3, 4), torch.randn(5), torch.tensor(0.5)).graph
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    nodes = [(node.op, str(node.target), torch.fx.node.map_arg(node.args, lambda n: index[n]),
+              tuple(node.meta["val"].shape) if isinstance(node.meta.get("val"), torch.Tensor) else None)
+             for node in graph.nodes]
+    return nodes, len(calls)
+
+
+def test_pointwise_replay_resizes_elementwise_regions_and_keys_others_by_shape():
+    """An elementwise region is traced once for tensors of every shape and replayed at the call's shape (every
+    value of the copy has it); a region with a reduction is traced once per shape. Both give the graph that
+    tracing every call gives."""
+    elementwise = lambda x, s: torch.sqrt(x * x + s) * (s * 2)  # noqa: E731
+    reduction = lambda x, s: x - torch.sum(x) * s  # noqa: E731
+    for fn, traced in ((elementwise, 1), (reduction, 2)):
+        replayed, calls = _pointwise_graph(fn, replay=True)
+        assert calls == traced
+        assert replayed == _pointwise_graph(fn, replay=False)[0]

@@ -29,6 +29,7 @@ class Replay:
 
     def __init__(self):
         self._recorded: dict[object, tuple[list[torch.fx.Node], list[torch.fx.Node], list, object]] = {}
+        self._pointwise: dict[object, bool] = {}  # run_pointwise's keys: whether the recorded region is elementwise
 
     def run(self, key: object, tensors: Sequence[torch.Tensor], fn: Callable[[], object]) -> object:
         """``fn()``, a function of ``tensors`` whose result is a pytree of tensors (None leaves allowed),
@@ -54,11 +55,44 @@ class Replay:
                 self._recorded[key] = (inputs, nodes, outputs, spec)
         return result
 
+    def run_pointwise(self, key: object, tensors: Sequence[torch.Tensor], fn: Callable[[], object]) -> object:
+        """``run`` for a region of elementwise arithmetic over tensors of one shape and 0-d scalars (an optimizer
+        update), recorded once per ``key`` and layout whatever that shape is, and replayed at the shape of the
+        call: each copied value of the recorded shape gets the call's. ``key`` must not hold the shape; it is
+        added to the key (``run``) where the region, or a call, is anything else (a reduction, a view, a value of
+        a third shape, a non-contiguous tensor, a symbolic size)."""
+        full = next((t.shape for t in tensors if t.dim()), None)
+        layout = tuple(None if t.dim() and (t.shape != full or not t.is_contiguous()) else (t.dim() > 0, t.dtype,
+                                                                                            t.device)
+                       for t in tensors)
+        shaped = (key, tuple(_shape_key(t) for t in tensors))
+        if full is None or None in layout or any(isinstance(size, torch.SymInt) for size in full):
+            return self.run(shaped, tensors, fn)
+        generic = ("pointwise", key, layout)
+        if self._pointwise.get(generic) is False:
+            return self.run(shaped, tensors, fn)
+        mode = get_proxy_mode()
+        if generic in self._recorded and mode is not None:
+            inputs = [_node_of(t, mode.tracer) for t in tensors]
+            if None not in inputs and len(set(inputs)) == len(inputs):
+                return self._replay(mode.tracer, self._recorded[generic], dict(zip(inputs, tensors, strict=True)),
+                                    inputs, full)
+        result = self.run(generic, tensors, fn)
+        if generic in self._recorded and generic not in self._pointwise:
+            self._pointwise[generic] = _elementwise(self._recorded[generic][1], full)
+            if not self._pointwise[generic]:
+                self._recorded[shaped] = self._recorded.pop(generic)
+        return result
+
     @staticmethod
     def _replay(tracer, recorded: tuple, values: dict[torch.fx.Node, torch.Tensor],
-                inputs: list[torch.fx.Node]) -> object:
-        """Copy the ``recorded`` nodes reading ``inputs``; the copies of its outputs as tracked fake tensors."""
+                inputs: list[torch.fx.Node], shape: torch.Size | None = None) -> object:
+        """Copy the ``recorded`` nodes reading ``inputs``; the copies of its outputs as tracked fake tensors.
+        ``shape``: the call's shape for a pointwise region (``run_pointwise``), given to every value of the
+        recorded shape."""
         template_inputs, nodes, outputs, spec = recorded
+        recorded_shape = next((n.meta["val"].shape for n in template_inputs if n.meta["val"].dim()), None)
+        resized = shape is not None and shape != recorded_shape
         env = dict(zip(template_inputs, inputs, strict=True))
         custom = dict(fx_traceback.current_meta.get("custom") or {})
         graph = tracer.graph
@@ -74,6 +108,10 @@ class Replay:
                                                                             lambda n: env.get(n, n)),
                                      name=graph._target_to_str(name))
             copy.meta = {**node.meta, "custom": custom}
+            if resized and node.meta["val"].dim():
+                with disable_proxy_modes_tracing():
+                    copy.meta["val"] = torch.empty(shape, dtype=node.meta["val"].dtype, device=node.meta["val"].device)
+                copy.meta.pop("tensor_meta", None)
             env[node] = copy
         results = []
         for out in outputs:
@@ -81,10 +119,35 @@ class Replay:
                 results.append(None if out is None else values[env[out]])
                 continue
             with disable_proxy_modes_tracing():
-                result = torch.empty_like(out.meta["val"])
+                result = torch.empty_like(env[out].meta["val"])
             track_tensor_tree(result, torch.fx.Proxy(env[out], tracer), constant=None, tracer=tracer)
             results.append(result)
         return pytree.tree_unflatten(results, spec)
+
+
+def _shape_key(tensor: torch.Tensor) -> tuple:
+    """``key`` of a tensor (its sizes as given, symbolic or not)."""
+    return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.dtype, tensor.device
+
+
+def _elementwise(nodes: list[torch.fx.Node], shape: torch.Size) -> bool:
+    """Whether every node of a recorded region computes elementwise over ``shape`` (contiguous) or on 0-d
+    values only, so that a copy at another shape computes the same per element: a pointwise ATen op whose
+    result has ``shape`` or is 0-d, or any ATen op whose tensor arguments and result are all 0-d."""
+    for node in nodes:
+        value = node.meta.get("val")
+        if (node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload)
+                or not isinstance(value, torch.Tensor)):
+            return False
+        arguments = [a.meta.get("val") for a in node.all_input_nodes]
+        if not all(isinstance(a, torch.Tensor) for a in arguments):
+            return False
+        if value.dim() == 0 and all(a.dim() == 0 for a in arguments):
+            continue
+        if (torch.Tag.pointwise not in node.target.tags or value.shape != shape or not value.is_contiguous()
+                or any(a.dim() and (a.shape != shape or not a.is_contiguous()) for a in arguments)):
+            return False
+    return True
 
 
 def _node_of(tensor: torch.Tensor, tracer) -> torch.fx.Node | None:

@@ -24,6 +24,7 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch._guards import SLoc
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -130,6 +131,16 @@ class _LayerTags:
             fx_traceback.current_meta["custom"] = self._annotate(Phase.BACKWARD, layer, kind)
 
         return prehook
+
+
+class _ShapeEnv(ShapeEnv):
+    """torch's ``ShapeEnv`` without the source location it records for each symbol, range and guard: torch
+    finds it by walking the stack past a list of its own files, and building that list imports torch.export,
+    AOTAutograd and networkx on first use (most of a small model's dynamic-batch conversion). Those locations
+    only feed torch's debug logs; bridge names the ONNX node that fixes a size itself (``_LayerTags``)."""
+
+    def _get_stack_summary(self, is_debug: bool = False, framework_loc: str | None = None) -> tuple[SLoc, str]:
+        return SLoc(framework_loc, None), ""
 
 
 # What to do about a dim the model pins.
@@ -266,9 +277,9 @@ def _optimizer_update(optimizer: Optimizer, signature: StepSignature, args: dict
 
 
 class _UpdateReplay:
-    """``optimizer.update`` traced once per kind of weight (shape, dtype and state slots) and replayed for the
-    other weights of that kind (``bridge.pipeline.replay.Replay``: an update is tens of ops per weight, and a
-    network has few kinds of weight). Outside tracing it is ``optimizer.update``."""
+    """``optimizer.update`` traced once per kind of weight (dtype and state slots; the shape too where the update
+    is not elementwise) and replayed for the other weights of that kind (``bridge.pipeline.replay.Replay.run_pointwise``:
+    an update is tens of ops per weight). Outside tracing it is ``optimizer.update``."""
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
@@ -276,9 +287,8 @@ class _UpdateReplay:
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, slots: dict[str, torch.Tensor], step: torch.Tensor,
                lr: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        kind = (replay_key(param), tuple((slot, replay_key(value)) for slot, value in slots.items()))
-        return self._replay.run(kind, [param, grad, *slots.values(), step, lr],
-                                lambda: self.optimizer.update(param, grad, slots, step, lr))
+        return self._replay.run_pointwise(tuple(slots), [param, grad, *slots.values(), step, lr],
+                                          lambda: self.optimizer.update(param, grad, slots, step, lr))
 
 
 class _LoweringReplay:
@@ -449,7 +459,7 @@ def _data_args(example: StepExample, signature: StepSignature) -> tuple[list[tor
     random = {name: example.inputs[name] for name in signature.random}
     if not dims:
         return [*inputs.values(), *random.values(), example.target], {}, {}
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
+    fake_mode = FakeTensorMode(shape_env=_ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
     fakes, dim_names = {}, {}
     for name, tensor in inputs.items():
         axes = {axis % max(tensor.dim(), 1): dim for axis, dim in dims.get(name, {}).items()}
