@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-import torch._dynamo  # noqa: F401 - make_fx imports it on its first call: every conversion needs it, loaded with the module
 from onnx import numpy_helper
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
