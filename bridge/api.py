@@ -22,6 +22,7 @@ from .contract import GROWTH_TRACKER, LORA_PLAN, LOSS, LOSS_OUTPUT, LOSS_SCALE, 
 from .contract import TARGET_CLASSES as CLASSES
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
+from .lora import inject_for_training, lora_trainable
 from .onnx_file import check_onnx, model_digest, read_model
 from .pipeline.annotate import annotate_model
 from .pipeline.broadcast import match_scalar_ranks
@@ -32,7 +33,6 @@ from .pipeline.importer.program import OnnxProgram, drop_unimportable_outputs
 from .pipeline.importer.registry import buffer_inputs
 from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_model
-from .lora import inject_for_training, lora_trainable
 from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.low_precision import widen_unsupported
 from .pipeline.mixed_precision import make_precision

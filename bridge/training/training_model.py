@@ -13,8 +13,8 @@ import onnx
 from ..atomic import AtomicWriter, atomic_writer, check_output_path
 from ..contract import StepSignature
 from ..errors import BridgeError, InvalidOptionError
-from ..onnx_file import copy_field, data_bytes, raw_bytes, read_model, tensor_bytes
 from ..lora import LoraPlan, lora_inference
+from ..onnx_file import copy_field, data_bytes, raw_bytes, read_model, tensor_bytes
 from .inference import with_trained_values
 from .runtime import StepSession, TrainingSession
 
