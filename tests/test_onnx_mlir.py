@@ -28,14 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 import bridge
 from bridge.cli import main as cli_main
 from bridge.tools.target_check import onnx_mlir_missing
-from bridge.training.runtime_onnx_mlir import (
-    OnnxMlirGraph,
-    OnnxMlirNotFoundError,
-    OnnxMlirTrainingSession,
-    find_onnx_mlir,
-    packed_indices,
-    packed_name,
-)
+from bridge.training.runtime_onnx_mlir import OnnxMlirGraph, OnnxMlirNotFoundError, OnnxMlirTrainingSession, find_onnx_mlir
 
 TOLERANCE = 16 * float(np.finfo(np.float32).eps)
 
@@ -241,15 +234,6 @@ def test_cli_compile_reports_phases_and_writes_a_library(tmp_path, capsys):
     rng = np.random.default_rng(0)
     inputs, target = {"x": rng.standard_normal((4, 6)).astype(np.float32)}, rng.integers(0, 3, 4).astype(np.int64)
     assert_steps_match([session.step(inputs, target)], [ort.step(inputs, target)], rtol=TOLERANCE)
-    # the library returns the outputs packed into one: without the graph they have no names
-    with pytest.raises(bridge.InvalidOptionError, match="training_model="):
-        OnnxMlirTrainingSession(tmp_path / "train.so", state)
-
-
-def test_packed_output_names_hold_their_indices():
-    for indices in ([0], [0, 1, 2], [0, 2, 3, 4, 9], [5, 7]):
-        assert packed_indices(packed_name(indices)) == indices
-    assert packed_indices("grad_w") is None
 
 
 def test_missing_onnx_mlir_names_what_to_install(tmp_path, monkeypatch, capsys):

@@ -36,13 +36,7 @@ from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import external_copy, is_large, model_digest, read_model
 from ..training.runtime import StepSession, is_gradient, outputs_dropped
 from ..training.runtime_iree import IreeTrainingSession, require_iree
-from ..training.runtime_onnx_mlir import (
-    INSTALL_HINT,
-    OnnxMlirNotFoundError,
-    OnnxMlirTrainingSession,
-    find_onnx_mlir,
-    packed_name,
-)
+from ..training.runtime_onnx_mlir import INSTALL_HINT, OnnxMlirNotFoundError, OnnxMlirTrainingSession, find_onnx_mlir
 
 if TYPE_CHECKING:
     from ..training.training_model import TrainingModel
@@ -193,7 +187,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     start = time.perf_counter()
     if backend == "onnx-mlir":
         flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
-        module = _onnx_mlir(tools.compiler, _packed_outputs(_unaliased_outputs(proto), graph), flags, report, start, timeout)
+        module = _onnx_mlir(tools.compiler, _unaliased_outputs(proto), flags, report, start, timeout)
         return _compiled(CompiledModel(module, backend, time.perf_counter() - start, _initial_state(model), graph),
                          output)
     import iree.compiler.tools as iree_tools
@@ -331,37 +325,6 @@ def _onnx_mlir_failure(returncode: int, log: str, proto: onnx.ModelProto) -> Bri
         return CompileError(f"onnx-mlir crashed (signal {-returncode}) compiling graph '{proto.graph.name}'"
                             f"{f': {tail}' if tail else ''}", diagnostics)
     return CompileError(_describe_failure("onnx-mlir", diagnostics, log[-1000:], proto), diagnostics)
-
-
-def _packed_outputs(model: onnx.ModelProto, graph: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with its float32 outputs of static shape returned as one flat output (``packed_name``, which
-    names their indices in ``graph``'s outputs; ``OnnxMlirTrainingSession`` splits it): onnx-mlir's compile
-    time grows with the square of the number of outputs. Other outputs stay as they are."""
-    index = {output.name: at for at, output in enumerate(graph.graph.output)}
-    packed = [output for output in model.graph.output if output.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-              and all(d.HasField("dim_value") for d in output.type.tensor_type.shape.dim)]
-    if len(packed) < 2:
-        return model
-    packed.sort(key=lambda output: index[output.name])
-    name = packed_name([index[output.name] for output in packed])
-    model = copy.deepcopy(model)
-    flat_shape = f"{name}/flat_shape"
-    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), flat_shape))
-    for output in packed:
-        model.graph.node.append(onnx.helper.make_node("Reshape", [output.name, flat_shape], [f"{output.name}/flat"],
-                                                      name=f"{name}/{output.name}"))
-    model.graph.node.append(onnx.helper.make_node("Concat", [f"{output.name}/flat" for output in packed], [name],
-                                                  name=name, axis=0))
-    names = {output.name for output in packed}
-    kept = [output for output in model.graph.output if output.name not in names]
-    model.graph.ClearField("output")
-    model.graph.output.extend([*kept, onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT,
-                                                                        [sum(_size(o) for o in packed)])])
-    return model
-
-
-def _size(output: onnx.ValueInfoProto) -> int:
-    return int(np.prod([d.dim_value for d in output.type.tensor_type.shape.dim]))
 
 
 def _without_gradients(model: onnx.ModelProto) -> onnx.ModelProto:

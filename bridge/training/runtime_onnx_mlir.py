@@ -39,36 +39,6 @@ INSTALL_HINT = (
 )
 
 
-PACKED = "bridge_packed"  # the library output holding the packed graph outputs (``packed_name``)
-
-
-def packed_name(indices: list[int]) -> str:
-    """The name of the one library output that returns the graph outputs at ``indices`` (of the training
-    graph's outputs), each flattened, concatenated in that order: ``bridge_packed:0-5,7-9``.
-
-    onnx-mlir's compile time grows with the square of the number of graph outputs (its ``main_graph``
-    returns them as one struct of memref descriptors, which LLVM's instruction selection rebuilds for
-    every field it sets), and a training graph returns every gradient and every updated state."""
-    ranges, start = [], 0
-    for at, index in enumerate(indices):
-        if at + 1 == len(indices) or indices[at + 1] != index + 1:
-            first = indices[start]
-            ranges.append(f"{first}-{index}" if index > first else f"{first}")
-            start = at + 1
-    return f"{PACKED}:{','.join(ranges)}"
-
-
-def packed_indices(name: str) -> list[int] | None:
-    """The graph-output indices a ``packed_name`` holds, in order; None for any other output name."""
-    if not name.startswith(f"{PACKED}:"):
-        return None
-    indices: list[int] = []
-    for part in name[len(PACKED) + 1:].split(","):
-        first, _, last = part.partition("-")
-        indices += range(int(first), int(last or first) + 1)
-    return indices
-
-
 class OnnxMlirNotFoundError(MissingExtraError):
     """onnx-mlir, its Python runtime or the LLVM tools it calls are missing; the message says what to install."""
 
@@ -149,7 +119,6 @@ class OnnxMlirTrainingSession(StepSession):
             self.output_names = [v["name"] for v in json.loads(self._session.output_signature())]
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"{path} is not a model library compiled by onnx-mlir: {exc}") from exc
-        self._packed = _packed_outputs(self.output_names, training_model, path)
         if training_model is not None:
             meta = props(training_model.metadata_props)
             for name in decode_random_inputs(meta):
@@ -166,33 +135,8 @@ class OnnxMlirTrainingSession(StepSession):
             hint = "" if self.checks is not None else " (noise inputs are drawn only with training_model=, the ONNX graph)"
             raise InvalidOptionError(f"missing inputs {missing}; the library takes {self.input_names}{hint}")
         # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
-        results = dict(zip(self.output_names, self._session.run([np.asarray(feed[name], order="C")
-                                                                  for name in self.input_names]), strict=True))
-        for packed, parts in self._packed.items():
-            flat, offset = results.pop(packed), 0
-            for name, shape in parts:
-                size = int(np.prod(shape))
-                results[name] = flat[offset:offset + size].reshape(shape)
-                offset += size
-        return results
-
-
-def _packed_outputs(output_names: list[str], training_model: onnx.ModelProto | None,
-                    path: Path) -> dict[str, list[tuple[str, list[int]]]]:
-    """Each packed library output (``packed_name``) -> the (name, shape) of the graph outputs it holds,
-    read from ``training_model``, the graph the library was compiled from."""
-    packed = {name: indices for name in output_names if (indices := packed_indices(name)) is not None}
-    if packed and training_model is None:
-        raise InvalidOptionError(f"{path} returns the graph's outputs packed into one (bridge.compile): pass "
-                                 "training_model=, the ONNX graph it was compiled from, to name them")
-    outputs = [] if training_model is None else list(training_model.graph.output)
-    layout = {}
-    for name, indices in packed.items():
-        if max(indices) >= len(outputs):
-            raise InvalidOptionError(f"{path} was not compiled from this training_model: its output {name!r} names "
-                                     f"output {max(indices)}, the graph has {len(outputs)}")
-        layout[name] = [(outputs[i].name, [d.dim_value for d in outputs[i].type.tensor_type.shape.dim]) for i in indices]
-    return layout
+        results = self._session.run([np.asarray(feed[name], order="C") for name in self.input_names])
+        return dict(zip(self.output_names, results, strict=True))
 
 
 class OnnxMlirGraph(SessionGraph):
