@@ -8,8 +8,10 @@ The exporters run in their own virtual environment (``--venv``, default /work/ve
 and re-runs itself there. Files taken from published wheels (only what is inside the wheel) and
 from the onnx/onnxruntime packages go to the cache (``--cache``, default ~/.cache/bridge-wild or
 ``$BRIDGE_WILD_CACHE``); the small files exported here go to tests/wild/files/, which is
-committed. ``SPECS`` says how each file is trained (loss, output, input shapes, pinned inputs) and
-what the tier expects of it; the manifest adds its source, version and sha256."""
+committed. ``SPECS`` says how each file is trained (loss, output, input shapes, pinned inputs,
+conversion options); the manifest adds its source, version and sha256, and keeps across rebuilds
+what the tier expects of each file (``expected``: trains, refused with the error and why, a gap
+that is not a real limit, or unchecked)."""
 from __future__ import annotations
 
 import argparse
@@ -30,18 +32,6 @@ DEFAULT_CACHE = Path(os.environ.get("BRIDGE_WILD_CACHE", Path.home() / ".cache" 
 EXPORTERS = ["onnx==1.23.2", "onnxruntime==1.32.0", "numpy", "scikit-learn==1.9.1", "skl2onnx==1.20.0",
              "spox==0.18.2", "onnxscript==0.7.2"]
 WHEELS = {"silero-vad": "6.2.3", "magika": "1.0.3", "rapidocr-onnxruntime": "1.4.4", "nudenet": "3.4.2"}
-
-TRAINS = {"result": "trains"}
-
-
-def refused(error: str, match: str, why: str) -> dict:
-    return {"result": "refused", "error": error, "match": match, "why": why}
-
-
-def gap(error: str, match: str, why: str) -> dict:
-    """A refusal that is not a real limit: the tier expects it to train once ``why`` is fixed."""
-    return {"result": "gap", "error": error, "match": match, "why": why}
-
 
 SILERO_INPUTS = {"input": [[1, 512], "normal"], "state": [[2, 1, 128], "normal"]}
 # name -> how it is made (wheel member, package file, or exported here), and how it is trained.
@@ -245,7 +235,7 @@ def build(cache: Path) -> None:
             onnx.save(model, path)
             source, location = f"built by tests/wild/build.py ({spec['build']})", "files"
         exporter = spec["exporter"]
-        if exporter.split()[0] in versions and len(exporter.split()) == 1:
+        if location == "files":  # exported here: the exporter's version is the venv's
             exporter = f"{exporter} {versions[exporter]}"
         manifest[name] = {"file": path.name, "location": location, "source": source, "exporter": exporter,
                           "sha256": sha256(path), "bytes": path.stat().st_size,
@@ -254,7 +244,7 @@ def build(cache: Path) -> None:
         print(f"{name}: {path.stat().st_size} bytes")
     old = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
     for name, entry in manifest.items():  # keep what the tier measured and expects
-        entry["expected"] = old.get(name, {}).get("expected", {"result": "unknown"})
+        entry["expected"] = old.get(name, {}).get("expected", {"result": "unchecked"})
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
 
 

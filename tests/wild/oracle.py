@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference.op_run import OpRun
 
 STEPS = (1e-4, 5e-5)
 NOISE_MULTIPLE = 10.0
@@ -171,6 +172,13 @@ def numpy_loss(loss: str, output: np.ndarray, target: np.ndarray) -> float:
 Run = Callable[[Mapping[str, np.ndarray]], list]
 
 
+class GlobalMaxPool(OpRun):
+    """onnx.reference's GlobalMaxPool drops the spatial axes; ONNX keeps them as size 1."""
+
+    def _run(self, x):
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
 def _session(model: onnx.ModelProto, outputs: list[str], feeds: Mapping[str, np.ndarray]) -> tuple[str, Run]:
     """A float64 evaluator of ``outputs``: onnxruntime where it runs every node in double at
     ``feeds``, else ``onnx.reference``; returns the engine's name and the run function."""
@@ -189,7 +197,7 @@ def _session(model: onnx.ModelProto, outputs: list[str], feeds: Mapping[str, np.
             raise
     from onnx.reference import ReferenceEvaluator
 
-    evaluator = ReferenceEvaluator(model)
+    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool])
     return "onnx.reference", lambda values: evaluator.run(outputs, dict(values))
 
 
