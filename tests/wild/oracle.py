@@ -251,7 +251,9 @@ def oracle(model: onnx.ModelProto, output: str, weights: Iterable[str], feeds: M
     del graph.initializer[:], graph.node[:]
     graph.initializer.extend(kept)
     graph.node.extend(kept_nodes)
-    graph.input.extend(helper.make_tensor_value_info(w, TensorProto.DOUBLE, list(base[w].shape)) for w in weights)
+    listed = {i.name for i in graph.input}  # before IR 4 an initializer is also a graph input
+    graph.input.extend(helper.make_tensor_value_info(w, TensorProto.DOUBLE, list(base[w].shape))
+                       for w in weights if w not in listed)
     engine, run = _session(_with_outputs(double, [output]), [output], {**feeds64, **base})
     return Oracle(engine, base, lambda values: np.asarray(run({**feeds64, **base, **values})[0], np.float64))
 
