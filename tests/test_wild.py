@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 from generated_docs import assert_generated_block_current
 from helpers.oracle import step_outputs
-from wild.oracle import Check, check_gradients, oracle, rejects_wrong_gradients, to_double, train_mode
+from wild.oracle import STEPS, Check, Oracle, check_gradients, oracle, reference_run, rejects_wrong_gradients, to_double, train_mode
 
 import bridge
 from bridge import errors
@@ -221,3 +221,41 @@ def test_the_oracle_passes_a_true_gradient_and_rejects_wrong_ones():
     assert all(rejects_wrong_gradients(checks).values())
     for wrong in (1.01 * grad, -grad):
         assert not all(c.ok for c in check_gradients(truth, {"w": wrong}))
+
+
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("axis", [None, 2, -3])
+def test_the_oracles_reference_engine_runs_softmax_as_its_opset_defines(op_type, axis):
+    """Before opset 13 Softmax, LogSoftmax and Hardmax normalize over every axis from ``axis`` on
+    (default 1): the oracle's onnx.reference engine agrees with onnxruntime on an opset-11 model."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+    attrs = {} if axis is None else {"axis": axis}
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node(op_type, ["x"], ["y"], **attrs)], op_type,
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(x.shape))])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 11)])
+    got = reference_run(to_double(model), ["y"])({"x": x})[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(["y"], {"x": x.astype(np.float32)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # float32 rounding of onnxruntime's run
+
+
+def test_the_oracle_measures_again_where_both_steps_cross_a_kink():
+    """An output that bends by 1% beyond 2e-5 of the base point (a kink both default steps cross):
+    their estimates agree with each other but not with the derivative at the base; the smaller
+    steps pass the true gradient and still reject wrong ones."""
+    base = np.array([0.5])
+
+    def output(values):
+        offset = values.get("w", base) - base
+        return base + offset * np.where(np.abs(offset) >= 2e-5, 1.01, 1.0)
+
+    truth = Oracle("numpy", {"w": base}, output, target=np.array([2.0]))
+    grad = 2 * (base - truth.target)
+    step = STEPS[1]
+    crossing = (truth.loss_of({"w": base + step}) - truth.loss_of({"w": base - step})) / (2 * step)
+    assert abs(crossing - grad[0]) > 0.005 * abs(grad[0])  # the default steps alone reject the true gradient
+    checks = check_gradients(truth, {"w": grad})
+    assert all(c.ok for c in checks)
+    assert all(rejects_wrong_gradients(checks).values())

@@ -9,7 +9,9 @@ at two steps ``h`` and ``h / 2``; their difference measures the estimate's own e
 gradient passes when ``|grad . d - fd(h / 2)|`` is within ``NOISE_MULTIPLE`` times that error or
 ``RTOL`` of the whole gradient's norm (float64 rounding, which the two steps cannot see below it:
 a tensor whose gradient is exactly zero, a conv bias before a batch norm, gets rounding of the
-size of the others' gradients)."""
+size of the others' gradients). When both steps cross the same kink (a ReLU input or a max-pool
+tie closer than ``h``), they agree with each other but not with the derivative: a direction that
+fails is measured again at ``KINK_STEPS``, ten times smaller."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference.op_run import OpRun
 
 STEPS = (1e-4, 5e-5)
+KINK_STEPS = (1e-5, 5e-6)
 NOISE_MULTIPLE = 10.0
 RTOL = 1e-7
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -179,6 +182,50 @@ class GlobalMaxPool(OpRun):
         return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
 
 
+class _Coerced2D(OpRun):
+    """Softmax, LogSoftmax and Hardmax before opset 13: the input seen as 2-D (the axes before
+    ``axis`` by the rest) and normalized over its second dimension. onnx.reference implements only
+    the opset-13 form (over the one ``axis``), which differs unless the axes after ``axis`` have size 1."""
+
+    op_domain = ""
+
+    def _run(self, x, axis=1):
+        rows = x.reshape(int(np.prod(x.shape[:axis % x.ndim])), -1)
+        return (np.asarray(self.normalize(rows)).reshape(x.shape).astype(x.dtype),)
+
+
+def _softmax(rows: np.ndarray) -> np.ndarray:
+    exp = np.exp(rows - rows.max(axis=1, keepdims=True))
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    shifted = rows - rows.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def _hardmax(rows: np.ndarray) -> np.ndarray:
+    return np.eye(rows.shape[1], dtype=rows.dtype)[rows.argmax(axis=1)]
+
+
+def _coerced_2d_ops(opset: int) -> list[type[OpRun]]:
+    """The opset's own Softmax, LogSoftmax and Hardmax where they coerce to 2-D (opset < 13), with
+    that opset's attribute defaults."""
+    if opset >= 13:
+        return []
+    return [type(name, (_Coerced2D,), {"op_schema": onnx.defs.get_schema(name, opset), "normalize": staticmethod(fn)})
+            for name, fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax))]
+
+
+def reference_run(model: onnx.ModelProto, outputs: list[str]) -> Run:
+    """``onnx.reference``'s evaluator of ``outputs``, with the ops it implements only in their
+    latest form replaced by the model's opset's."""
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, *_coerced_2d_ops(_opset(model))])
+    return lambda values: evaluator.run(outputs, dict(values))
+
+
 def _session(model: onnx.ModelProto, outputs: list[str], feeds: Mapping[str, np.ndarray]) -> tuple[str, Run]:
     """A float64 evaluator of ``outputs``: onnxruntime where it runs every node in double at
     ``feeds``, else ``onnx.reference``; returns the engine's name and the run function."""
@@ -195,10 +242,7 @@ def _session(model: onnx.ModelProto, outputs: list[str], feeds: Mapping[str, np.
     except Exception as error:  # noqa: BLE001 - missing double kernels: use the reference
         if not any(sign in str(error) for sign in ("NOT_IMPLEMENTED", "not support double", "Could not find")):
             raise
-    from onnx.reference import ReferenceEvaluator
-
-    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool])
-    return "onnx.reference", lambda values: evaluator.run(outputs, dict(values))
+    return "onnx.reference", reference_run(model, outputs)
 
 
 def _with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
@@ -293,12 +337,16 @@ def check_gradients(truth: Oracle, grads: Mapping[str, np.ndarray], *, direction
         d = {w: rng.standard_normal(truth.base[w].shape) for w in group}
         norm = np.sqrt(sum(float(np.sum(v * v)) for v in d.values())) or 1.0
         d = {w: v / norm for w, v in d.items()}
-        fds = [(truth.loss_of({w: truth.base[w] + h * d[w] for w in group})
-                - truth.loss_of({w: truth.base[w] - h * d[w] for w in group})) / (2 * h) for h in STEPS]
         analytic = float(sum(np.sum(grads[w] * d[w]) for w in group))
-        scale = abs(fds[1]) + overall
-        tolerance = max(NOISE_MULTIPLE * abs(fds[0] - fds[1]), RTOL * scale, 1e-300)
-        checks.append(Check(group, analytic, fds[1], fds[0], tolerance))
+        for steps in (STEPS, KINK_STEPS):
+            fds = [(truth.loss_of({w: truth.base[w] + h * d[w] for w in group})
+                    - truth.loss_of({w: truth.base[w] - h * d[w] for w in group})) / (2 * h) for h in steps]
+            scale = abs(fds[1]) + overall
+            tolerance = max(NOISE_MULTIPLE * abs(fds[0] - fds[1]), RTOL * scale, 1e-300)
+            check = Check(group, analytic, fds[1], fds[0], tolerance)
+            if check.ok:
+                break
+        checks.append(check)
     return checks
 
 
