@@ -81,3 +81,38 @@ def test_an_op_changed_after_opset_22_is_refused_by_name():
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 24)])
     with pytest.raises(UnsupportedOpError, match=r"TopK-24 \(nodes: top\).*opset 22 or lower"):
         bridge.to_training_onnx(model)
+
+
+def _filled_cnn(as_fills: bool) -> onnx.ModelProto:
+    """The CNN with every weight one value repeated: ``ConstantOfShape`` of an int64 initializer
+    shape (onnx's weight-stripped test models) or the same tensors as initializers."""
+    filled = {k: np.full(v.shape, 0.1 * (i + 1), np.float32) for i, (k, v) in enumerate(WEIGHTS.items())}
+    model = _cnn(as_constants=False)
+    del model.graph.initializer[:]
+    if not as_fills:
+        model.graph.initializer.extend(nh.from_array(v, k) for k, v in filled.items())
+        return model
+    fills = [h.make_node("ConstantOfShape", [k + "__SHAPE"], [k], value=nh.from_array(np.array([v.flat[0]])))
+             for k, v in filled.items()]
+    model.graph.initializer.extend(nh.from_array(np.array(v.shape, np.int64), k + "__SHAPE") for k, v in filled.items())
+    nodes = fills + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def test_constant_of_shape_weights_train_like_initializers():
+    with pytest.warns(PromotedConstantsWarning, match="conv_w, conv_b, fc_w, fc_b"):
+        result = check_training_step(_filled_cnn(as_fills=True), {"x": X}, reference=_filled_cnn(as_fills=False))
+    assert sorted(result.weights) == sorted(WEIGHTS)
+    assert result.failures() == []
+
+
+def test_a_model_of_only_ai_onnx_ml_ops_is_refused_naming_them():
+    """onnxmltools' logistic regressions import only ai.onnx.ml: the refusal names the op and why."""
+    node = h.make_node("LinearRegressor", ["x"], ["y"], domain="ai.onnx.ml", coefficients=[1.0, 2.0], intercepts=[0.5])
+    graph = h.make_graph([node], "linreg", [h.make_tensor_value_info("x", T.FLOAT, [3, 2])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [3, 1])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("ai.onnx.ml", 1)])
+    with pytest.raises(UnsupportedOpError, match=r"only ai\.onnx\.ml::LinearRegressor.*coefficients in attributes"):
+        bridge.to_training_onnx(model)

@@ -6,8 +6,9 @@ Clean-up steps (each a small pure function on a ModelProto):
   equal tensors that way), so the consumer sees the initializer itself and the weight
   keeps one name and one gradient;
 - name unnamed nodes ``<OpType>_<index>``, so every traced op can name its source node;
-- promote float ``Constant`` tensors to initializers in a model that stores its weights that way
-  (paddle2onnx), so they train like any initializer (``promote_constant_weights``).
+- promote float ``Constant`` tensors (and ``ConstantOfShape`` fills of a constant shape) to initializers
+  in a model that stores its weights that way (paddle2onnx, onnx's weight-stripped test models), so they
+  train like any initializer (``promote_constant_weights``).
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto,
         model = read_model(path)
     check_onnx(model, where, ModelLoadError)
     _check_element_types(model, where)
+    _check_default_domain(model, where)
     opset = default_opset(model)
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ModelLoadError(
@@ -102,8 +104,9 @@ def _check_newer_ops(model: onnx.ModelProto, opset: int, where: str) -> None:
 
 
 def promote_constant_weights(model: onnx.ModelProto) -> list[str]:
-    """Make the float ``Constant`` tensors of a model that has no float initializer of more than one element
-    initializers (in place); their output names, which the weights keep.
+    """Make the float ``Constant`` tensors (and ``ConstantOfShape`` fills of an initializer shape) of a model
+    that has no float initializer of more than one element initializers (in place); their output names,
+    which the weights keep.
 
     Such a model stores its weights as Constants (paddle2onnx); a model with initializer weights keeps its
     Constants constant (masks, tables, anchors). Only tensors of more than one element are promoted: an
@@ -113,9 +116,10 @@ def promote_constant_weights(model: onnx.ModelProto) -> list[str]:
     if any(_is_float(init.data_type) and _size(init.dims) > 1 for init in graph.initializer):
         return []
     outputs = {o.name for o in graph.output}
+    shapes = {init.name: init for init in graph.initializer if init.data_type == onnx.TensorProto.INT64}
     promoted, kept = [], []
     for node in graph.node:
-        tensor = _constant_tensor(node)
+        tensor = _constant_tensor(node, shapes)
         if tensor is not None and node.output[0] not in outputs:
             init = graph.initializer.add()
             init.CopyFrom(tensor)
@@ -129,10 +133,15 @@ def promote_constant_weights(model: onnx.ModelProto) -> list[str]:
     return promoted
 
 
-def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+def _constant_tensor(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> onnx.TensorProto | None:
     """The float tensor of more than one element that a ``Constant`` node holds (``value`` or
-    ``value_floats``), else None."""
-    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+    ``value_floats``) or that a ``ConstantOfShape`` of an initializer shape fills with its float
+    ``value`` (weight-stripped test models), else None."""
+    if node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+        return None
+    if node.op_type == "ConstantOfShape":
+        return _filled_tensor(node, shapes)
+    if node.op_type != "Constant":
         return None
     attribute = node.attribute[0]
     if attribute.name == "value" and _is_float(attribute.t.data_type) and _size(attribute.t.dims) > 1:
@@ -140,6 +149,20 @@ def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
     if attribute.name == "value_floats" and len(attribute.floats) > 1:
         return numpy_helper.from_array(np.array(attribute.floats, dtype=np.float32))
     return None
+
+
+def _filled_tensor(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> onnx.TensorProto | None:
+    """The tensor a ``ConstantOfShape`` node makes when its shape is an int64 initializer, its ``value``
+    a float and the tensor has more than one element, else None."""
+    attribute = node.attribute[0]
+    shape = shapes.get(node.input[0]) if node.input else None
+    if shape is None or attribute.name != "value" or not _is_float(attribute.t.data_type):
+        return None
+    dims = [int(d) for d in numpy_helper.to_array(shape).reshape(-1)]
+    if _size(dims) <= 1:
+        return None
+    value = numpy_helper.to_array(attribute.t).reshape(-1)
+    return numpy_helper.from_array(np.full(dims, value[0], dtype=value.dtype))
 
 
 def _is_float(data_type: int) -> bool:
@@ -162,6 +185,20 @@ def _check_element_types(model: onnx.ModelProto, where: str) -> None:
     if found:
         raise UnsupportedOpError(f"{where} holds tensors of element types bridge does not train in: "
                                  f"{', '.join(found)}; convert them to float32 (or float16) first")
+
+
+ML_OPS_HINT = ("ai.onnx.ml ops (classical ML: linear models, trees, ZipMap) keep their coefficients in attributes, "
+               "not in tensors a training step can update; export the model's math as standard ONNX ops "
+               "(MatMul, Add, Softmax) to train it")
+
+
+def _check_default_domain(model: onnx.ModelProto, where: str) -> None:
+    """Refuse a model that imports no default-domain opset by naming the ops it uses instead."""
+    if any(entry.domain in ("", "ai.onnx") for entry in model.opset_import):
+        return
+    ops = sorted({f"{node.domain}::{node.op_type}" for node in model.graph.node})
+    raise UnsupportedOpError(f"{where} uses no standard ONNX op, only {', '.join(ops)}, which bridge cannot import"
+                             + (f"; {ML_OPS_HINT}" if any(op.startswith("ai.onnx.ml::") for op in ops) else ""))
 
 
 def default_opset(model: onnx.ModelProto) -> int:

@@ -33,7 +33,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from ...errors import BridgeWarning, ShapeError, UnsupportedOpError
 from ...onnx_file import skeleton
 from .. import targets
-from ..load import default_opset
+from ..load import ML_OPS_HINT, default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
 from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
 
@@ -198,7 +198,8 @@ class OnnxProgram:
             unsupported.setdefault("string tensors", []).extend(strings)
         if unsupported:
             listing = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(unsupported.items()))
-            raise UnsupportedOpError(f"the model uses ONNX ops that bridge cannot import: {listing}")
+            hint = f"; {ML_OPS_HINT}" if any(op.startswith("ai.onnx.ml::") for op in unsupported) else ""
+            raise UnsupportedOpError(f"the model uses ONNX ops that bridge cannot import: {listing}{hint}")
 
     def _buffer_initializers(self) -> list[str]:
         names = []

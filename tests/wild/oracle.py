@@ -1,0 +1,359 @@
+"""An oracle for the wild tier that shares no code with bridge: central finite differences of the
+original ONNX file, run in float64 by onnxruntime (the model's float tensors and types retyped to
+double) or by ``onnx.reference`` where onnxruntime has no double kernel, and the loss in numpy.
+
+A trained tensor is whatever bridge names as a weight: an initializer, or the output of a node
+(paddle2onnx's Constants) that the oracle removes and feeds instead. For a random unit direction
+``d`` the directional derivative ``dL/dw . d`` is estimated as ``(L(w + h d) - L(w - h d)) / 2h``
+at two steps ``h`` and ``h / 2``; their difference measures the estimate's own error, and a
+gradient passes when ``|grad . d - fd(h / 2)|`` is within ``NOISE_MULTIPLE`` times that error or
+``RTOL`` of the whole gradient's norm (float64 rounding, which the two steps cannot see below it:
+a tensor whose gradient is exactly zero, a conv bias before a batch norm, gets rounding of the
+size of the others' gradients). When both steps cross the same kink (a ReLU input or a max-pool
+tie closer than ``h``), they agree with each other but not with the derivative: a direction that
+fails is measured again at ``KINK_STEPS``, ten times smaller."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference.op_run import OpRun
+
+STEPS = (1e-4, 5e-5)
+KINK_STEPS = (1e-5, 5e-6)
+NOISE_MULTIPLE = 10.0
+RTOL = 1e-7
+FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+# Inputs that ONNX types as float32 whatever the data (the scales of Resize and Upsample).
+FLOAT32_ONLY_INPUTS = {"Resize": (2,), "Upsample": (1,)}
+
+
+def _retype(elem: int) -> int:
+    return TensorProto.DOUBLE if elem in FLOATS else elem
+
+
+def _double_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    if tensor.data_type not in FLOATS:
+        return tensor
+    return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name)
+
+
+def _float32_only(graph: onnx.GraphProto) -> set[str]:
+    return {node.input[i] for node in graph.node for i in FLOAT32_ONLY_INPUTS.get(node.op_type, ())
+            if i < len(node.input) and node.input[i]}
+
+
+def _double_graph(graph: onnx.GraphProto) -> None:
+    keep = _float32_only(graph)
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:
+            if value.type.HasField("tensor_type") and value.name not in keep:
+                value.type.tensor_type.elem_type = _retype(value.type.tensor_type.elem_type)
+    for tensor in graph.initializer:
+        if tensor.name not in keep:
+            tensor.CopyFrom(_double_tensor(tensor))
+    for node in graph.node:
+        constant_kept = node.op_type == "Constant" and node.output[0] in keep
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR and not constant_kept:
+                attr.t.CopyFrom(_double_tensor(attr.t))
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                _double_graph(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attr.graphs:
+                    _double_graph(subgraph)
+            elif attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT:
+                attr.i = _retype(attr.i)
+        if node.op_type == "Constant" and not constant_kept:
+            for attr in node.attribute:  # value_float(s) make float32: rewritten as a double tensor
+                if attr.name in ("value_float", "value_floats"):
+                    value = np.array(attr.f if attr.name == "value_float" else list(attr.floats), np.float64)
+                    del node.attribute[:]
+                    node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
+                    break
+
+
+def to_double(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` computing in float64: every float tensor, type, Cast target and random
+    op dtype retyped (Resize scales stay float32); value_info dropped (inference recomputes it)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    del model.graph.value_info[:]
+    _double_graph(model.graph)
+    return model
+
+
+def _dropout_as_kept(graph: onnx.GraphProto) -> None:
+    """Train-mode Dropout with every unit kept (``x / (1 - ratio)``): what a training step computes
+    when its dropout noise keeps all units, so that one step is deterministic and comparable."""
+    nodes = []
+    for node in graph.node:
+        if node.op_type != "Dropout":
+            nodes.append(node)
+            continue
+        ratio = next((a.f for a in node.attribute if a.name == "ratio"), 0.5)
+        scale = helper.make_tensor(node.output[0] + ".kept_scale", TensorProto.FLOAT, [], [1.0 / (1.0 - ratio)])
+        graph.initializer.append(scale)
+        nodes.append(helper.make_node("Mul", [node.input[0], scale.name], [node.output[0]]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _batch_statistics(model: onnx.ModelProto) -> None:
+    """BatchNormalization with the batch's statistics (mean and biased variance over every axis
+    but the channel's), as a training step normalizes; the running statistics are not read."""
+    graph = model.graph
+    opset = _opset(model)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*onnx.shape_inference.infer_shapes(model).graph.value_info, *graph.input]
+             if v.type.tensor_type.HasField("shape")}
+    nodes = []
+    for node in graph.node:
+        if node.op_type != "BatchNormalization":
+            nodes.append(node)
+            continue
+        x, scale, bias = node.input[:3]
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        rank = ranks.get(x, 4)
+        axes = [0, *range(2, rank)]
+        name = node.output[0] + ".batch"
+        shape = helper.make_tensor(name + "_shape", TensorProto.INT64, [rank], [1, -1] + [1] * (rank - 2))
+        constants = [shape, helper.make_tensor(name + "_eps", TensorProto.FLOAT, [], [eps])]
+        if opset >= 18:
+            constants.append(helper.make_tensor(name + "_axes", TensorProto.INT64, [len(axes)], axes))
+            reduce = {"inputs": [name + "_axes"], "attrs": {}}
+        else:
+            reduce = {"inputs": [], "attrs": {"axes": axes}}
+        graph.initializer.extend(constants)
+        nodes += [
+            helper.make_node("ReduceMean", [x, *reduce["inputs"]], [name + "_mean"], keepdims=1, **reduce["attrs"]),
+            helper.make_node("Sub", [x, name + "_mean"], [name + "_centered"]),
+            helper.make_node("Mul", [name + "_centered", name + "_centered"], [name + "_sq"]),
+            helper.make_node("ReduceMean", [name + "_sq", *reduce["inputs"]], [name + "_var"], keepdims=1,
+                             **reduce["attrs"]),
+            helper.make_node("Add", [name + "_var", name + "_eps"], [name + "_vareps"]),
+            helper.make_node("Sqrt", [name + "_vareps"], [name + "_std"]),
+            helper.make_node("Div", [name + "_centered", name + "_std"], [name + "_normed"]),
+            helper.make_node("Reshape", [scale, name + "_shape"], [name + "_scale"]),
+            helper.make_node("Reshape", [bias, name + "_shape"], [name + "_bias"]),
+            helper.make_node("Mul", [name + "_normed", name + "_scale"], [name + "_scaled"]),
+            helper.make_node("Add", [name + "_scaled", name + "_bias"], [node.output[0]]),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def train_mode(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` computing what a training step computes: Dropout keeps every unit (the
+    step is fed noise that does), BatchNormalization uses the batch's statistics."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    _dropout_as_kept(model.graph)
+    _batch_statistics(model)
+    return model
+
+
+def numpy_loss(loss: str, output: np.ndarray, target: np.ndarray) -> float:
+    """torch's mean-reduced losses in numpy float64: ``mse``, and ``ce`` (logits ``(N, C, ...)``,
+    class indices ``(N, ...)``)."""
+    output = np.asarray(output, np.float64)
+    if loss == "mse":
+        return float(np.mean((output - target) ** 2))
+    if loss == "ce":
+        shifted = output - output.max(axis=1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        picked = np.take_along_axis(logp, np.expand_dims(target.astype(np.int64), 1), axis=1)
+        return float(-picked.mean())
+    raise ValueError(f"loss {loss!r}: the oracle knows mse and ce")
+
+
+Run = Callable[[Mapping[str, np.ndarray]], list]
+
+
+class GlobalMaxPool(OpRun):
+    """onnx.reference's GlobalMaxPool drops the spatial axes; ONNX keeps them as size 1."""
+
+    def _run(self, x):
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+class _Coerced2D(OpRun):
+    """Softmax, LogSoftmax and Hardmax before opset 13: the input seen as 2-D (the axes before
+    ``axis`` by the rest) and normalized over its second dimension. onnx.reference implements only
+    the opset-13 form (over the one ``axis``), which differs unless the axes after ``axis`` have size 1."""
+
+    op_domain = ""
+
+    def _run(self, x, axis=1):
+        rows = x.reshape(int(np.prod(x.shape[:axis % x.ndim])), -1)
+        return (np.asarray(self.normalize(rows)).reshape(x.shape).astype(x.dtype),)
+
+
+def _softmax(rows: np.ndarray) -> np.ndarray:
+    exp = np.exp(rows - rows.max(axis=1, keepdims=True))
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    shifted = rows - rows.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def _hardmax(rows: np.ndarray) -> np.ndarray:
+    return np.eye(rows.shape[1], dtype=rows.dtype)[rows.argmax(axis=1)]
+
+
+def _coerced_2d_ops(opset: int) -> list[type[OpRun]]:
+    """The opset's own Softmax, LogSoftmax and Hardmax where they coerce to 2-D (opset < 13), with
+    that opset's attribute defaults."""
+    if opset >= 13:
+        return []
+    return [type(name, (_Coerced2D,), {"op_schema": onnx.defs.get_schema(name, opset), "normalize": staticmethod(fn)})
+            for name, fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax))]
+
+
+def reference_run(model: onnx.ModelProto, outputs: list[str]) -> Run:
+    """``onnx.reference``'s evaluator of ``outputs``, with the ops it implements only in their
+    latest form replaced by the model's opset's."""
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, *_coerced_2d_ops(_opset(model))])
+    return lambda values: evaluator.run(outputs, dict(values))
+
+
+def _session(model: onnx.ModelProto, outputs: list[str], feeds: Mapping[str, np.ndarray]) -> tuple[str, Run]:
+    """A float64 evaluator of ``outputs``: onnxruntime where it runs every node in double at
+    ``feeds``, else ``onnx.reference``; returns the engine's name and the run function."""
+    try:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session.run(outputs, dict(feeds))
+        return "onnxruntime", lambda values: session.run(outputs, dict(values))
+    except Exception as error:  # noqa: BLE001 - missing double kernels: use the reference
+        if not any(sign in str(error) for sign in ("NOT_IMPLEMENTED", "not support double", "Could not find")):
+            raise
+    return "onnx.reference", reference_run(model, outputs)
+
+
+def _with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in names)
+    return model
+
+
+def _cast_feeds(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
+
+
+@dataclasses.dataclass
+class Oracle:
+    """The float64 ``output`` of a model as a function of its trained tensors (every other input
+    fixed), and the loss of it against ``target`` once that is set."""
+
+    engine: str
+    base: dict[str, np.ndarray]
+    output: Callable[[Mapping[str, np.ndarray]], np.ndarray]
+    loss: str = "mse"
+    target: np.ndarray | None = None
+
+    def loss_of(self, values: Mapping[str, np.ndarray]) -> float:
+        """The loss with the trained tensors ``values`` replaced (the others at ``base``)."""
+        assert self.target is not None, "set the oracle's target first"
+        target = self.target.astype(np.float64) if self.loss == "mse" else self.target
+        return numpy_loss(self.loss, self.output(values), target)
+
+
+def oracle(model: onnx.ModelProto, output: str, weights: Iterable[str], feeds: Mapping[str, np.ndarray]) -> Oracle:
+    """The oracle of ``model``'s ``output`` at ``feeds``. The trained tensors' values are read from
+    the model itself: an initializer's data, or a node output evaluated once in float64; that node
+    is then removed and its output fed. The model runs in ``train_mode``."""
+    weights = list(weights)
+    double = to_double(train_mode(model))
+    feeds64 = _cast_feeds(feeds)
+    graph = double.graph
+    initializers = {t.name: t for t in graph.initializer}
+    computed = [w for w in weights if w not in initializers]
+    base = {w: numpy_helper.to_array(initializers[w]).astype(np.float64) for w in weights if w in initializers}
+    if computed:
+        probe = _with_outputs(onnx.ModelProto.FromString(double.SerializeToString()), computed)
+        base.update(zip(computed, _session(probe, computed, feeds64)[1](feeds64), strict=True))
+    producers = [n for n in graph.node if set(n.output) & set(computed)]
+    if any(len(n.output) > 1 for n in producers):
+        raise ValueError("a trained tensor is one output of a multi-output node: not a weight")
+    kept_nodes = [n for n in graph.node if n not in producers]
+    kept = [t for t in graph.initializer if t.name not in base]
+    del graph.initializer[:], graph.node[:]
+    graph.initializer.extend(kept)
+    graph.node.extend(kept_nodes)
+    listed = {i.name for i in graph.input}  # before IR 4 an initializer is also a graph input
+    graph.input.extend(helper.make_tensor_value_info(w, TensorProto.DOUBLE, list(base[w].shape))
+                       for w in weights if w not in listed)
+    engine, run = _session(_with_outputs(double, [output]), [output], {**feeds64, **base})
+    return Oracle(engine, base, lambda values: np.asarray(run({**feeds64, **base, **values})[0], np.float64))
+
+
+@dataclasses.dataclass
+class Check:
+    """One directional derivative: bridge's ``grad . d``, finite differences at the two steps,
+    and the tolerance they give."""
+
+    weights: tuple[str, ...]
+    analytic: float
+    fd: float
+    fd_coarse: float
+    tolerance: float
+
+    @property
+    def error(self) -> float:
+        return abs(self.analytic - self.fd)
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.tolerance
+
+
+def check_gradients(truth: Oracle, grads: Mapping[str, np.ndarray], *, directions: int = 2, seed: int = 0,
+                    per_tensor: Iterable[str] | None = None) -> list[Check]:
+    """Compare ``grads`` (weight -> gradient of the mean loss) with finite differences along random
+    unit directions: ``directions`` per tensor of ``per_tensor`` (default every tensor), and as
+    many over all tensors at once."""
+    rng = np.random.default_rng(seed)
+    grads = {w: np.asarray(g, np.float64) for w, g in grads.items()}
+    names = list(grads if per_tensor is None else per_tensor)
+    groups = [(w,) for w in names for _ in range(directions)] + [tuple(grads)] * directions
+    overall = np.sqrt(sum(float(np.sum(g * g)) for g in grads.values()))  # float64 rounding scales with it
+    checks = []
+    for group in groups:
+        d = {w: rng.standard_normal(truth.base[w].shape) for w in group}
+        norm = np.sqrt(sum(float(np.sum(v * v)) for v in d.values())) or 1.0
+        d = {w: v / norm for w, v in d.items()}
+        analytic = float(sum(np.sum(grads[w] * d[w]) for w in group))
+        for steps in (STEPS, KINK_STEPS):
+            fds = [(truth.loss_of({w: truth.base[w] + h * d[w] for w in group})
+                    - truth.loss_of({w: truth.base[w] - h * d[w] for w in group})) / (2 * h) for h in steps]
+            scale = abs(fds[1]) + overall
+            tolerance = max(NOISE_MULTIPLE * abs(fds[0] - fds[1]), RTOL * scale, 1e-300)
+            check = Check(group, analytic, fds[1], fds[0], tolerance)
+            if check.ok:
+                break
+        checks.append(check)
+    return checks
+
+
+def rejects_wrong_gradients(checks: list[Check]) -> dict[str, bool]:
+    """Whether the same finite differences reject a gradient scaled by 1.01 and a sign-flipped one
+    (each fails at least one check that the real gradient passes): the oracle's power."""
+    def rejected(factor: float) -> bool:
+        return any(abs(factor * c.analytic - c.fd) > c.tolerance for c in checks if c.ok)
+
+    return {"scaled by 1.01": rejected(1.01), "sign flipped": rejected(-1.0)}
