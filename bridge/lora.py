@@ -19,9 +19,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .attributes import attribute
 from .contract import LORA_PLAN
 from .errors import InvalidModelError, InvalidOptionError
-from .onnx_file import read_model
+from .onnx_file import fresh_name, read_model
 
 OPS = ("Gemm", "MatMul", "Conv")
 PLAN_KEY = "lora_plan"  # the plan's JSON in an adapters .npz file
@@ -202,13 +203,6 @@ def _free(stem: str, taken: set[str]) -> str:
     return name
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def _init_a(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
     """peft's lora_A init: torch.nn.init.kaiming_uniform_(a=sqrt(5)), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
     fan_in = int(np.prod(shape[1:]))
@@ -220,15 +214,15 @@ def _adapter(node, label, weight_name, weight, transposed, rank, alpha, a_name, 
     """The adapter of one node: (LoraAdapter, A, B, the nodes that compute base + scale * B(A(x)))."""
     scale = alpha / rank
     out = node.output[0]
-    base = _unique(f"{out}.lora_base", taken)
-    names = iter(_unique(f"{out}.lora_{s}", taken) for s in ("xt", "at", "down", "bt", "up", "scale", "scaled"))
+    base = fresh_name(f"{out}.lora_base", taken, ".")
+    names = iter(fresh_name(f"{out}.lora_{s}", taken, ".") for s in ("xt", "at", "down", "bt", "up", "scale", "scaled"))
     x = node.input[0]
     nodes = []
     if node.op_type == "Conv":
         if weight.ndim < 3:
             raise LoraError(f"Conv '{label}': weight '{node.input[1]}' has rank {weight.ndim}; LoRA needs [out, in, *kernel]")
-        if _attr(node, "group", 1) != 1:
-            raise LoraError(f"Conv '{label}' has group={_attr(node, 'group', 1)}: LoRA supports group=1 only "
+        if attribute(node, "group", 1) != 1:
+            raise LoraError(f"Conv '{label}' has group={attribute(node, 'group', 1)}: LoRA supports group=1 only "
                             "(leave this node out of lora targets)")
         out_f, in_f, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
         a = _init_a(rng, (rank, in_f, *kernel), weight.dtype)
@@ -244,10 +238,10 @@ def _adapter(node, label, weight_name, weight, transposed, rank, alpha, a_name, 
         if weight.ndim != 2:
             raise LoraError(f"{node.op_type} '{label}': weight '{node.input[1]}' has rank {weight.ndim}; LoRA needs 2-d")
         if node.op_type == "Gemm":
-            trans_b = _attr(node, "transB", 0)
+            trans_b = attribute(node, "transB", 0)
             layout = "out_in" if trans_b else "in_out"
-            scale *= float(_attr(node, "alpha", 1.0))
-            if _attr(node, "transA", 0):
+            scale *= float(attribute(node, "alpha", 1.0))
+            if attribute(node, "transA", 0):
                 xt = next(names)
                 nodes.append(helper.make_node("Transpose", [x], [xt], name=f"{label}.lora_xT"))
                 x = xt
@@ -272,14 +266,6 @@ def _adapter(node, label, weight_name, weight, transposed, rank, alpha, a_name, 
     nodes.append(helper.make_node("Add", [base, scaled], [out], name=f"{label}.lora_add"))
     adapter = LoraAdapter(a_name, b_name, weight_name, label, node.op_type, layout, scale)
     return adapter, a, b, nodes
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    result, i = name, 1
-    while result in taken:
-        result, i = f"{name}.{i}", i + 1
-    taken.add(result)
-    return result
 
 
 def _candidates(model: onnx.ModelProto) -> list[str]:

@@ -1,4 +1,4 @@
-"""Read and write ONNX files: bridge's one model reader, tensor sizes, external data, the checker.
+"""Read and write ONNX files: bridge's one model reader, tensor sizes, external data, the checker, fresh names.
 
 Shared by every stage and reader (torch-free): ModelProtos over protobuf's 2 GiB go through files with
 external data, and the checker and shape inference see big initializers as data-less stubs.
@@ -189,3 +189,13 @@ def model_digest(model: onnx.ModelProto) -> str:
         digest.update(f"{tensor.name}:{tensor.data_type}:{list(tensor.dims)}".encode())
         digest.update(tensor.raw_data)
     return digest.hexdigest()
+
+
+def fresh_name(hint: str, taken: set[str], separator: str = "_") -> str:
+    """``hint``, or ``hint<separator><k>`` for the first ``k`` not in ``taken``; the name is added to ``taken``."""
+    name, k = hint, 0
+    while name in taken:
+        k += 1
+        name = f"{hint}{separator}{k}"
+    taken.add(name)
+    return name

@@ -44,7 +44,7 @@ from ..contract import (
     slot_name,
     updated_name,
 )
-from ..onnx_file import inferred_values, rename_values
+from ..onnx_file import fresh_name, inferred_values, rename_values
 from .losses import Loss
 from .optimizers import Optimizer
 
@@ -178,12 +178,7 @@ def _write_tags(nodes: list[onnx.NodeProto], tags: list[dict[str, str]]) -> None
             _set(node.metadata_props, key, t[key])
         prefix = node_prefix(t)
         if not node.name.startswith(prefix):
-            name, k = prefix + node.op_type, 0
-            while name in taken:
-                k += 1
-                name = f"{prefix}{node.op_type}_{k}"
-            taken.add(name)
-            node.name = name
+            node.name = fresh_name(prefix + node.op_type, taken)
 
 
 def name_boundary_values(graph: onnx.GraphProto, source: onnx.GraphProto) -> None:

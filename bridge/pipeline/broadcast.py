@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from ..onnx_file import inferred_values
+from ..onnx_file import fresh_name, inferred_values
 from .cleanup import subgraph_reads
 
 # binary ops with multidirectional (numpy) broadcasting that onnxruntime runs through its Broadcaster
@@ -34,7 +34,7 @@ def match_scalar_ranks(model: onnx.ModelProto) -> int:
             for index, rank in _ranked_operands(node, shapes):
                 key = (node.input[index], rank)
                 if key not in made:
-                    made[key] = _fresh(f"{node.input[index]}_rank{rank}", names)
+                    made[key] = fresh_name(f"{node.input[index]}_rank{rank}", names)
                     _add_ranked(graph, nodes, node, key, made[key], constants, names)
                 node.input[index] = made[key]
                 changed += 1
@@ -74,9 +74,9 @@ def _add_ranked(graph: onnx.GraphProto, nodes: list, reader: onnx.NodeProto, key
         tensor.name = name
         tensor.dims[:] = [1] * rank
         return
-    shape = _fresh(f"ones_{rank}d", names)
+    shape = fresh_name(f"ones_{rank}d", names)
     graph.initializer.add().CopyFrom(helper.make_tensor(shape, TensorProto.INT64, [rank], [1] * rank))
-    reshape = helper.make_node("Reshape", [source, shape], [name], name=_fresh(f"{reader.name}/rank", names))
+    reshape = helper.make_node("Reshape", [source, shape], [name], name=fresh_name(f"{reader.name}/rank", names))
     reshape.metadata_props.extend(reader.metadata_props)
     nodes.append(reshape)
 
@@ -94,11 +94,3 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list]:
     shapes.update({tensor.name: list(tensor.dims) for tensor in graph.initializer})
     return shapes
 
-
-def _fresh(hint: str, names: set[str]) -> str:
-    name, k = hint, 0
-    while name in names:
-        k += 1
-        name = f"{hint}_{k}"
-    names.add(name)
-    return name

@@ -24,7 +24,7 @@ import onnx.inliner
 from onnx import numpy_helper
 
 from ..errors import BridgeWarning, ModelLoadError, UnsupportedOpError
-from ..onnx_file import check_onnx, read_model
+from ..onnx_file import check_onnx, fresh_name, read_model
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()  # every opset the installed onnx defines
@@ -260,9 +260,4 @@ def name_unnamed_nodes(model: onnx.ModelProto) -> None:
     for index, node in enumerate(model.graph.node):
         if node.name:
             continue
-        name, k = f"{node.op_type}_{index}", 0
-        while name in taken:
-            k += 1
-            name = f"{node.op_type}_{index}_{k}"
-        node.name = name
-        taken.add(name)
+        node.name = fresh_name(f"{node.op_type}_{index}", taken)

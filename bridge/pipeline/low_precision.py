@@ -15,6 +15,7 @@ from collections.abc import Callable
 import onnx
 from onnx import TensorProto, helper
 
+from ..onnx_file import fresh_name
 from .export import OPSET
 from .targets import current
 
@@ -32,12 +33,7 @@ def widen_unsupported(model: onnx.ModelProto) -> None:
     taken = set(types) | {name for node in graph.node for name in [*node.output, node.name]}
 
     def fresh(base: str) -> str:
-        name, count = base, 0
-        while name in taken:
-            count += 1
-            name = f"{base}_{count}"
-        taken.add(name)
-        return name
+        return fresh_name(base, taken)
 
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:

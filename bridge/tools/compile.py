@@ -251,11 +251,18 @@ def _copied_matmul_operands(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes.append(node)
         for name in node.output:
             if name in operands:
-                nodes += [onnx.helper.make_node("Shape", [name], [f"{name}/copy/shape"], name=f"{name}/copy/shape"),
-                          onnx.helper.make_node("Expand", [name, f"{name}/copy/shape"], [f"{name}/copy"], name=f"{name}/copy")]
+                nodes += _expand_copy(name, f"{name}/copy", name)
     model.graph.ClearField("node")
     model.graph.node.extend(nodes)
     return model
+
+
+def _expand_copy(value: str, copy_name: str, stem: str) -> list[onnx.NodeProto]:
+    """``copy_name`` = ``Expand(value, Shape(value))``: a copy of ``value`` that onnx-mlir does not fold
+    (nodes ``<stem>/copy/shape`` and ``<stem>/copy``)."""
+    shape = f"{stem}/copy/shape"
+    return [onnx.helper.make_node("Shape", [value], [shape], name=shape),
+            onnx.helper.make_node("Expand", [value, shape], [copy_name], name=f"{stem}/copy")]
 
 
 # ops whose output onnx-mlir may return as their data input's buffer (views, and folded no-op arithmetic)
@@ -312,8 +319,7 @@ def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
         for index, name in enumerate(node.output):
             if name in copies:
                 view = node.output[index] = f"{name}/aliased"
-                nodes += [onnx.helper.make_node("Shape", [view], [f"{name}/shape"], name=f"{name}/copy/shape"),
-                          onnx.helper.make_node("Expand", [view, f"{name}/shape"], [name], name=f"{name}/copy")]
+                nodes += _expand_copy(view, name, name)
     model.graph.ClearField("node")
     model.graph.node.extend(nodes)
     return model
