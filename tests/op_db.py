@@ -956,7 +956,7 @@ def kink(op_type: str, variant: str, at, twin: Callable[..., Any], *args: Arg, *
     at = np.asarray(at, np.float32)
     return row(op_type, f"kink_{variant}", Arg("x", role=DATA, value=np.zeros_like(at)), Arg("w", role=WEIGHT, value=at),
                *args, node_inputs=("s", *(a.name for a in args)), before=(Node("Add", ("x", "w"), ("s",)),),
-               twin=lambda x, w, **weights: twin(x + w, **weights), dynamic_batch=False, iree=False, **options)
+               twin=lambda x, w, **weights: twin(x + w, **weights), dynamic_batch=False, **options)
 
 
 def tie(op_type: str, variant: str, at, twin: Callable[..., Any], **options) -> OpRow:
@@ -964,7 +964,7 @@ def tie(op_type: str, variant: str, at, twin: Callable[..., Any], **options) -> 
     at = np.asarray(at, np.float32)
     return row(op_type, f"tie_{variant}", Arg("x", role=DATA, value=np.zeros_like(at)), Arg("a", role=WEIGHT, value=at),
                Arg("b", role=WEIGHT, value=at), node_inputs=("s", "b"), before=(Node("Add", ("x", "a"), ("s",)),),
-               twin=lambda x, a, b: twin(x + a, b), dynamic_batch=False, iree=False, **options)
+               twin=lambda x, a, b: twin(x + a, b), dynamic_batch=False, **options)
 
 
 def _qdq_kink(variant: str, at, scale, zero_point, twin: Callable[..., Any], **attrs) -> OpRow:
