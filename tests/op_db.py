@@ -12,6 +12,7 @@ ops (``distinct``), positive inputs for Log/Sqrt, ``|x| < 1`` for Asin/Atanh, > 
 """
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1001,7 +1002,9 @@ def _kinks() -> list[OpRow]:
         kink("Selu", "0", at0, lambda t: SELU_GAMMA * F.elu(t, SELU_ALPHA)),
         kink("Celu", "alpha2_0", at0, lambda t: F.celu(t, 2.0), attrs={"alpha": 2.0}),
         kink("ThresholdedRelu", "alpha", [[1.0, 2.0, 0.0]], lambda t: F.threshold(t, 1.0, 0.0)),
-        kink("HardSigmoid", "bounds", [[-2.0, 2.0, 0.0]], lambda t: torch.clamp(0.25 * t + 0.5, 0.0, 1.0),
+        # clamp-like twins are F.hardtanh: 0 at a bound in every torch (torch.clamp with number bounds passes
+        # the gradient there up to torch 2.13, not from 2.14)
+        kink("HardSigmoid", "bounds", [[-2.0, 2.0, 0.0]], lambda t: F.hardtanh(0.25 * t + 0.5, 0.0, 1.0),
              attrs={"alpha": 0.25, "beta": 0.5}),
         kink("HardSwish", "bounds", [[-3.0, 3.0, 0.0]], F.hardswish),
         kink("Shrink", "lambd", [[0.5, -0.5, 0.0]], lambda t: F.softshrink(t, 0.5), attrs={"lambd": 0.5, "bias": 0.5}),
@@ -1010,9 +1013,9 @@ def _kinks() -> list[OpRow]:
         kink("Floor", "integers", integers, torch.floor),
         kink("Ceil", "integers", integers, torch.ceil),
         kink("Round", "halves", halves, torch.round),
-        kink("Clip", "at_bounds", [[-0.5, 0.75, 0.0], [-1.0, 1.0, 0.75]], lambda t: torch.clamp(t, -0.5, 0.75),
+        kink("Clip", "at_bounds", [[-0.5, 0.75, 0.0], [-1.0, 1.0, 0.75]], lambda t: F.hardtanh(t, -0.5, 0.75),
              c("lo", -0.5, np.float32), c("hi", 0.75, np.float32)),
-        kink("Clip", "at_min_only", [[-0.5, 0.75, -1.0]], lambda t: torch.clamp(t, min=-0.5), c("lo", -0.5, np.float32)),
+        kink("Clip", "at_min_only", [[-0.5, 0.75, -1.0]], lambda t: F.hardtanh(t, -0.5, math.inf), c("lo", -0.5, np.float32)),
         tie("Max", "two", at0, torch.maximum),
         tie("Min", "two", at0, torch.minimum),
         kink("ReduceMax", "ties", ties[0][0], lambda t: torch.amax(t, dim=1, keepdim=True), c("axes", [1])),
