@@ -1,4 +1,4 @@
-"""Read and write ONNX files: bridge's one model reader, tensor sizes, external data, the checker, fresh names.
+"""Read and write ONNX files: bridge's one model reader, tensor sizes, external data, the checker, fresh names, the names a node reads.
 
 Shared by every stage and reader (torch-free): ModelProtos over protobuf's 2 GiB go through files with
 external data, and the checker and shape inference see big initializers as data-less stubs.
@@ -199,3 +199,17 @@ def fresh_name(hint: str, taken: set[str], separator: str = "_") -> str:
         name = f"{hint}{separator}{k}"
     taken.add(name)
     return name
+
+
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs and, through its subgraphs (If/Loop/Scan bodies), outer values."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        for sub in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
+            names |= graph_reads(sub)
+    return names
+
+
+def graph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of ``graph`` or of its subgraphs reads."""
+    return {name for node in graph.node for name in node_reads(node)}

@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from ..contract import ROLE, STATE_ROLES, Role, props
 from ..errors import BridgeError
+from ..onnx_file import graph_reads
 
 TRAINED_SUFFIX = ".trained"
 
@@ -95,7 +96,7 @@ def inference_mode(model: onnx.ModelProto) -> None:
 def _drop_unread(graph: onnx.GraphProto, names: set[str]) -> None:
     """Remove the Constant nodes, initializers and value infos among ``names`` that no node (in
     any subgraph), graph output or graph input reads or declares any more."""
-    unread = names - _reads(graph) - {out.name for out in graph.output} - {inp.name for inp in graph.input}
+    unread = names - graph_reads(graph) - {out.name for out in graph.output} - {inp.name for inp in graph.input}
     for index in reversed(range(len(graph.node))):
         node = graph.node[index]
         if node.op_type == "Constant" and node.output[0] in unread:
@@ -104,17 +105,6 @@ def _drop_unread(graph: onnx.GraphProto, names: set[str]) -> None:
         for index in reversed(range(len(items))):
             if items[index].name in unread:
                 del items[index]
-
-
-def _reads(graph: onnx.GraphProto) -> set[str]:
-    """Every name a node of ``graph`` or of its subgraphs reads."""
-    names: set[str] = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attribute in node.attribute:
-            for sub in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
-                names |= _reads(sub)
-    return names
 
 
 def _tensor(value: np.ndarray, like: onnx.TensorProto, name: str) -> onnx.TensorProto:

@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from ...errors import BridgeWarning, ShapeError, UnsupportedOpError
-from ...onnx_file import skeleton
+from ...onnx_file import node_reads, skeleton
 from .. import targets
 from ..load import ML_OPS_HINT, default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters
@@ -67,15 +67,6 @@ class DroppedOutputsWarning(BridgeWarning):
     """Model outputs that the loss does not use and bridge cannot compute were left out."""
 
 
-def _read_names(node: onnx.NodeProto) -> Iterator[str]:
-    """The values ``node`` reads: its inputs and, through its subgraphs, the outer-scope values."""
-    yield from node.input
-    for attribute in node.attribute:
-        for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-            for inner in sub.node:
-                yield from _read_names(inner)
-
-
 def _cone(graph: onnx.GraphProto, outputs: Iterable[str]) -> list[onnx.NodeProto]:
     """The top-level nodes that ``outputs`` depend on, in graph order."""
     producer = {name: index for index, node in enumerate(graph.node) for name in node.output}
@@ -85,7 +76,7 @@ def _cone(graph: onnx.GraphProto, outputs: Iterable[str]) -> list[onnx.NodeProto
         index = pending.pop()
         if index not in needed:
             needed.add(index)
-            pending.extend(producer[name] for name in _read_names(graph.node[index]) if name in producer)
+            pending.extend(producer[name] for name in node_reads(graph.node[index]) if name in producer)
     return [graph.node[index] for index in sorted(needed)]
 
 
@@ -110,7 +101,7 @@ def drop_unimportable_outputs(model: onnx.ModelProto, keep: Iterable[str]) -> li
         return []
     kept_outputs = [o for o in graph.output if o.name not in dropped]
     live = _cone(graph, [o.name for o in kept_outputs])
-    read = {name for node in live for name in _read_names(node)} | {o.name for o in kept_outputs}
+    read = {name for node in live for name in node_reads(node)} | {o.name for o in kept_outputs}
     del graph.output[:]
     graph.output.extend(kept_outputs)
     nodes = list(live)
