@@ -116,5 +116,7 @@ def test_resnet_sized_picture_renders_headless_coloured_by_phase(tmp_path):
 
 
 def test_show_sample_in_docs_is_current():
-    """docs/ir.md's ``bridge show`` sample is rendered from a real conversion (docs/show_sample.py)."""
-    assert_generated_block_current("show_sample.py", "ir.md", "render")
+    """docs/ir.md's ``bridge show`` sample is rendered from a real conversion (docs/show_sample.py); the graph's
+    hash is left out of the comparison: the sample's source model is a torch export, whose bytes vary by torch version."""
+    assert_generated_block_current("show_sample.py", "ir.md", "render",
+                                   normalize=lambda text: re.sub(r"sha256 [0-9a-f]+", "sha256 <hash>", text))
