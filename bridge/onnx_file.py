@@ -201,15 +201,30 @@ def fresh_name(hint: str, taken: set[str], separator: str = "_") -> str:
     return name
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """``node``'s subgraphs: If branches, Loop and Scan bodies."""
+    return [sub for attribute in node.attribute
+            for sub in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]]
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The nodes of ``graph`` and, recursively, of its subgraphs (If branches, Loop/Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from all_nodes(sub)
+
+
 def node_reads(node: onnx.NodeProto) -> set[str]:
     """The names ``node`` reads: its inputs and, through its subgraphs (If/Loop/Scan bodies), outer values."""
-    names = set(node.input)
-    for attribute in node.attribute:
-        for sub in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
-            names |= graph_reads(sub)
-    return names
+    return set(node.input).union(*(graph_reads(sub) for sub in subgraphs(node)))
 
 
 def graph_reads(graph: onnx.GraphProto) -> set[str]:
     """Every name a node of ``graph`` or of its subgraphs reads."""
     return {name for node in graph.node for name in node_reads(node)}
+
+
+def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every name read inside the subgraphs of ``graph``'s nodes (a body may read outer values by name)."""
+    return {name for node in graph.node for sub in subgraphs(node) for name in graph_reads(sub)}

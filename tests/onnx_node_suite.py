@@ -44,8 +44,9 @@ from helpers.importer import run_onnxruntime  # noqa: E402
 from helpers.oracle import check_training_step  # noqa: E402
 
 from bridge.errors import UnsupportedOpError  # noqa: E402
+from bridge.onnx_file import all_nodes as _all_nodes  # noqa: E402
+from bridge.onnx_file import subgraphs
 from bridge.pipeline.importer.program import OnnxProgram  # noqa: E402
-from bridge.pipeline.importer.program import all_nodes as _all_nodes  # noqa: E402
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters  # noqa: E402
 from bridge.pipeline.importer.weights import differentiable_initializers  # noqa: E402
 from bridge.pipeline.load import KNOWN_OPSET, load_model  # noqa: E402
@@ -111,13 +112,6 @@ NOT_RUN = {
     "test_maxpool_3d_dilations_use_ref_impl_large":
         "fail: not run: bridge's max_pool backward lowering allocates a 4 GB tensor (kernel 5x5x5, dilations 2)",
 }
-
-
-def _all_nodes_of(node: onnx.NodeProto):
-    """The nodes of ``node``'s subgraphs (an If's output depends on what its branches read)."""
-    for attribute in node.attribute:
-        for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-            yield from _all_nodes(sub)
 
 
 def op_types(model: onnx.ModelProto) -> list[str]:
@@ -191,7 +185,7 @@ def static_inputs(model: onnx.ModelProto) -> set[str]:
         needed.add(name)
         node = producers.get(name)
         if node is not None and node.op_type not in ("Shape", "Size"):
-            pending.extend(i for sub in [node, *_all_nodes_of(node)] for i in sub.input if i)
+            pending.extend(i for sub in [node, *(n for sub in subgraphs(node) for n in _all_nodes(sub))] for i in sub.input if i)
     return needed & names
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from ..onnx_file import fresh_name, inferred_values
-from .cleanup import subgraph_reads
+from ..onnx_file import fresh_name, inferred_values, subgraph_reads
 
 # binary ops with multidirectional (numpy) broadcasting that onnxruntime runs through its Broadcaster
 _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "LessOrEqual", "Greater",

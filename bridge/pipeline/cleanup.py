@@ -21,6 +21,9 @@ import collections
 import onnx
 from onnx import numpy_helper
 
+from ..attributes import attribute
+from ..onnx_file import subgraph_reads
+
 _PURE_SOURCES = {"Transpose", "Reshape", "Identity"}  # the only ops this pass makes dead
 
 
@@ -39,7 +42,7 @@ def clean_up(model: onnx.ModelProto) -> dict[str, int]:
             done["Transpose pair"] += _merge_transposes(graph, node, source, protected, producers)
         elif node.op_type == "Reshape" and source is not None and source.op_type == "Reshape":
             shape = constants.get(node.input[1])
-            if shape is not None and 0 not in shape and not _attr(node, "allowzero", 0):
+            if shape is not None and 0 not in shape and not attribute(node, "allowzero", 0):
                 node.input[0] = source.input[0]
                 done["Reshape chain"] += 1
     done["dead node"] = _drop_dead(graph, protected)
@@ -52,7 +55,7 @@ def clean_up(model: onnx.ModelProto) -> dict[str, int]:
 
 def _merge_transposes(graph: onnx.GraphProto, node: onnx.NodeProto, inner: onnx.NodeProto, protected: set[str],
                       producers: dict[str, onnx.NodeProto]) -> int:
-    outer_perm, inner_perm = _attr(node, "perm", None), _attr(inner, "perm", None)
+    outer_perm, inner_perm = attribute(node, "perm", None), attribute(inner, "perm", None)
     if outer_perm is None or inner_perm is None:  # a default (reversing) perm: rank unknown here
         return 0
     composed = [inner_perm[axis] for axis in outer_perm]
@@ -119,21 +122,3 @@ def _shape_constants(graph: onnx.GraphProto) -> dict[str, list[int]]:
                     if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"})
     return {name: numpy_helper.to_array(t).tolist() for name, t in tensors.items()
             if t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1}
-
-
-def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
-    """Every name read inside a subgraph (If/Loop/Scan bodies may read outer values by name)."""
-    names: set[str] = set()
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in list(attribute.graphs) + ([attribute.g] if attribute.HasField("g") else []):
-                names.update(name for inner in sub.node for name in inner.input)
-                names.update(subgraph_reads(sub))
-    return names
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return onnx.helper.get_attribute_value(attribute)
-    return default

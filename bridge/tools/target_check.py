@@ -29,7 +29,7 @@ from onnx import TensorProto, numpy_helper
 from ..attributes import attribute
 from ..errors import InvalidOptionError
 from ..geometry import pooled_size
-from ..onnx_file import read_model
+from ..onnx_file import all_nodes, read_model
 
 if TYPE_CHECKING:
     from .compile import Progress
@@ -261,14 +261,6 @@ def _short_ints(node, graph):
         yield f"short integer type {TensorProto.DataType.Name(elem)}"
 
 
-def _walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _walk(sub)
-
-
 def check(model: str | os.PathLike | onnx.ModelProto, target: str = "onnx-mlir", *, compile: bool = True,
           progress: Progress | None = None) -> list[Violation]:
     """Every node (and the opset) that ``target`` does not compile; empty when all is clean.
@@ -295,7 +287,7 @@ def _check_table(model: onnx.ModelProto) -> list[Violation]:
     if opset is None or opset > table["opset_ceiling"]:
         violations.append(Violation("", "opset", f"default-domain opset {opset}; onnx-mlir supports up to {table['opset_ceiling']}"))
     graph = _Graph(model)
-    for node in _walk(model.graph):
+    for node in all_nodes(model.graph):
         if node.domain not in ("", "ai.onnx"):
             violations.append(Violation(node.name, node.op_type, f"non-default domain '{node.domain}'"))
             continue
@@ -342,7 +334,7 @@ def _check_iree(model: onnx.ModelProto) -> list[Violation]:
     graph = _Graph(model)
     return [
         Violation(node.name, node.op_type, problem)
-        for node in _walk(model.graph) for check_node in RULES["iree"].get(node.op_type, ())
+        for node in all_nodes(model.graph) for check_node in RULES["iree"].get(node.op_type, ())
         for problem in check_node(node, graph)
     ]
 

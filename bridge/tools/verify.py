@@ -31,9 +31,9 @@ import torch
 from ..api import _output_index, to_training_onnx
 from ..contract import STEP, UPDATED_PREFIX, grad_name, slot_name, strip_prefix, updated_name
 from ..errors import InvalidModelError, InvalidOptionError, positive_int
-from ..onnx_file import read_model
+from ..onnx_file import all_nodes, read_model, subgraphs
 from ..pipeline.importer.ops.random import RandomOpInEvalWarning
-from ..pipeline.importer.program import OnnxProgram, all_nodes
+from ..pipeline.importer.program import OnnxProgram
 from ..pipeline.importer.registry import buffer_inputs
 from ..pipeline.load import load_model
 from ..pipeline.losses import _LOSSES, INDICES, Loss, _flatten_sequence, make_loss
@@ -277,18 +277,13 @@ def _graph_to_float64(graph: onnx.GraphProto) -> None:
             elif attribute.type == onnx.AttributeProto.INT and attribute.name in _FLOAT_TYPE_ATTRIBUTES \
                     and attribute.i == _FLOAT:
                 attribute.i = _DOUBLE
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             _graph_to_float64(sub)
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name in ("value_float", "value_floats"):
             value = onnx.helper.get_attribute_value(node.attribute[0])  # float32 by definition
             del node.attribute[:]
             node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(
                 np.asarray(value, dtype=np.float64))))
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The node's subgraphs (If branches, Loop/Scan bodies)."""
-    return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else []) + list(a.graphs)]
 
 
 def _tensor_to_float64(tensor: onnx.TensorProto) -> onnx.TensorProto:
@@ -593,7 +588,7 @@ def _random_outputs(graph: onnx.GraphProto) -> set[str]:
     """The graph outputs computed from a random op (also one inside a subgraph)."""
     drawn: set[str] = set()
     for node in graph.node:
-        nodes = [node] + [n for sub in _subgraphs(node) for n in all_nodes(sub)]  # reading outer values by name
+        nodes = [node] + [n for sub in subgraphs(node) for n in all_nodes(sub)]  # reading outer values by name
         if any(n.op_type in _RANDOM_OPS or drawn.intersection(n.input) for n in nodes):
             drawn.update(node.output)
     return {value.name for value in graph.output if value.name in drawn}
