@@ -183,11 +183,7 @@ def test_digits_cnn_follows_autocast_and_grad_scaler(precision):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp16", pytest.param("bf16", marks=pytest.mark.xfail(
-    strict=True, reason="the same scales, but losses up to 3x torch's bfloat16 noise: at the first step, before any "
-                        "update, bridge's bfloat16 forward lies farther from torch's than torch's from float32; "
-                        "decomposed element-wise chains in the exported bert round after every op where torch's "
-                        "kernels round once (not yet located op by op)"))])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_bert_tiny_follows_autocast_and_grad_scaler(precision):
     """24 Adam steps of the zoo's bert_tiny (a torch module source) on random token batches: skips, scales and
     losses as torch's autocast + GradScaler."""
