@@ -157,6 +157,25 @@ def test_update_follows_grad_scaler_step_for_step(precision):
     assert skipped == len(bad)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_forward_rounds_where_autocast_rounds(precision):
+    """Linear -> Tanh -> Linear (Gemm, Tanh, Gemm in ONNX): the eval graph's low-precision forward gives torch
+    autocast's output. Each Linear is one addmm rounded once (not a rounded product plus a rounded bias), and
+    every node rounds to the low type as torch's kernels do, including where onnxruntime has no kernel of that
+    type. What is left is float32 summation order: at most one unit in the last place of the low type."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
+    x = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    tm = bridge.to_training_onnx(module, "ce", "sgd", precision=precision, example_inputs=torch.from_numpy(x))
+    got = tm.session().evaluate({tm.data_inputs[0]: x}, np.zeros(32, np.int64))[f"output_{tm.source.graph.output[0].name}"]
+    with torch.no_grad(), torch.autocast("cpu", dtype=DTYPES[precision]):
+        want = module(torch.from_numpy(x)).float().numpy()
+    mantissa_bits = {"fp16": 10, "bf16": 7}[precision]
+    unit = 2.0 ** (np.floor(np.log2(np.abs(want))) - mantissa_bits)
+    assert np.all(np.abs(got - want) <= unit)
+    assert np.mean(got == want) >= 0.99
+
+
 # fp16 from 2**24 overflows at once and backs off step by step; growth every 3 good steps overflows again. bf16
 # has float32's range: from 2**120 the scale grows until the next growth would be infinite, and stays there.
 SCALER_OPTIONS = {"fp16": {"init_scale": 2.0 ** 24, "growth_interval": 3},
