@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -97,3 +98,15 @@ def mlp_and_data() -> tuple[torch.nn.Module, onnx.ModelProto, torch.Tensor, torc
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["x"], output_names=["y"])
     return module, onnx.load_from_string(buffer.getvalue()), x, y
+
+
+def lora_cnn() -> tuple[torch.nn.Module, dict[str, np.ndarray], np.ndarray, str]:
+    """Two Convs (one strided) -> ReLU -> global average pool -> Linear, a batch of 3 8x8 RGB images and
+    class indices, and its loss: the CNN that LoRA's Conv adapters are tested on."""
+    torch.manual_seed(3)
+    module = torch.nn.Sequential(OrderedDict(
+        conv1=torch.nn.Conv2d(3, 6, 3, padding=1), relu1=torch.nn.ReLU(),
+        conv2=torch.nn.Conv2d(6, 8, 3, stride=2, padding=1), relu2=torch.nn.ReLU(),
+        pool=torch.nn.AdaptiveAvgPool2d(1), flat=torch.nn.Flatten(), head=torch.nn.Linear(8, 4)))
+    rng = np.random.default_rng(3)
+    return module, {"x": rng.standard_normal((3, 3, 8, 8)).astype(np.float32)}, rng.integers(0, 4, 3), "ce"

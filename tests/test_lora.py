@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from helpers.reference import bridge_steps, torch_steps
-from lifecycle_models import mlp_and_data
+from lifecycle_models import lora_cnn, mlp_and_data
 from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 from zoo import torch_models
@@ -179,22 +178,12 @@ def test_cli_converts_with_lora_and_exports_merged_or_not(tmp_path, capsys):
 # -- against peft + torch, 5 SGD steps ----------------------------------------------------------------------
 
 
-def _cnn() -> torch_models.Built:
-    torch.manual_seed(3)
-    module = torch.nn.Sequential(OrderedDict(
-        conv1=torch.nn.Conv2d(3, 6, 3, padding=1), relu1=torch.nn.ReLU(),
-        conv2=torch.nn.Conv2d(6, 8, 3, stride=2, padding=1), relu2=torch.nn.ReLU(),
-        pool=torch.nn.AdaptiveAvgPool2d(1), flat=torch.nn.Flatten(), head=torch.nn.Linear(8, 4)))
-    rng = np.random.default_rng(3)
-    return module, {"x": rng.standard_normal((3, 3, 8, 8)).astype(np.float32)}, rng.integers(0, 4, 3), "ce"
-
-
 # model -> (builder, bridge's targets, peft's target_modules: the same layers)
 PEFT_CASES = {
     "bert_tiny": (torch_models.bert, ["*attention*", "*intermediate*", "*output.dense*"],
                   r".*encoder.*\.(query|key|value|dense)"),
     "gpt2_tiny": (torch_models.gpt2, ["*attn*", "*mlp*"], ["c_attn", "c_proj", "c_fc"]),
-    "cnn": (_cnn, ["conv*", "head*"], ["conv1", "conv2", "head"]),
+    "cnn": (lora_cnn, ["conv*", "head*"], ["conv1", "conv2", "head"]),
 }
 
 

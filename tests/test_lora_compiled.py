@@ -1,9 +1,9 @@
 """LoRA training graphs (``to_training_onnx(lora=)``) compiled by IREE and onnx-mlir step as onnxruntime does.
 
-An MLP (make test) and bert_tiny (make test-all; adapters on the attention and MLP projections) are compiled
-and stepped 3 times (SGD with momentum), updates fed back; every output (loss, grad_*, updated_*) is compared with onnxruntime at one thread
-(onnx-mlir runs on one), at test_onnx_mlir.py's tolerance: 16 units of float32 rounding of each tensor's
-largest magnitude.
+An MLP and a CNN with Conv adapters (make test), bert_tiny and gpt2_tiny (make test-all; adapters on the
+attention and MLP projections) are compiled and stepped 3 times (SGD with momentum), updates fed back; every
+output (loss, grad_*, updated_*) is compared with onnxruntime at one thread (onnx-mlir runs on one), at
+test_onnx_mlir.py's tolerance: 16 units of float32 rounding of each tensor's largest magnitude.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.reference import assert_steps_match
+from lifecycle_models import lora_cnn
 from zoo import torch_models
 
 import bridge
@@ -28,9 +29,12 @@ def _mlp() -> torch_models.Built:
     return module, {"x": rng.standard_normal((4, 6)).astype(np.float32)}, rng.integers(0, 3, 4), "ce"
 
 
-CASES = {"mlp": (_mlp, ["*"]), "bert_tiny": (torch_models.bert, ["*attention*", "*intermediate*", "*output.dense*"])}
-# bert_tiny compiles for minutes in each compiler: the exhaustive tier (make test-all); CI compiles the MLP
-EXHAUSTIVE = {"bert_tiny"}
+CASES = {"mlp": (_mlp, ["*"]), "cnn": (lora_cnn, ["conv*", "head*"]),
+         "bert_tiny": (torch_models.bert, ["*attention*", "*intermediate*", "*output.dense*"]),
+         "gpt2_tiny": (torch_models.gpt2, ["*attn*", "*mlp*"])}
+# the transformers compile for minutes in each compiler: the exhaustive tier (make test-all); CI compiles the MLP
+# and the CNN
+EXHAUSTIVE = {"bert_tiny", "gpt2_tiny"}
 
 
 @pytest.mark.slow

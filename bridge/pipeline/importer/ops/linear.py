@@ -14,12 +14,13 @@ def gemm(ctx, a, b, c=None):
     if ctx.attr("transB", 0):
         b = b.transpose(0, 1)
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    if c is not None and torch.is_autocast_enabled("cpu"):
+        # torch's Linear under autocast: one addmm in the low precision, C cast too, the result rounded once
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha)
     y = a @ b
     if alpha != 1.0:
         y = y * alpha
     if c is not None:
-        if torch.is_autocast_enabled("cpu"):  # torch's Linear is addmm, which autocast runs with C cast too
-            c = c.to(torch.get_autocast_dtype("cpu"))
         y = y + (c * beta if beta != 1.0 else c)
     return y
 
