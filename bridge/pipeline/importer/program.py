@@ -136,8 +136,7 @@ def known_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
     part.graph.node.extend(cone)
     part.graph.initializer.extend(init for init in graph.initializer if init.name in reads)
     part.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    with eager():
-        outputs, _ = OnnxProgram(part).run({}, {}, training=False)
+    outputs, _ = OnnxProgram(part).run({}, {}, training=False)
     return outputs[0].numpy()
 
 
@@ -179,10 +178,11 @@ def _named_errors(node: onnx.NodeProto):
 
 
 def lift_attribute_weights(model: onnx.ModelProto) -> list[str]:
-    """Move the float-list attributes that converters declare as weights (``attribute_weights=``) into
-    initializers ``<node>.<attribute>``, appended to the node's inputs (in place); their names. A lifted
-    tensor takes the type of the node's first input (ONNX type inference) where that is a float type (a
-    float64 model computes in float64), else float32, the type ONNX gives these attributes."""
+    """Move the float-list attributes that converters declare as weights (``attribute_weights=``) of the
+    top-level nodes into initializers ``<node>.<attribute>``, appended to the node's inputs (in place);
+    their names. A lifted tensor takes the type of the node's first input (ONNX type inference) where
+    that is a float type (a float64 model computes in float64), else float32, the type ONNX gives these
+    attributes."""
     graph = model.graph
     lifting = [node for node in graph.node if CONVERTERS[op_key(node.domain, node.op_type)].attribute_weights]
     if not lifting:
