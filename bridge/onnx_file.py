@@ -201,6 +201,15 @@ def fresh_name(hint: str, taken: set[str], separator: str = "_") -> str:
     return name
 
 
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The nodes of ``graph`` and, recursively, of its subgraphs (If branches, Loop/Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
+                yield from all_nodes(sub)
+
+
 def node_reads(node: onnx.NodeProto) -> set[str]:
     """The names ``node`` reads: its inputs and, through its subgraphs (If/Loop/Scan bodies), outer values."""
     names = set(node.input)

@@ -226,3 +226,16 @@ def test_branch_weights_are_selected_by_name():
         trained = bridge.to_training_onnx(model, constant_inputs={"sr": 16000}, trainable=["k16.b"])
     assert frozen.weights == ["k16.W"]
     assert trained.weights == ["k16.b"]
+
+
+def test_exported_model_holds_the_trained_branch_weights(tmp_path):
+    """export_inference writes the trained values into the branch's Constants (the If and the pin kept)."""
+    with pytest.warns(PromotedConstantsWarning):
+        tm = bridge.to_training_onnx(_branch_weights_model(), constant_inputs={"sr": 16000}, optim_options={"lr": 0.5})
+    x = RNG.randn(2, 4)
+    session = tm.session()
+    session.step({"x": x}, RNG.randn(2, 3))
+    want = session.evaluate({"x": x}, np.zeros((2, 3)))["output_y"]
+    path = tm.export_inference(tmp_path / "trained.onnx", session.state)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-12)

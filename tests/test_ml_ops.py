@@ -81,3 +81,21 @@ def test_coefficients_that_do_not_fit_the_input_are_refused():
 def test_rows_that_do_not_match_the_labels_are_refused():
     with pytest.raises(UnsupportedOpError, match=r"'lc': 2 coefficient row\(s\) for 3 class label\(s\)"):
         bridge.to_training_onnx(_classifier(np.ones(6), np.zeros(2), "NONE"), output="scores")
+
+
+def test_exported_classifier_holds_the_trained_coefficients(tmp_path):
+    """export_inference writes the trained coefficients and intercepts back into the LinearClassifier's
+    attributes: onnxruntime's run of the written file gives the eval graph's probabilities after a step."""
+    rng = np.random.default_rng(4)
+    model = _classifier(rng.uniform(-1, 1, 9), rng.uniform(-0.5, 0.5, 3), "SOFTMAX")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tm = bridge.to_training_onnx(model, output="scores", optim_options={"lr": 0.5})
+    x = X.astype(np.float32)
+    session = tm.session()
+    session.step({"x": x}, rng.standard_normal(tm.target_shape).astype(np.float32))
+    assert not np.array_equal(session.state["lc.coefficients"], tm.initial_state()["lc.coefficients"])
+    want = session.evaluate({"x": x}, np.zeros(tm.target_shape, np.float32))["output_scores"]
+    path = tm.export_inference(tmp_path / "trained.onnx", session.state)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["scores"], {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)  # float32 runs of two graphs

@@ -27,7 +27,7 @@ import onnx.inliner
 from onnx import numpy_helper
 
 from ..errors import BridgeWarning, InvalidOptionError, ModelLoadError, ShapeError, UnsupportedOpError
-from ..onnx_file import check_onnx, fresh_name, read_model
+from ..onnx_file import all_nodes, check_onnx, fresh_name, read_model
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()  # every opset the installed onnx defines
@@ -182,8 +182,6 @@ def inline_decided_ifs(model: onnx.ModelProto) -> None:
 def _check_newer_ops(model: onnx.ModelProto, opset: int, where: str) -> None:
     """Refuse nodes whose op at ``opset`` is a version newer than ``KNOWN_OPSET`` that changes more than the
     element types (``_TYPES_ONLY``); every other node computes as at opset ``KNOWN_OPSET``."""
-    from .importer.program import all_nodes  # noqa: PLC0415 - the importer imports this module
-
     newer: dict[str, list[str]] = {}
     for node in all_nodes(model.graph):
         if node.domain not in ("", "ai.onnx"):

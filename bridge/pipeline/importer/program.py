@@ -21,7 +21,7 @@ import collections
 import contextlib
 import warnings
 from collections import ChainMap
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 
 import numpy as np
 import onnx
@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from ...errors import BridgeWarning, ShapeError, UnsupportedOpError
-from ...onnx_file import node_reads, skeleton
+from ...onnx_file import all_nodes, node_reads, skeleton
 from .. import targets
 from ..load import ML_OPS_HINT, default_opset
 from .registry import CONVERTERS, NodeContext, import_all_converters, op_key
@@ -47,15 +47,6 @@ _WIDE_UNSIGNED_TORCH = {torch.uint16, torch.uint32, torch.uint64}
 
 # Ops whose output must never be folded at import time.
 _NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Dropout"}
-
-
-def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """The nodes of ``graph`` and, recursively, of its subgraphs (If branches, Loop/Scan bodies)."""
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []) + list(attribute.graphs):
-                yield from all_nodes(sub)
 
 
 def importable(node: onnx.NodeProto) -> bool:
