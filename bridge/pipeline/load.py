@@ -2,11 +2,11 @@
 
 Clean-up steps (each a small pure function on a ModelProto):
 - inline model-local functions, so the importer sees only standard ops;
+- pin the inputs given values (``constant_inputs=``) and inline each ``If`` that a pin decides
+  (``inline_decided_ifs``), so the weights inside its taken branch are top-level values;
 - fold ``Identity`` nodes whose input is an initializer (legacy exporters de-duplicate
   equal tensors that way), so the consumer sees the initializer itself and the weight
   keeps one name and one gradient;
-- pin the inputs given values (``constant_inputs=``) and inline each ``If`` that a pin decides
-  (``inline_decided_ifs``), so the weights inside its taken branch are top-level values;
 - name unnamed nodes ``<OpType>_<index>``, so every traced op can name its source node;
 - promote float ``Constant`` tensors (and ``ConstantOfShape`` fills of a constant shape) to initializers
   in a model that stores its weights that way (paddle2onnx, onnx's weight-stripped test models), so they
