@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
@@ -32,7 +31,7 @@ from .pipeline.from_torch import is_torch_source, load_torch_source
 from .pipeline.importer.program import OnnxProgram, drop_unimportable_outputs
 from .pipeline.importer.registry import buffer_inputs
 from .pipeline.importer.weights import example_run, select_trainable
-from .pipeline.load import load_model
+from .pipeline.load import load_pinned, pin_inputs
 from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.low_precision import widen_unsupported
 from .pipeline.mixed_precision import make_precision
@@ -163,9 +162,7 @@ def to_training_onnx(
         trainable = lora_trainable(plan, trainable)
         parameters = None if parameters is None else [*parameters, *plan.adapter_names]
     with phase("loading the model"):
-        source = load_model(model, buffer_inputs())
-        pins = _check_constant_inputs(source, constant_inputs)
-        pin_inputs(source, pins)
+        source, pins = load_pinned(model, buffer_inputs(), constant_inputs)
         source_hash = model_digest(source)
         if parameters is None:
             check_export(source, strict=strict)
@@ -317,61 +314,6 @@ def _original(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto | N
         copy.CopyFrom(model)
         return copy
     return None
-
-
-def _check_constant_inputs(model: onnx.ModelProto, given: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
-    """``constant_inputs=`` checked against the graph's data inputs: each value as an array of the input's
-    declared dtype and shape (a Python number or a flat list is cast where that is exact)."""
-    if not given:
-        return {}
-    initializers = {init.name for init in model.graph.initializer}
-    declared = {v.name: v for v in model.graph.input if v.name not in initializers}
-    pins = {}
-    for name, value in given.items():
-        if name not in declared:
-            raise InvalidOptionError(f"constant_inputs names '{name}', which is not a data input of the model; "
-                                     f"its inputs are {list(declared)}")
-        tensor_type = declared[name].type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-        try:
-            array = np.asarray(value)
-            cast = array.astype(dtype)
-        except (TypeError, ValueError) as exc:
-            raise InvalidOptionError(f"constant_inputs['{name}'] = {value!r} is not a {dtype} value ({exc}); give "
-                                     f"a number or a list of numbers") from exc
-        exact = np.issubdtype(dtype, np.floating) and array.dtype.kind in "biuf"
-        if not exact and not (array.dtype.kind in "biuf" and np.array_equal(cast, array)):
-            raise InvalidOptionError(f"constant_inputs['{name}'] = {value!r} is not a value of input '{name}'s "
-                                     f"type {dtype}; give a {dtype} value")
-        if tensor_type.HasField("shape"):
-            dims = tensor_type.shape.dim
-            static = all(d.HasField("dim_value") for d in dims)
-            wanted = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-            fixed = [d.dim_value for d in dims]
-            if static and cast.shape != tuple(fixed) and cast.ndim <= 1 and cast.size == int(np.prod(fixed)):
-                cast = cast.reshape(fixed)  # a flat list (the CLI's form) for a fixed shape
-            if len(wanted) != cast.ndim or any(w is not None and w != s for w, s in zip(wanted, cast.shape,
-                                                                                          strict=True)):
-                shown = [w if w is not None else d.dim_param or "?" for w, d in zip(wanted, dims, strict=True)]
-                raise ShapeError(f"constant_inputs['{name}'] has shape {list(cast.shape)}, but input '{name}' "
-                                 f"has shape {shown}; give a value of that shape")
-        pins[name] = np.ascontiguousarray(cast)
-    return pins
-
-
-def pin_inputs(model: onnx.ModelProto, pins: Mapping[str, np.ndarray]) -> None:
-    """Replace the graph inputs ``pins`` names by ``Constant`` nodes of their values (in place)."""
-    if not pins:
-        return
-    kept = [v for v in model.graph.input if v.name not in pins]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
-    constants = [onnx.helper.make_node("Constant", [], [name], name=f"{name}.pinned",
-                                       value=numpy_helper.from_array(value, name))
-                 for name, value in pins.items()]
-    nodes = constants + list(model.graph.node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
 
 
 def _check_batch_size(batch_size: int | None) -> int | None:

@@ -18,10 +18,12 @@ BEGIN, END = "<!-- supported ops: begin -->", "<!-- supported ops: end -->"
 FIRST_OPSET = 11
 
 
-def _versions(op_type: str) -> str:
-    """Versions of ``op_type`` in the default domain that a model at opset 11..MAX may use."""
+def _versions(key: str) -> str:
+    """Versions of the op ``key`` names (``OpType``, or ``<domain>::<OpType>`` in another domain, whose
+    own opset versions these are) that a model at default opset 11..MAX may use."""
+    domain, _, op_type = key.rpartition("::")
     since = sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
-                    if s.name == op_type and s.domain == "" and s.since_version <= KNOWN_OPSET})
+                    if s.name == op_type and s.domain == domain and (domain or s.since_version <= KNOWN_OPSET)})
     if not since:
         return "-"
     in_range = [v for v in since if v >= FIRST_OPSET]

@@ -118,6 +118,9 @@ class OpRow:
     # The torch function of the model (its inputs and weights by name, float64 tensors): where set,
     # the gradient oracle is its autograd, not finite differences (rows placed at kinks: ``kink``).
     twin: Callable[..., Any] | None = None
+    # Float-list attributes bridge trains as the weights ``node.<attribute>`` (ai.onnx.ml's coefficients): the
+    # oracle model (``oracle`` nodes) reads them as initializers of those names.
+    attribute_weights: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -131,7 +134,13 @@ class OpRow:
     @property
     def weights(self) -> list[str]:
         """The initializers bridge must train."""
-        return (["w_pre"] if self.prescale else []) + [a.name for a in self.args if a.role == WEIGHT]
+        return ((["w_pre"] if self.prescale else []) + [a.name for a in self.args if a.role == WEIGHT]
+                + [f"node.{name}" for name in self.attribute_weights])
+
+    @property
+    def domain(self) -> str:
+        """The op's domain: ``op_type`` is ``<domain>::<OpType>`` outside the default one (the converter key)."""
+        return self.op_type.rpartition("::")[0]
 
     def _seed(self, name: str) -> int:
         return zlib.crc32(f"{self.id}/{name}".encode())
@@ -157,8 +166,8 @@ class OpRow:
         data = self.inputs(batch)
         outs = ("y",) + tuple(f"y{i}" for i in range(1, self.outputs))
         node_inputs = tuple(a.name for a in self.args) if self.node_inputs is None else self.node_inputs
-        op_nodes = [helper.make_node(self.op_type, list(node_inputs), list(outs), name="node",
-                                     **{**self.attrs, **(self.oracle_attrs if oracle else {})})]
+        op_nodes = [helper.make_node(self.op_type.rpartition("::")[2], list(node_inputs), list(outs), name="node",
+                                     domain=self.domain, **{**self.attrs, **(self.oracle_attrs if oracle else {})})]
         if oracle and self.oracle:
             op_nodes = _nodes(self.oracle, "oracle")
         nodes = _nodes(self.before, "before") + op_nodes + _nodes(self.after, "after")
@@ -171,10 +180,14 @@ class OpRow:
         graph = helper.make_graph(
             nodes, self.id,
             [helper.make_tensor_value_info(k, ELEM_ALL[v.dtype], v.shape) for k, v in data.items()],
-            [helper.make_tensor_value_info(n, ELEM_ALL[np.dtype(t)], None) for n, t in zip(model_outputs, self._out_dtypes(model_outputs), strict=True)],
+            [_value_info(n, t) for n, t in zip(model_outputs, self._out_dtypes(model_outputs), strict=True)],
             [numpy_helper.from_array(np.asarray(v), k) for k, v in self.initializers().items()],
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        if oracle:
+            graph.initializer.extend(numpy_helper.from_array(np.asarray(self.attrs[name], np.float32), f"node.{name}")
+                                     for name in self.attribute_weights)
+        domains = [helper.make_opsetid(self.domain, 1)] if self.domain else []
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset), *domains])
         model.ir_version = 8 if self.opset <= 17 else 10
         model = onnx.shape_inference.infer_shapes(model)
         _complete_output_shapes(model, data)
@@ -189,6 +202,17 @@ class OpRow:
         return self.model(oracle=True) if self.oracle or self.oracle_attrs else None
 
 
+MAP_OUTPUT = "map"  # an out_dtype: a sequence of maps from int64 class labels to float32 (ai.onnx.ml ZipMap)
+
+
+def _value_info(name: str, dtype: Any) -> onnx.ValueInfoProto:
+    if isinstance(dtype, str) and dtype == MAP_OUTPUT:
+        value = helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None)
+        maps = helper.make_sequence_type_proto(helper.make_map_type_proto(onnx.TensorProto.INT64, value))
+        return helper.make_value_info(name, maps)
+    return helper.make_tensor_value_info(name, ELEM_ALL[np.dtype(dtype)], None)
+
+
 def _nodes(nodes: tuple[Node, ...], prefix: str) -> list[onnx.NodeProto]:
     return [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=f"{prefix}{i}", **n.attrs)
             for i, n in enumerate(nodes)]
@@ -197,7 +221,7 @@ def _nodes(nodes: tuple[Node, ...], prefix: str) -> list[onnx.NodeProto]:
 def _complete_output_shapes(model: onnx.ModelProto, data: dict[str, np.ndarray]) -> None:
     """Output shapes that ONNX shape inference leaves out (ops defined as functions, e.g.
     GroupNormalization), from a run of ONNX's reference evaluator."""
-    missing = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
+    missing = [o for o in model.graph.output if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
     if not missing:
         return
     values = dict(zip([o.name for o in model.graph.output], ReferenceEvaluator(model).run(None, data), strict=True))
@@ -1045,3 +1069,51 @@ def _kinks() -> list[OpRow]:
 
 
 ROWS += _kinks()
+
+
+ML = "ai.onnx.ml::"
+CLASSES = 3
+
+
+def _linear_classifier(variant: str, post_transform: str, oracle_post: tuple[Node, ...], rows: int = CLASSES,
+                       **options) -> OpRow:
+    """LinearClassifier over 3 features, ``rows`` coefficient rows (one row: a binary model, scores ``[-s, s]``),
+    its scores as the model output. The oracle computes the scores with standard ops from the coefficients
+    as initializers (``s``), then ``oracle_post`` makes ``y1`` from them."""
+    rng = np.random.default_rng(zlib.crc32(variant.encode()))
+    attrs = {"coefficients": rng.uniform(-1, 1, rows * 3).tolist(), "intercepts": rng.uniform(-0.5, 0.5, rows).tolist(),
+             "classlabels_ints": list(range(max(rows, 2))), "post_transform": post_transform}
+    oracle = (const("rows_by_features", [rows, -1], np.int64),
+              Node("Reshape", ("node.coefficients", "rows_by_features"), ("matrix",)),
+              Node("Transpose", ("matrix",), ("per_feature",)), Node("MatMul", ("x", "per_feature"), ("xw",)),
+              Node("Add", ("xw", "node.intercepts"), ("s",)), *oracle_post)
+    return row(f"{ML}LinearClassifier", variant, x((BATCH, 3)), attrs=attrs, outputs=2,
+               after=(Node("Identity", ("y1",), ("scores",)),), oracle=oracle,
+               attribute_weights=("coefficients", "intercepts"), **options)
+
+
+def _ml() -> list[OpRow]:
+    softmax = (Node("Softmax", ("s",), ("y1",), {"axis": 1}),)
+    binary = (Node("Neg", ("s",), ("minus",)), Node("Concat", ("minus", "s"), ("both",), {"axis": 1}),
+              Node("Sigmoid", ("both",), ("y1",)))
+    # the norms of a row, as standard ops over axis 1 (opset 18: axes as an input)
+    norms = {"MAX": (Node("ReduceMax", ("x", "axes"), ("n",), {"keepdims": 1}),),
+             "L1": (Node("ReduceL1", ("x", "axes"), ("n",), {"keepdims": 1}),),
+             "L2": (Node("ReduceL2", ("x", "axes"), ("n",), {"keepdims": 1}),)}
+    return [
+        _linear_classifier("softmax", "SOFTMAX", softmax),
+        _linear_classifier("logistic", "LOGISTIC", (Node("Sigmoid", ("s",), ("y1",)),)),
+        _linear_classifier("none", "NONE", (Node("Identity", ("s",), ("y1",)),)),
+        # no score within 1e-7 of 0 here: SOFTMAX_ZERO is the softmax
+        _linear_classifier("softmax_zero", "SOFTMAX_ZERO", softmax),
+        _linear_classifier("binary_logistic", "LOGISTIC", binary, rows=1),
+        *[row(f"{ML}Normalizer", norm.lower(), x((BATCH, 5), values="distinct"), attrs={"norm": norm},
+              oracle=(const("axes", [1], np.int64), *nodes, Node("Div", ("x", "n"), ("y",))))
+          for norm, nodes in norms.items()],
+        row(f"{ML}ZipMap", "int64_labels", x((BATCH, CLASSES), values="positive"),
+            attrs={"classlabels_int64s": list(range(CLASSES))}, out_dtype=MAP_OUTPUT,
+            oracle=(Node("Identity", ("x",), ("y",)),)),
+    ]
+
+
+ROWS += _ml()

@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -13,6 +14,7 @@ from onnx import numpy_helper as nh
 import bridge
 from bridge.cli import main
 from bridge.errors import InvalidOptionError, ShapeError
+from bridge.pipeline.load import PromotedConstantsWarning
 
 RNG = np.random.RandomState(0)
 W0 = RNG.randn(4, 3)
@@ -169,3 +171,71 @@ def test_cli_constant_input(tmp_path, capsys):
     capsys.readouterr()
     assert main(["convert", str(source), "-o", str(tmp_path / "b.onnx"), "--constant-input", "flag"]) != 0
     assert "--constant-input: give NAME=VALUE" in capsys.readouterr().err
+
+
+def _branch_weights_model() -> onnx.ModelProto:
+    """spox's silero_vad in small: ``If(sr == 16000, tanh(x @ W16 + b16), sigmoid(x @ W8 + b8))`` over float64,
+    each branch's weights Constant nodes inside it, and no initializer."""
+    def branch(name: str, op: str, seed: int) -> onnx.GraphProto:
+        rng = np.random.default_rng(seed)
+        weights = [h.make_node("Constant", [], [f"{name}.W"], value=nh.from_array(rng.standard_normal((4, 3)))),
+                   h.make_node("Constant", [], [f"{name}.b"], value=nh.from_array(rng.standard_normal(3)))]
+        math = [h.make_node("MatMul", ["x", f"{name}.W"], [f"{name}.xw"]),
+                h.make_node("Add", [f"{name}.xw", f"{name}.b"], [f"{name}.z"]), h.make_node(op, [f"{name}.z"], [f"{name}.y"])]
+        return h.make_graph(weights + math, name, [], [h.make_tensor_value_info(f"{name}.y", T.DOUBLE, None)])
+
+    nodes = [h.make_node("Constant", [], ["rate"], value=nh.from_array(np.array(16000, np.int64))),
+             h.make_node("Equal", ["sr", "rate"], ["is16k"]),
+             h.make_node("If", ["is16k"], ["y"], then_branch=branch("k16", "Tanh", 1), else_branch=branch("k8", "Sigmoid", 2))]
+    graph = h.make_graph(nodes, "branch_weights", [h.make_tensor_value_info("x", T.DOUBLE, [2, 4]),
+                                                   h.make_tensor_value_info("sr", T.INT64, [])],
+                         [h.make_tensor_value_info("y", T.DOUBLE, [2, 3])])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _branch_constants(model: onnx.ModelProto, branch: str) -> dict[str, np.ndarray]:
+    graph = next(a.g for a in model.graph.node[2].attribute if a.name == branch)
+    return {n.output[0]: nh.to_array(n.attribute[0].t) for n in graph.node if n.op_type == "Constant"}
+
+
+@pytest.mark.parametrize(("rate", "branch", "activation"), [(16000, "then_branch", torch.tanh),
+                                                            (8000, "else_branch", torch.sigmoid)])
+def test_weights_inside_the_branch_a_pin_decides_train(rate, branch, activation):
+    """The pinned ``sr`` decides the If before Constant weights are promoted: the taken branch's Constants
+    are the weights, under their output names, with torch's float64 gradients."""
+    model = _branch_weights_model()
+    with pytest.warns(PromotedConstantsWarning):
+        tm = bridge.to_training_onnx(model, constant_inputs={"sr": rate})
+    values = _branch_constants(model, branch)
+    assert sorted(tm.weights) == sorted(values)
+    x, target = RNG.randn(2, 4), RNG.randn(2, 3)
+    grads = _step_gradients(tm, {"x": x}, target)
+    tensors = {k: torch.tensor(v, requires_grad=True) for k, v in values.items()}
+    prefix = "k16" if rate == 16000 else "k8"
+    y = activation(torch.tensor(x) @ tensors[f"{prefix}.W"] + tensors[f"{prefix}.b"])
+    torch.nn.functional.mse_loss(y, torch.tensor(target)).backward()
+    for name, tensor in tensors.items():
+        want = tensor.grad.numpy()
+        np.testing.assert_allclose(grads[name], want, rtol=1e-12, atol=1e-14 * np.abs(want).max())
+
+
+def test_branch_weights_are_selected_by_name():
+    model = _branch_weights_model()
+    with pytest.warns(PromotedConstantsWarning):
+        frozen = bridge.to_training_onnx(model, constant_inputs={"sr": 16000}, frozen=["k16.b"])
+        trained = bridge.to_training_onnx(model, constant_inputs={"sr": 16000}, trainable=["k16.b"])
+    assert frozen.weights == ["k16.W"]
+    assert trained.weights == ["k16.b"]
+
+
+def test_exported_model_holds_the_trained_branch_weights(tmp_path):
+    """export_inference writes the trained values into the branch's Constants (the If and the pin kept)."""
+    with pytest.warns(PromotedConstantsWarning):
+        tm = bridge.to_training_onnx(_branch_weights_model(), constant_inputs={"sr": 16000}, optim_options={"lr": 0.5})
+    x = RNG.randn(2, 4)
+    session = tm.session()
+    session.step({"x": x}, RNG.randn(2, 3))
+    want = session.evaluate({"x": x}, np.zeros((2, 3)))["output_y"]
+    path = tm.export_inference(tmp_path / "trained.onnx", session.state)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -14,6 +14,7 @@ from helpers.importer import import_and_run, run_onnxruntime
 from helpers.oracle import FLOAT32_EPS, FLOAT32_ULPS, LR, _random_noise, check_training_step, run_reference, step_outputs
 from helpers.reference import assert_steps_match
 from op_db import ROWS, OpRow
+from wild.oracle import maps_as_rows
 
 import bridge
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters
@@ -76,7 +77,7 @@ def test_every_converter_has_a_row_and_every_row_a_converter():
 @pytest.mark.parametrize("row", list(_params(ROWS, "forward")))
 def test_forward_matches_onnxruntime(row: OpRow):
     model, feed = row.model(), row.inputs()
-    got, want = import_and_run(model, feed), _ort_or_reference(model, feed)
+    got, want = import_and_run(model, feed), [maps_as_rows(w) for w in _ort_or_reference(model, feed)]
     assert len(got) == len(want)
     for index, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_close_float32(g, w, f"{row.id} output {index}")

@@ -21,7 +21,18 @@ import onnxruntime as ort
 import pytest
 from generated_docs import assert_generated_block_current
 from helpers.oracle import step_outputs
-from wild.oracle import STEPS, Check, Oracle, check_gradients, oracle, reference_run, rejects_wrong_gradients, to_double, train_mode
+from wild.oracle import (
+    STEPS,
+    Check,
+    Oracle,
+    as_array,
+    check_gradients,
+    oracle,
+    reference_run,
+    rejects_wrong_gradients,
+    to_double,
+    train_mode,
+)
 
 import bridge
 from bridge import errors
@@ -91,9 +102,9 @@ def _float32_forward_noise(model: onnx.ModelProto, output: str, feeds: dict, ref
     options.log_severity_level = 3
     session = ort.InferenceSession(train_mode(model).SerializeToString(), options, providers=["CPUExecutionProvider"])
     inputs = {i.name for i in session.get_inputs()}
-    got = session.run([output], {k: v for k, v in feeds.items() if k in inputs})[0]
+    got = as_array(session.run([output], {k: v for k, v in feeds.items() if k in inputs})[0])
     scale = float(np.max(np.abs(reference))) or 1.0
-    return float(np.max(np.abs(got.astype(np.float64) - reference))) / scale
+    return float(np.max(np.abs(got - reference))) / scale
 
 
 def _sampled(weights: list[str], state: dict[str, np.ndarray], seed: int) -> list[str]:

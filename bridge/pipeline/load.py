@@ -2,6 +2,8 @@
 
 Clean-up steps (each a small pure function on a ModelProto):
 - inline model-local functions, so the importer sees only standard ops;
+- pin the inputs given values (``constant_inputs=``) and inline each ``If`` that a pin decides
+  (``inline_decided_ifs``), so the weights inside its taken branch are top-level values;
 - fold ``Identity`` nodes whose input is an initializer (legacy exporters de-duplicate
   equal tensors that way), so the consumer sees the initializer itself and the weight
   keeps one name and one gradient;
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,7 +26,7 @@ import onnx.defs
 import onnx.inliner
 from onnx import numpy_helper
 
-from ..errors import BridgeWarning, ModelLoadError, UnsupportedOpError
+from ..errors import BridgeWarning, InvalidOptionError, ModelLoadError, ShapeError, UnsupportedOpError
 from ..onnx_file import all_nodes, check_onnx, fresh_name, read_model
 
 MIN_OPSET = 7
@@ -51,6 +54,16 @@ def load_model(source: str | os.PathLike | onnx.ModelProto,
     ``buffer_inputs`` maps op types to the inputs that are running statistics (the importer's
     ``bridge.pipeline.importer.registry.buffer_inputs()``): an ``Identity(initializer)`` feeding one is copied,
     not folded (see ``fold_initializer_identities``). This module needs no torch."""
+    return load_pinned(source, buffer_inputs)[0]
+
+
+def load_pinned(source: str | os.PathLike | onnx.ModelProto,
+                buffer_inputs: Mapping[str, Sequence[int]] | None = None,
+                constant_inputs: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``load_model`` with the graph inputs ``constant_inputs`` names pinned to their values (checked by
+    ``check_constant_inputs``; ``pin_inputs``) and the ``If`` nodes they decide inlined before Constant
+    weights are promoted, so a model that keeps its weights as Constants inside such a branch trains them.
+    Returns the model and the pins as arrays."""
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
@@ -61,7 +74,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto,
         model = read_model(path)
     check_onnx(model, where, ModelLoadError)
     _check_element_types(model, where)
-    _check_default_domain(model, where)
+    _import_default_domain(model)
     opset = default_opset(model)
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ModelLoadError(
@@ -71,14 +84,99 @@ def load_model(source: str | os.PathLike | onnx.ModelProto,
         model = onnx.inliner.inline_local_functions(model)
     if opset > KNOWN_OPSET:
         _check_newer_ops(model, opset, where)
+    pins = check_constant_inputs(model, constant_inputs)
+    if pins:
+        pin_inputs(model, pins)
+        inline_decided_ifs(model)
     fold_initializer_identities(model, buffer_inputs or {})
     name_unnamed_nodes(model)
-    promoted = promote_constant_weights(model)
+    promoted = promote_constant_weights(model, pinned=pins)
     if promoted:
         warnings.warn(f"{where} stores its weights as Constant nodes; these {len(promoted)} float Constant "
                       f"output(s) are trained as weights under their output names: {', '.join(promoted)} "
                       "(frozen= keeps any of them constant)", PromotedConstantsWarning, stacklevel=3)
-    return model
+    return model, pins
+
+
+def check_constant_inputs(model: onnx.ModelProto, given: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+    """``constant_inputs=`` checked against the graph's data inputs: each value as an array of the input's
+    declared dtype and shape (a Python number or a flat list is cast where that is exact)."""
+    if not given:
+        return {}
+    initializers = {init.name for init in model.graph.initializer}
+    declared = {v.name: v for v in model.graph.input if v.name not in initializers}
+    pins = {}
+    for name, value in given.items():
+        if name not in declared:
+            raise InvalidOptionError(f"constant_inputs names '{name}', which is not a data input of the model; "
+                                     f"its inputs are {list(declared)}")
+        tensor_type = declared[name].type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        try:
+            array = np.asarray(value)
+            cast = array.astype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise InvalidOptionError(f"constant_inputs['{name}'] = {value!r} is not a {dtype} value ({exc}); give "
+                                     f"a number or a list of numbers") from exc
+        exact = np.issubdtype(dtype, np.floating) and array.dtype.kind in "biuf"
+        if not exact and not (array.dtype.kind in "biuf" and np.array_equal(cast, array)):
+            raise InvalidOptionError(f"constant_inputs['{name}'] = {value!r} is not a value of input '{name}'s "
+                                     f"type {dtype}; give a {dtype} value")
+        if tensor_type.HasField("shape"):
+            dims = tensor_type.shape.dim
+            static = all(d.HasField("dim_value") for d in dims)
+            wanted = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+            fixed = [d.dim_value for d in dims]
+            if static and cast.shape != tuple(fixed) and cast.ndim <= 1 and cast.size == int(np.prod(fixed)):
+                cast = cast.reshape(fixed)  # a flat list (the CLI's form) for a fixed shape
+            if len(wanted) != cast.ndim or any(w is not None and w != s for w, s in zip(wanted, cast.shape,
+                                                                                          strict=True)):
+                shown = [w if w is not None else d.dim_param or "?" for w, d in zip(wanted, dims, strict=True)]
+                raise ShapeError(f"constant_inputs['{name}'] has shape {list(cast.shape)}, but input '{name}' "
+                                 f"has shape {shown}; give a value of that shape")
+        pins[name] = np.ascontiguousarray(cast)
+    return pins
+
+
+def pin_inputs(model: onnx.ModelProto, pins: Mapping[str, np.ndarray]) -> None:
+    """Replace the graph inputs ``pins`` names by ``Constant`` nodes of their values (in place)."""
+    if not pins:
+        return
+    kept = [v for v in model.graph.input if v.name not in pins]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    constants = [onnx.helper.make_node("Constant", [], [name], name=f"{name}.pinned",
+                                       value=numpy_helper.from_array(value, name))
+                 for name, value in pins.items()]
+    nodes = constants + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def inline_decided_ifs(model: onnx.ModelProto) -> None:
+    """Replace each top-level ``If`` whose condition is known before the model runs (computed from pinned
+    inputs and constants, folded by the importer: ``known_value``) by the nodes of the branch it takes, in
+    place; a branch's outputs become ``Identity`` copies under the If's output names. Repeated until no such
+    If is left, so an If nested in a taken branch and decided by the same pins is inlined too."""
+    from .importer.program import known_value  # noqa: PLC0415 - the importer imports this module
+
+    graph = model.graph
+    while True:
+        decided = next(((index, node, condition) for index, node in enumerate(graph.node)
+                        if node.op_type == "If" and node.domain in ("", "ai.onnx")
+                        and (condition := known_value(model, node.input[0])) is not None), None)
+        if decided is None:
+            return
+        index, node, condition = decided
+        taken = "then_branch" if bool(np.asarray(condition).reshape(-1)[0]) else "else_branch"
+        branch = next(a.g for a in node.attribute if a.name == taken)
+        copies = [onnx.helper.make_node("Identity", [value.name], [name], name=f"{node.name or name}.{taken}")
+                  for value, name in zip(branch.output, node.output, strict=True) if name]
+        graph.initializer.extend(branch.initializer)
+        graph.sparse_initializer.extend(branch.sparse_initializer)
+        nodes = [*graph.node[:index], *branch.node, *copies, *graph.node[index + 1:]]
+        del graph.node[:]
+        graph.node.extend(nodes)
 
 
 def _check_newer_ops(model: onnx.ModelProto, opset: int, where: str) -> None:
@@ -101,10 +199,10 @@ def _check_newer_ops(model: onnx.ModelProto, opset: int, where: str) -> None:
                                  f"opset {KNOWN_OPSET} or lower")
 
 
-def promote_constant_weights(model: onnx.ModelProto) -> list[str]:
+def promote_constant_weights(model: onnx.ModelProto, pinned: Collection[str] = ()) -> list[str]:
     """Make the float ``Constant`` tensors (and ``ConstantOfShape`` fills of an initializer shape) of a model
     that has no float initializer of more than one element initializers (in place); their output names,
-    which the weights keep.
+    which the weights keep. The Constants of ``pinned`` inputs (``pin_inputs``) stay values.
 
     Such a model stores its weights as Constants (paddle2onnx); a model with initializer weights keeps its
     Constants constant (masks, tables, anchors). Only tensors of more than one element are promoted: an
@@ -113,7 +211,7 @@ def promote_constant_weights(model: onnx.ModelProto) -> list[str]:
     graph = model.graph
     if any(_is_float(init.data_type) and _size(init.dims) > 1 for init in graph.initializer):
         return []
-    outputs = {o.name for o in graph.output}
+    outputs = {o.name for o in graph.output} | set(pinned)
     shapes = {init.name: init for init in graph.initializer if init.data_type == onnx.TensorProto.INT64}
     promoted, kept = [], []
     for node in graph.node:
@@ -185,18 +283,16 @@ def _check_element_types(model: onnx.ModelProto, where: str) -> None:
                                  f"{', '.join(found)}; convert them to float32 (or float16) first")
 
 
-ML_OPS_HINT = ("ai.onnx.ml ops (classical ML: linear models, trees, ZipMap) keep their coefficients in attributes, "
-               "not in tensors a training step can update; export the model's math as standard ONNX ops "
-               "(MatMul, Add, Softmax) to train it")
+ML_OPS_HINT = ("of ai.onnx.ml (classical ML), bridge imports LinearClassifier, Normalizer and ZipMap; the others "
+               "(LinearRegressor, trees, SVMs, encoders) have no converter: export the model's math as standard "
+               "ONNX ops (MatMul, Add, Softmax) to train it")
 
 
-def _check_default_domain(model: onnx.ModelProto, where: str) -> None:
-    """Refuse a model that imports no default-domain opset by naming the ops it uses instead."""
-    if any(entry.domain in ("", "ai.onnx") for entry in model.opset_import):
-        return
-    ops = sorted({f"{node.domain}::{node.op_type}" for node in model.graph.node})
-    raise UnsupportedOpError(f"{where} uses no standard ONNX op, only {', '.join(ops)}, which bridge cannot import"
-                             + (f"; {ML_OPS_HINT}" if any(op.startswith("ai.onnx.ml::") for op in ops) else ""))
+def _import_default_domain(model: onnx.ModelProto) -> None:
+    """Give a model that imports no default-domain opset (onnxmltools' linear models use only ai.onnx.ml)
+    the oldest opset bridge reads, so the importer can name or convert its ops (in place)."""
+    if not any(entry.domain in ("", "ai.onnx") for entry in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("", MIN_OPSET))
 
 
 def default_opset(model: onnx.ModelProto) -> int:

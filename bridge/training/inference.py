@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from ..contract import ROLE, STATE_ROLES, Role, props
 from ..errors import BridgeError
-from ..onnx_file import graph_reads
+from ..onnx_file import all_nodes, graph_reads
 
 TRAINED_SUFFIX = ".trained"
 
@@ -29,6 +29,8 @@ def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray
     ``source`` but the output of ``Identity(initializer)`` (a running statistic that a legacy
     exporter shared with an equal tensor; bridge trains it as its own buffer) gets its own
     initializer ``<name>.trained``, read by that Identity, so the shared tensor is untouched.
+    A weight that the file keeps in a ``Constant`` node (paddle2onnx; spox inside If branches) or in
+    a float-list attribute ``<node>.<attribute>`` (ai.onnx.ml's coefficients) is written there.
     """
     model = onnx.ModelProto()
     model.CopyFrom(source)
@@ -36,6 +38,10 @@ def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray
     initializers = {init.name: init for init in graph.initializer}
     identities = {node.output[0]: node for node in graph.node
                   if node.op_type == "Identity" and node.input[0] in initializers}
+    constants = {node.output[0]: node.attribute[0] for node in all_nodes(graph)
+                 if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]}
+    attributes = {f"{node.name}.{a.name}": a for node in graph.node for a in node.attribute
+                  if node.name and a.type == onnx.AttributeProto.FLOATS}
     for name, value in values.items():
         if name in initializers:
             initializers[name].CopyFrom(_tensor(value, initializers[name], name))
@@ -44,9 +50,13 @@ def with_trained_values(source: onnx.ModelProto, values: Mapping[str, np.ndarray
             tensor = _tensor(value, initializers[node.input[0]], name + TRAINED_SUFFIX)
             graph.initializer.append(tensor)
             node.input[0] = tensor.name
+        elif name in constants:
+            constants[name].t.CopyFrom(_tensor(value, constants[name].t, name))
+        elif name in attributes and np.size(value) == len(attributes[name].floats):
+            attributes[name].floats[:] = np.asarray(value, np.float32).reshape(-1).tolist()
         else:
-            raise BridgeError(f"trained value '{name}' is neither an initializer of the source model "
-                              "nor an Identity of one; cannot write it back")
+            raise BridgeError(f"trained value '{name}' is neither an initializer of the source model, an Identity "
+                              "of one, a Constant's value nor a float-list attribute; cannot write it back")
     inference_mode(model)
     return model
 

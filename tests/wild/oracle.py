@@ -2,8 +2,10 @@
 original ONNX file, run in float64 by onnxruntime (the model's float tensors and types retyped to
 double) or by ``onnx.reference`` where onnxruntime has no double kernel, and the loss in numpy.
 
-A trained tensor is whatever bridge names as a weight: an initializer, or the output of a node
-(paddle2onnx's Constants) that the oracle removes and feeds instead. For a random unit direction
+A trained tensor is whatever bridge names as a weight: an initializer, the output of a node
+(paddle2onnx's Constants, spox's Constants inside an If branch) that the oracle removes and feeds
+instead, or a float-list attribute ``<node>.<attribute>`` (ai.onnx.ml's coefficients), which
+onnx.reference's own op reads from the oracle in float64. For a random unit direction
 ``d`` the directional derivative ``dL/dw . d`` is estimated as ``(L(w + h d) - L(w - h d)) / 2h``
 at two steps ``h`` and ``h / 2``; their difference measures the estimate's own error, and a
 gradient passes when ``|grad . d - fd(h / 2)|`` is within ``NOISE_MULTIPLE`` times that error or
@@ -217,12 +219,60 @@ def _coerced_2d_ops(opset: int) -> list[type[OpRun]]:
             for name, fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax))]
 
 
-def reference_run(model: onnx.ModelProto, outputs: list[str]) -> Run:
+class ZipMap(OpRun):
+    """ai.onnx.ml ZipMap, which onnx.reference lacks: per row, a map from class label to value."""
+
+    op_domain = "ai.onnx.ml"
+
+    def _run(self, x, classlabels_int64s=None, classlabels_strings=None):
+        labels = classlabels_int64s if classlabels_int64s is not None else classlabels_strings
+        return ([dict(zip(labels, row, strict=True)) for row in x],)
+
+
+def maps_as_rows(value):
+    """ZipMap's maps (a list of dicts) as the array of their values, one row per map in class-label order;
+    any other value as it is."""
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return np.array([list(row.values()) for row in value])
+    return value
+
+
+def as_array(value) -> np.ndarray:
+    """An output as a float64 array (``maps_as_rows``)."""
+    return np.asarray(maps_as_rows(value), np.float64)
+
+
+def _attribute_weights(graph: onnx.GraphProto, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """The float-list attributes that bridge trains as ``<node>.<attribute>`` (ai.onnx.ml's coefficients
+    and intercepts), as float64 arrays."""
+    names = set(names)
+    return {f"{node.name}.{attr.name}": np.array(attr.floats, np.float64) for node in graph.node
+            for attr in node.attribute if f"{node.name}.{attr.name}" in names and attr.type == onnx.AttributeProto.FLOATS}
+
+
+def _attribute_fed_ops(graph: onnx.GraphProto, fed: Mapping[str, np.ndarray]) -> list[type[OpRun]]:
+    """onnx.reference's own classes of the ai.onnx.ml ops whose attributes ``fed`` holds, reading those
+    attributes from ``fed`` (float64, changed between runs by the finite differences) instead of the
+    node, whose float attributes are float32."""
+    from onnx.reference.ops.aionnxml import _op_list
+
+    def fed_run(base: type[OpRun]):
+        def _run(self, *inputs, **attributes):
+            return base._run(self, *inputs, **{k: fed.get(f"{self.onnx_node.name}.{k}", v) for k, v in attributes.items()})
+        return _run
+
+    types = {node.op_type for node in graph.node
+             if node.domain == "ai.onnx.ml" and any(f"{node.name}.{a.name}" in fed for a in node.attribute)}
+    return [type(op_type, (getattr(_op_list, op_type),), {"_run": fed_run(getattr(_op_list, op_type))})
+            for op_type in sorted(types)]
+
+
+def reference_run(model: onnx.ModelProto, outputs: list[str], new_ops: Iterable[type[OpRun]] = ()) -> Run:
     """``onnx.reference``'s evaluator of ``outputs``, with the ops it implements only in their
-    latest form replaced by the model's opset's."""
+    latest form replaced by the model's opset's, ZipMap added, and ``new_ops``."""
     from onnx.reference import ReferenceEvaluator
 
-    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, *_coerced_2d_ops(_opset(model))])
+    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, ZipMap, *_coerced_2d_ops(_opset(model)), *new_ops])
     return lambda values: evaluator.run(outputs, dict(values))
 
 
@@ -273,6 +323,30 @@ class Oracle:
         return numpy_loss(self.loss, self.output(values), target)
 
 
+def _subgraphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
+    """The subgraphs of ``graph``'s nodes (If branches, Loop and Scan bodies), recursively."""
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [*attr.graphs, *([attr.g] if attr.type == onnx.AttributeProto.GRAPH else [])]:
+                yield sub
+                yield from _subgraphs(sub)
+
+
+def _take_branch_constants(graph: onnx.GraphProto, names: list[str]) -> dict[str, np.ndarray]:
+    """The values of the ``Constant`` nodes inside subgraphs (spox keeps weights in If branches) that output
+    one of ``names``; each such node is removed, so that the value is read from the outer scope, where the
+    oracle feeds it as a graph input."""
+    values = {}
+    for sub in _subgraphs(graph):
+        taken = [n for n in sub.node if n.op_type == "Constant" and n.output[0] in names
+                 and [a.name for a in n.attribute] == ["value"]]
+        values.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t).astype(np.float64) for n in taken})
+        kept = [n for n in sub.node if n not in taken]
+        del sub.node[:]
+        sub.node.extend(kept)
+    return values
+
+
 def oracle(model: onnx.ModelProto, output: str, weights: Iterable[str], feeds: Mapping[str, np.ndarray]) -> Oracle:
     """The oracle of ``model``'s ``output`` at ``feeds``. The trained tensors' values are read from
     the model itself: an initializer's data, or a node output evaluated once in float64; that node
@@ -282,8 +356,11 @@ def oracle(model: onnx.ModelProto, output: str, weights: Iterable[str], feeds: M
     feeds64 = _cast_feeds(feeds)
     graph = double.graph
     initializers = {t.name: t for t in graph.initializer}
-    computed = [w for w in weights if w not in initializers]
     base = {w: numpy_helper.to_array(initializers[w]).astype(np.float64) for w in weights if w in initializers}
+    base.update(_take_branch_constants(graph, [w for w in weights if w not in base]))
+    fed = _attribute_weights(graph, [w for w in weights if w not in base])
+    base.update({w: v.copy() for w, v in fed.items()})
+    computed = [w for w in weights if w not in base]
     if computed:
         probe = _with_outputs(onnx.ModelProto.FromString(double.SerializeToString()), computed)
         base.update(zip(computed, _session(probe, computed, feeds64)[1](feeds64), strict=True))
@@ -297,9 +374,19 @@ def oracle(model: onnx.ModelProto, output: str, weights: Iterable[str], feeds: M
     graph.node.extend(kept_nodes)
     listed = {i.name for i in graph.input}  # before IR 4 an initializer is also a graph input
     graph.input.extend(helper.make_tensor_value_info(w, TensorProto.DOUBLE, list(base[w].shape))
-                       for w in weights if w not in listed)
-    engine, run = _session(_with_outputs(double, [output]), [output], {**feeds64, **base})
-    return Oracle(engine, base, lambda values: np.asarray(run({**feeds64, **base, **values})[0], np.float64))
+                       for w in weights if w not in listed and w not in fed)
+    fed_inputs = [w for w in weights if w not in fed]
+    if fed:  # attributes read from ``fed``: onnx.reference's ops, in float64
+        engine, run = "onnx.reference", reference_run(_with_outputs(double, [output]), [output],
+                                                      _attribute_fed_ops(graph, fed))
+    else:
+        engine, run = _session(_with_outputs(double, [output]), [output], {**feeds64, **base})
+
+    def evaluate(values: Mapping[str, np.ndarray]) -> np.ndarray:
+        fed.update({w: values.get(w, base[w]) for w in fed})
+        return as_array(run({**feeds64, **{w: values.get(w, base[w]) for w in fed_inputs}})[0])
+
+    return Oracle(engine, base, evaluate)
 
 
 @dataclasses.dataclass

@@ -34,7 +34,7 @@ from ...errors import BridgeWarning, ShapeError, UnsupportedOpError
 from ...onnx_file import all_nodes, node_reads, skeleton
 from .. import targets
 from ..load import ML_OPS_HINT, default_opset
-from .registry import CONVERTERS, NodeContext, import_all_converters
+from .registry import CONVERTERS, NodeContext, import_all_converters, op_key
 from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
 
 NodeScope = Callable[[onnx.NodeProto], contextlib.AbstractContextManager]
@@ -51,7 +51,7 @@ _NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUni
 
 def importable(node: onnx.NodeProto) -> bool:
     """Whether bridge has a converter for ``node`` (its subgraphs not looked at)."""
-    return node.domain in ("", "ai.onnx") and node.op_type in CONVERTERS
+    return op_key(node.domain, node.op_type) in CONVERTERS
 
 
 class DroppedOutputsWarning(BridgeWarning):
@@ -110,6 +110,27 @@ def drop_unimportable_outputs(model: onnx.ModelProto, keep: Iterable[str]) -> li
     return dropped
 
 
+def known_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The value of ``name`` in ``model``'s top-level graph when it is known before the model runs: computed
+    only from initializers and Constant nodes (pinned inputs among them), folded by ``OnnxProgram`` as at
+    import; None when it reads a graph input, a random op or an op bridge cannot import."""
+    graph = model.graph
+    cone = _cone(graph, [name])
+    constants = {init.name for init in graph.initializer}
+    data = {i.name for i in graph.input} - constants
+    reads = {read for node in cone for read in node_reads(node)}
+    if not cone or reads & data or any(not importable(n) or n.op_type in _NOT_FOLDABLE
+                                        for n in all_nodes(onnx.helper.make_graph(cone, "cone", [], []))):
+        return None
+    part = onnx.ModelProto(ir_version=model.ir_version)
+    part.opset_import.extend(model.opset_import)
+    part.graph.node.extend(cone)
+    part.graph.initializer.extend(init for init in graph.initializer if init.name in reads)
+    part.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    outputs, _ = OnnxProgram(part).run({}, {}, training=False)
+    return outputs[0].numpy()
+
+
 def relus_pooled_first(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     """The Relu nodes of ``graph`` that ``OnnxProgram`` runs after the MaxPool that reads them, by output
     name: ``MaxPool(Relu(x))`` as ``Relu(MaxPool(x))``, the Relu on the pooled (smaller) tensor, its
@@ -147,6 +168,38 @@ def _named_errors(node: onnx.NodeProto):
                          "the model takes (input_shapes=)") from exc
 
 
+def lift_attribute_weights(model: onnx.ModelProto) -> list[str]:
+    """Move the float-list attributes that converters declare as weights (``attribute_weights=``) of the
+    top-level nodes into initializers ``<node>.<attribute>``, appended to the node's inputs (in place);
+    their names. A lifted tensor takes the type of the node's first input (ONNX type inference) where
+    that is a float type (a float64 model computes in float64), else float32, the type ONNX gives these
+    attributes."""
+    graph = model.graph
+    lifting = [node for node in graph.node if CONVERTERS[op_key(node.domain, node.op_type)].attribute_weights]
+    if not lifting:
+        return []
+    inferred = onnx.shape_inference.infer_shapes(skeleton(model)).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.input, *inferred.value_info]}
+    types.update({init.name: init.data_type for init in graph.initializer})
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16}
+    lifted = []
+    for node in lifting:
+        for name in CONVERTERS[op_key(node.domain, node.op_type)].attribute_weights:
+            values = next((list(a.floats) for a in node.attribute if a.name == name), None)
+            if values is None:
+                continue
+            elem = types.get(node.input[0]) if node.input else None
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(elem if elem in floats else onnx.TensorProto.FLOAT)
+            tensor = numpy_helper.from_array(np.asarray(values, np.float32).astype(dtype), f"{node.name}.{name}")
+            graph.initializer.append(tensor)
+            node.input.append(tensor.name)
+            kept = [a for a in node.attribute if a.name != name]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            lifted.append(tensor.name)
+    return lifted
+
+
 class OnnxProgram:
     """An ONNX graph that runs on torch tensors (eagerly or under tracing)."""
 
@@ -156,6 +209,7 @@ class OnnxProgram:
         self.graph = model.graph
         self.opset = default_opset(model)
         self._check_supported()
+        lift_attribute_weights(model)
         # writable arrays (to_array gives read-only views), so that weight tensors can share their memory
         self.initializers: dict[str, np.ndarray] = {
             init.name: np.array(numpy_helper.to_array(init)) for init in self.graph.initializer
@@ -172,8 +226,7 @@ class OnnxProgram:
         unsupported: dict[str, list[str]] = {}
         for node in all_nodes(self.graph):
             if not importable(node):
-                key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-                unsupported.setdefault(key, []).append(node.name)
+                unsupported.setdefault(op_key(node.domain, node.op_type), []).append(node.name)
         strings = [v.name for v in list(self.graph.input) + list(self.graph.initializer)
                    if (v.data_type if isinstance(v, onnx.TensorProto) else v.type.tensor_type.elem_type) == onnx.TensorProto.STRING]
         if strings:
@@ -186,7 +239,7 @@ class OnnxProgram:
     def _buffer_initializers(self) -> list[str]:
         names = []
         for node in self.graph.node:
-            for index in CONVERTERS[node.op_type].buffers:
+            for index in CONVERTERS[op_key(node.domain, node.op_type)].buffers:
                 name = node.input[index] if index < len(node.input) else ""
                 if name in self.initializers and name not in names:
                     names.append(name)
@@ -260,7 +313,7 @@ class OnnxProgram:
         return [env[o.name] for o in graph.output]
 
     def _run_node(self, node: onnx.NodeProto, env: MutableMapping, run: tuple) -> list:
-        conv = CONVERTERS[node.op_type]
+        conv = CONVERTERS[op_key(node.domain, node.op_type)]
         training, updated, random, evaluation, _ = run
 
         def run_graph(graph: onnx.GraphProto, bindings: dict) -> list:

@@ -12,6 +12,12 @@ arrays and the interpreter raises a clear error if they are computed from data.
 Converters read attributes with ``ctx.attr(name, default)``; they handle every opset in
 which the op exists (``ctx.opset``), e.g. axes as an attribute before opset 13 and as an
 input from 13 on.
+
+An op of another domain is registered with ``domain=`` and keyed ``<domain>::<OpType>``
+(``op_key``). ``attribute_weights=`` names float-list attributes that hold an op's weights
+(ai.onnx.ml keeps a linear model's coefficients there): the importer lifts each into the
+initializer ``<node>.<attribute>`` (``OnnxProgram``), passed after the node's own inputs, so it
+trains like any initializer.
 """
 from __future__ import annotations
 
@@ -42,19 +48,30 @@ class Converter:
     static: tuple[int, ...] = ()
     buffers: tuple[int, ...] = ()  # inputs that are running statistics (updated, not trained)
     raw: bool = False  # inputs as they are (numpy or tensor, never folded as a whole): control flow
+    attribute_weights: tuple[str, ...] = ()  # float-list attributes lifted to initializers (module doc)
 
 
 CONVERTERS: dict[str, Converter] = {}
+DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def converter(*op_types: str, static: tuple[int, ...] = (), buffers: tuple[int, ...] = (), raw: bool = False):
-    """Register ``fn`` as the converter of each ONNX op type in ``op_types`` (``raw``: it receives
-    values known before the model runs as numpy and values computed from data as tensors, and
-    the node is never folded as a whole: for ops whose subgraphs read outer-scope values)."""
+def op_key(domain: str, op_type: str) -> str:
+    """The registry key of an op: its type in the default domain, ``<domain>::<OpType>`` in another."""
+    return op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
+
+
+def converter(*op_types: str, static: tuple[int, ...] = (), buffers: tuple[int, ...] = (), raw: bool = False,
+              domain: str = "", attribute_weights: tuple[str, ...] = ()):
+    """Register ``fn`` as the converter of each ONNX op type in ``op_types`` of ``domain`` (``raw``: it
+    receives values known before the model runs as numpy and values computed from data as tensors, and
+    the node is never folded as a whole: for ops whose subgraphs read outer-scope values;
+    ``attribute_weights``: see the module doc)."""
 
     def add(fn: ConverterFn) -> ConverterFn:
         for op_type in op_types:
-            register(CONVERTERS, op_type, Converter(op_type, fn, static, buffers, raw), "converters for ONNX op")
+            key = op_key(domain, op_type)
+            register(CONVERTERS, key, Converter(key, fn, static, buffers, raw, attribute_weights),
+                     "converters for ONNX op")
         return fn
 
     return add
