@@ -93,6 +93,7 @@ class GraphBuilder:
         self._symbol_sources: dict = {}
         self._symbol_values: dict = {}
         self._swapped: dict[str, Value] = {}  # a 2-D Transpose's output -> its input
+        self._reshaped: dict[str, Value] = {}  # a static Reshape's output -> its input
 
     def transpose(self, x: Value, perm: Sequence[int]) -> Value:
         """``x`` transposed by ``perm`` (``x`` itself for the identity). A 2-D swap is remembered so that a
@@ -234,9 +235,17 @@ class GraphBuilder:
         return self.reshape(self.cast(length, dtype), [])
 
     def reshape(self, x: Value, shape: Sequence) -> Value:
-        if is_static(shape) and x.shape is not None and is_static(x.shape) and tuple(x.shape) == tuple(shape):
+        """``x`` as ``shape``: no node where ``x`` has it, and a reshape of a static reshape reshapes its source
+        (``[1, C, 1, 1]`` to ``[C]`` and back is the source itself)."""
+        if not is_static(shape):
+            return self.op("Reshape", x, self.shape_tensor(shape), dtype=x.dtype)
+        x = self._reshaped.get(x, x)
+        if x.shape is not None and is_static(x.shape) and tuple(x.shape) == tuple(shape):
             return x
-        return self.op("Reshape", x, self.shape_tensor(shape), shape=shape if is_static(shape) else None, dtype=x.dtype)
+        y = self.op("Reshape", x, self.shape_tensor(shape), shape=shape, dtype=x.dtype)
+        if x.shape is not None and is_static(x.shape):
+            self._reshaped[y] = x
+        return y
 
     # -- symbolic sizes (dynamic batch) -------------------------------------------------------
 
