@@ -45,6 +45,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ...dtypes import TORCH_TO_NUMPY
 from ...geometry import per_dim, pooled_size, torch_pad
 from .. import targets
 from . import lowers
@@ -325,7 +326,10 @@ def _input_grad_select(grad_output, weight, input_size, stride, padding, dilatio
 
 
 def constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """A numpy array as a constant tensor of ``like``'s dtype."""
+    """A numpy array as a constant tensor of ``like``'s dtype: a float32 or float64 one converted before the trace
+    sees it (no Cast node in the graph; numpy rounds float64 to float32 as a Cast does, to nearest even)."""
+    if like.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=TORCH_TO_NUMPY[like.dtype]))
     return torch.from_numpy(np.ascontiguousarray(array)).to(like.dtype)
 
 
