@@ -8,11 +8,15 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import graph_size  # noqa: E402
 import profile_step  # noqa: E402
 import run as bench  # noqa: E402
+from models import MODELS  # noqa: E402
 
 
 def test_the_generator_writes_its_section_from_one_run(tmp_path, monkeypatch, capsys):
@@ -149,3 +153,41 @@ def test_side_by_side_with_torch(capsys):
         bridge_ms, torch_ms, _ = rows[row]
         assert float(bridge_ms) > 0 and float(torch_ms) > 0, row
     assert "conv" not in " ".join(rows)  # an MLP has no convolution on either side
+
+
+def test_graph_size_counts_every_node_once_per_phase_and_op(tmp_path):
+    """The graph-size report's columns count every node of bridge's step once: its op rows add up to their phase's
+    row, and the phases to the step's node count."""
+    import bridge
+
+    columns = graph_size.measure("mlp", ["plain"], None, tmp_path)
+    model = bridge.to_training_onnx(str(tmp_path / "mlp.onnx"), loss="ce", optim="adam", target="plain").model
+    counts = columns["bridge plain"]
+    assert set(counts) == set(graph_size.PHASES)
+    assert sum(sum(ops.values()) for ops in counts.values()) == len(model.graph.node)
+    table = graph_size.markdown("mlp", columns, ops=True)
+    for phase in graph_size.PHASES:
+        rows = [int(line.split("|")[3]) for line in table if line.startswith(f"| {phase} |")]
+        assert rows[-1] == sum(rows[:-1]) == sum(counts[phase].values())
+    assert table[-2] == f"| total | | {len(model.graph.node)} |"
+
+
+def test_the_loss_given_to_onnxsim_is_torch_s_cross_entropy(tmp_path):
+    """The model given to onnxsim (small_cnn with its loss appended, Constants and Flatten rewritten) computes
+    ``F.cross_entropy`` of the module's logits, within float32 noise."""
+    import onnxruntime
+    import torch
+    import torch.nn.functional as F
+
+    model = MODELS["small_cnn"]()
+    path = graph_size.with_loss(model, tmp_path / "small_cnn.loss.onnx")
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert not ops & {"Constant", "Flatten"}
+    x = model.inputs["x"]
+    onehot = np.eye(10, dtype=np.float32)[model.target]
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (loss,) = session.run(None, {"x": x, "onehot": onehot})
+    with torch.no_grad():
+        logits = model.module.double().eval()(torch.from_numpy(x).double())
+    want = F.cross_entropy(logits, torch.from_numpy(model.target))
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-5)

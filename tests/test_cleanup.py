@@ -1,12 +1,15 @@
-"""The clean-up of exported step graphs (bridge.pipeline.cleanup): each rewrite, exact, and where it must not apply."""
+"""The clean-up of exported step graphs (bridge.pipeline.cleanup): each rewrite, exact, and where it must not apply;
+and the moves the exporter's builder leaves out (a reshape of a reshape or of a constant), exact too."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from bridge.pipeline.cleanup import clean_up
+from bridge.pipeline.export.builder import GraphBuilder, Value
 
 onnxruntime = pytest.importorskip("onnxruntime")
 
@@ -98,3 +101,25 @@ def test_a_value_a_subgraph_reads_is_left_alone():
     zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
     cleaned, counts = _cleaned(_model(nodes, [("x", [2, 3, 4])], [("y", [2, 3, 4])], [zero]), FEED)
     assert counts == {} and len(cleaned.graph.node) == 4
+
+
+def test_builder_reshapes_of_reshapes_and_of_constants_hold_numpy_s_values():
+    """``GraphBuilder.reshape`` of a static reshape reads its source, and of a constant makes a constant: the
+    values onnxruntime computes are numpy's reshapes of the input and of the constant."""
+    b = GraphBuilder()
+    x = Value("x", (1, 3, 1, 1), torch.float32)
+    flat = b.reshape(x, [3])
+    table = b.const(np.arange(6, dtype=np.float32))
+    results = [flat, b.reshape(flat, [1, 3, 1, 1]), b.reshape(b.reshape(flat, [3, 1]), [1, 3]),
+               b.reshape(b.reshape(table, [2, 3]), [3, 2])]
+    outputs = [b.op("Identity", value) for value in results]
+    feed = np.array([1.5, -2.0, 3.25], np.float32).reshape(1, 3, 1, 1)
+    want = [feed.reshape(3), feed, feed.reshape(1, 3), np.arange(6, dtype=np.float32).reshape(3, 2)]
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 1, 1])],
+                              [helper.make_tensor_value_info(str(out), TensorProto.FLOAT, value.shape)
+                               for out, value in zip(outputs, want, strict=True)])
+    b.write_initializers(graph)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    for got, expected in zip(_run(model, {"x": feed}), want, strict=True):
+        np.testing.assert_array_equal(got, expected)

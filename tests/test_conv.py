@@ -170,6 +170,15 @@ def test_transposed_convolution_lowering_matches_aten(rank, stride, padding, dil
         _close(g, r)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_lowering_constants_are_the_float64_arrays_rounded_as_a_cast_rounds_them(dtype):
+    """The lowerings' constants (0/1 matrices, max pooling's tie-break priorities) hold what torch's cast of
+    the float64 array gives, whether converted before the trace or traced as a cast."""
+    array = np.random.default_rng(0).standard_normal((5, 7)) / 3
+    got = lowering.constant(array, torch.empty(0, dtype=dtype))
+    assert got.dtype == dtype and torch.equal(got, torch.from_numpy(array).to(dtype))
+
+
 def test_non_transposed_convolution_is_left_to_the_emitter():
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     assert lowering.lower_convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented

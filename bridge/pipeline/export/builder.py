@@ -88,11 +88,13 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[tuple[str, np.ndarray]] = []  # written by write_initializers
         self._const_cache: dict[tuple, Value] = {}
+        self._folded: dict[str, np.ndarray] = {}  # an unnamed constant's value -> its array (reshapes fold into it)
         self._names: set[str] = set()
         self.context = EmitContext()
         self._symbol_sources: dict = {}
         self._symbol_values: dict = {}
         self._swapped: dict[str, Value] = {}  # a 2-D Transpose's output -> its input
+        self._reshaped: dict[str, Value] = {}  # a static Reshape's output -> its input
 
     def transpose(self, x: Value, perm: Sequence[int]) -> Value:
         """``x`` transposed by ``perm`` (``x`` itself for the identity). A 2-D swap is remembered so that a
@@ -168,6 +170,8 @@ class GraphBuilder:
         torch_dtype = NUMPY_TO_TORCH.get(array.dtype)
         result = Value(self.fresh(name or "const"), array.shape, torch_dtype)
         self.initializers.append((str(result), array))
+        if name is None:
+            self._folded[result] = array
         if key is not None:
             self._const_cache[key] = result
         return result
@@ -234,9 +238,19 @@ class GraphBuilder:
         return self.reshape(self.cast(length, dtype), [])
 
     def reshape(self, x: Value, shape: Sequence) -> Value:
-        if is_static(shape) and x.shape is not None and is_static(x.shape) and tuple(x.shape) == tuple(shape):
+        """``x`` as ``shape``: no node where ``x`` has it, a reshape of a static reshape reshapes its source
+        (``[1, C, 1, 1]`` to ``[C]`` and back is the source itself), and a constant's is a new constant."""
+        if not is_static(shape):
+            return self.op("Reshape", x, self.shape_tensor(shape), dtype=x.dtype)
+        x = self._reshaped.get(x, x)
+        if x.shape is not None and is_static(x.shape) and tuple(x.shape) == tuple(shape):
             return x
-        return self.op("Reshape", x, self.shape_tensor(shape), shape=shape if is_static(shape) else None, dtype=x.dtype)
+        if x in self._folded:
+            return self.const(self._folded[x].reshape([int(size) for size in shape]))
+        y = self.op("Reshape", x, self.shape_tensor(shape), shape=shape, dtype=x.dtype)
+        if x.shape is not None and is_static(x.shape):
+            self._reshaped[y] = x
+        return y
 
     # -- symbolic sizes (dynamic batch) -------------------------------------------------------
 

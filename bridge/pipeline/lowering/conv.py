@@ -45,6 +45,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ...dtypes import TORCH_TO_NUMPY
 from ...geometry import per_dim, pooled_size, torch_pad
 from .. import targets
 from . import lowers
@@ -215,11 +216,16 @@ def _channel_rows(x: torch.Tensor) -> torch.Tensor:
 def _swapped_flipped_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """``[g*Co, Ci, k...]`` -> ``[g*Ci, Co, k...]`` flipped spatially (the transposed kernel).
 
-    The swap is a Transpose whose innermost block is the kernel (no size-1 group axis when ``g == 1``);
-    the flip a ``flip`` (a Slice with negative steps) or, with ``constant_matmul_moves`` (targets.py),
-    a MatMul of the flattened kernel with the constant ``[K, K]`` reversal (an infinity makes its row NaN)."""
+    The flip is a ``flip`` (a Slice with negative steps) or, with ``constant_matmul_moves`` (targets.py),
+    a MatMul of the flattened kernel with the constant ``[K, K]`` reversal (an infinity makes its row NaN).
+    The swap is one Transpose of the weight (``g == 1`` without that MatMul), else a Transpose whose
+    innermost block is the flattened kernel, between Reshapes (no size-1 group axis when ``g == 1``)."""
     out_channels, in_per_group, kernel = weight.shape[0], weight.shape[1], list(weight.shape[2:])
     per_group, count = out_channels // groups, math.prod(kernel)
+    spatial = list(range(2, 2 + len(kernel)))
+    if groups == 1 and (count == 1 or not targets.enabled("constant_matmul_moves")):
+        w = aten.permute.default(weight, [1, 0] + spatial)  # one Transpose: no reshapes around it
+        return w if count == 1 else aten.flip.default(w, spatial)
     if groups == 1:
         w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_per_group, count]), [1, 0, 2])
     else:
@@ -230,7 +236,7 @@ def _swapped_flipped_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     if targets.enabled("constant_matmul_moves"):
         return aten.reshape.default(_times(w, np.eye(count)[::-1]), [groups * in_per_group, per_group] + kernel)
     w = aten.reshape.default(w, [groups * in_per_group, per_group] + kernel)
-    return aten.flip.default(w, list(range(2, 2 + len(kernel))))
+    return aten.flip.default(w, spatial)
 
 
 def input_grad(
@@ -320,7 +326,10 @@ def _input_grad_select(grad_output, weight, input_size, stride, padding, dilatio
 
 
 def constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """A numpy array as a constant tensor of ``like``'s dtype."""
+    """A numpy array as a constant tensor of ``like``'s dtype: a float32 or float64 one converted before the trace
+    sees it (no Cast node in the graph; numpy rounds float64 to float32 as a Cast does, to nearest even)."""
+    if like.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=TORCH_TO_NUMPY[like.dtype]))
     return torch.from_numpy(np.ascontiguousarray(array)).to(like.dtype)
 
 
