@@ -30,7 +30,8 @@ the install) and ``torch@1``. Every backend trains with Adam (lr 1e-3; onnxrunti
 only Adam) on the same fixed batch. A backend that cannot be set up is skipped with a note.
 
 Sections ``distributed`` (benchmarks/bench_distributed.py) and ``memory`` (benchmarks/conversion_memory.py,
-all layers trained and the first 5 of 6 frozen) run those scripts in child processes.
+all layers trained and the first 5 of 6 frozen) run those scripts in child processes; ``step-memory``
+(benchmarks/step_memory.py) measures one step's peak memory per model and backend, with ``memory="min"`` too.
 """
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from models import MODELS, BenchModel, torch_loss  # noqa: E402
+from step_memory import BACKENDS as STEP_MEMORY_BACKENDS  # noqa: E402
+from step_memory import measure as measure_step_memory  # noqa: E402
+from step_memory import table as step_memory_table  # noqa: E402
 
 THREADED = ("bridge-ort", "bridge-iree", "torch", "torch-compile", "ort-training")
 ONE_THREAD = ("bridge-ort@1", "bridge-onnx-mlir", "torch@1")
@@ -64,7 +68,7 @@ DEFAULT_BACKENDS = ("bridge-ort", "bridge-iree", "torch", *ONE_THREAD)
 # The default run fits in ~10 minutes on 2 cores; --all adds the torchvision models (onnx-mlir alone takes
 # minutes to compile each of their training graphs) and torch.compile.
 DEFAULT_MODELS = ("mlp", "small_cnn", "bert_tiny", "gpt2_tiny")
-SECTIONS = ("step", "distributed", "memory")
+SECTIONS = ("step", "distributed", "memory", "step-memory")
 RESULTS, RESULTS_JSON, PLOT = HERE / "RESULTS.md", HERE / "results.json", HERE / "step_time.png"
 BEGIN, END = "<!-- results:begin (python benchmarks/run.py writes this section) -->", "<!-- results:end -->"
 LR = 1e-3
@@ -383,7 +387,7 @@ def _step_table(results: list[dict], backends: list[str], title: str) -> list[st
 
 
 def markdown(results: list[dict], info: dict, notes: list[str], distributed: list[str] | None = None,
-             memory: list[dict] | None = None) -> str:
+             memory: list[dict] | None = None, step_memory: list[dict] | None = None) -> str:
     """The generated section of RESULTS.md: the header, then a table per benchmark that ran."""
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
     lines = [BEGIN, "## Current figures", "",
@@ -447,6 +451,13 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
             lines.append(f"| {m['frozen']} of 6 | {m['weights_mib']:.0f} | {m['peak_mib']:.0f} | {above:.0f} MiB = "
                          f"{above / m['weights_mib']:.2f}x the weights | {m['convert_s']:.1f} | {m['total_s']:.1f} |")
         lines.append("")
+    if step_memory:
+        lines += ["## Step memory", "",
+                  "benchmarks/step_memory.py: the peak RSS of one training step above the RSS before it, each in a "
+                  "fresh process after one warm-up step (glibc's mmap threshold fixed at 64 KiB, so freed blocks go "
+                  "back to the system; onnxruntime's CPU arena off, except in `bridge-ort-arena`: the growth over the "
+                  "first 3 steps with it on). Adam; eager torch's gradients are freed after its step.", "",
+                  *step_memory_table(step_memory), ""]
     if notes:
         lines += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
     return "\n".join(lines).rstrip("\n") + "\n" + END + "\n"
@@ -530,14 +541,21 @@ def main(argv: list[str] | None = None) -> int:
             results = [bench_model(name, args, Path(tmp), notes) for name in args.models]
     distributed = distributed_rows(args.distributed_steps) if "distributed" in args.sections else None
     memory = [memory_figures(frozen) for frozen in (0, 5)] if "memory" in args.sections else None
+    step_memory = None
+    if "step-memory" in args.sections:
+        wanted = [*args.backends, "bridge-ort-arena"] if "bridge-ort" in args.backends else args.backends
+        step_memory, memory_notes = measure_step_memory(args.models, [b for b in wanted if b in STEP_MEMORY_BACKENDS],
+                                                        ["default", "min"], args.threads)
+        notes += memory_notes
     info = {**machine(args, argv), "load_before": load_before, "load_after": os.getloadavg(),
             "wall_s": time.perf_counter() - start}
-    section = markdown(results, info, notes, distributed, memory)
+    section = markdown(results, info, notes, distributed, memory, step_memory)
     print(section)
     if not args.no_write:
         write_results(section)
         RESULTS_JSON.write_text(json.dumps({"machine": info, "results": results, "notes": notes,
-                                                       "distributed": distributed, "memory": memory}, indent=1))
+                                                       "distributed": distributed, "memory": memory,
+                                                       "step_memory": step_memory}, indent=1))
         if results:
             plot(results, PLOT)
     return 0

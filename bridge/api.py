@@ -17,7 +17,20 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
 from .atomic import check_output_path
-from .contract import GROWTH_TRACKER, LORA_PLAN, LOSS, LOSS_OUTPUT, LOSS_SCALE, LR, PRECISION, STEP, TARGET, StepSignature, slot_name
+from .contract import (
+    GROWTH_TRACKER,
+    LORA_PLAN,
+    LOSS,
+    LOSS_OUTPUT,
+    LOSS_SCALE,
+    LR,
+    MEMORY,
+    PRECISION,
+    STEP,
+    TARGET,
+    StepSignature,
+    slot_name,
+)
 from .contract import TARGET_CLASSES as CLASSES
 from .dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .errors import BridgeError, InvalidModelError, InvalidOptionError, LoweringError, ShapeError
@@ -37,6 +50,7 @@ from .pipeline.low_precision import widen_unsupported
 from .pipeline.mixed_precision import make_precision
 from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
 from .pipeline.progress import phase
+from .pipeline.remat import check_memory, rematerialize
 from .pipeline.source_checks import check_export
 from .pipeline.targets import DEFAULT_TARGET, check_target, enabled, using
 from .pipeline.trace import StepExample, split_step, trace_eval_step, trace_training_step
@@ -88,6 +102,7 @@ def to_training_onnx(
     lora: Mapping[str, Any] | None = None,
     precision: str = "fp32",
     grad_scaler_options: Mapping[str, Any] | bool | None = None,
+    memory: str = "default",
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
@@ -138,12 +153,16 @@ def to_training_onnx(
             loss is scaled dynamically as ``torch.amp.GradScaler`` does (docs/finetuning.md).
         grad_scaler_options: ``torch.amp.GradScaler``'s ``init_scale``, ``growth_factor``, ``backoff_factor``
             and ``growth_interval`` (its defaults otherwise); ``False``: mixed precision without loss scaling.
+        memory: ``default``, or ``min``: the backward recomputes cheap forward values (elementwise ops,
+            BatchNorm's output) instead of keeping them alive from the forward; the same results bit for bit,
+            a lower peak memory for a little more compute (docs/finetuning.md).
     """
     target = check_target(target)
     loss_fn = make_loss(loss, dict(loss_options or {}))
     optimizer = make_optimizer(optim, dict(optim_options or {}))
     max_grad_norm = check_max_norm(clip_grad_norm)
     mixed = make_precision(precision, grad_scaler_options)
+    memory = check_memory(memory)
     batch_size = _check_batch_size(batch_size)
     if output_path is not None:
         _check_output_path(model, output_path)
@@ -213,13 +232,18 @@ def to_training_onnx(
     example_target = torch.zeros(spec.shape, dtype=spec.dtype)
     loss_fn.check(example_output, example_target)
 
+    metadata: dict[str, str] = {}
     example = StepExample(program, loss_fn, tensors, {**inputs, **random}, example_target, output_index, dims, mixed)
     with phase("tracing the training step"), using(target):
         graph_module = trace_training_step(example, optimizer, signature, max_grad_norm=max_grad_norm)
+    if memory == "min":
+        with phase("recomputing cheap activations in the backward"):
+            rematerialize(graph_module)
+        metadata[MEMORY] = memory
     eval_signature = signature.for_eval(list(program.output_names))
     gradient_signature, update_signature = signature.split()
     halves = functools.cache(lambda: split_step(graph_module, signature))
-    metadata = {LOSS_OUTPUT: program.output_names[output_index]}
+    metadata.update({LOSS_OUTPUT: program.output_names[output_index]})
     if plan is not None:
         metadata[LORA_PLAN] = plan.to_json()
     if mixed.dtype is not None:

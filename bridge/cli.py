@@ -122,6 +122,7 @@ def _convert(args: argparse.Namespace) -> int:
             lora=_json_option(args.lora, "--lora"),
             precision=args.precision,
             grad_scaler_options=_json_option(args.grad_scaler_options, "--grad-scaler-options"),
+            memory=args.memory,
         )
     for warning in caught:
         if issubclass(warning.category, BridgeWarning):
@@ -306,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "scaling (docs/finetuning.md)")
     convert.add_argument("--grad-scaler-options", help="JSON object of torch.amp.GradScaler keyword arguments "
                                                        "(init_scale, growth_factor, backoff_factor, growth_interval)")
+    convert.add_argument("--memory", default="default", choices=["default", "min"],
+                         help="min: the backward recomputes cheap forward values instead of keeping them "
+                              "(the same results, a lower peak memory; docs/finetuning.md)")
     convert.set_defaults(run=_convert)
 
     verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "

@@ -123,8 +123,9 @@ TARGET_CLASSES = "bridge.target_classes"  # JSON {"classes", "ignore_index", "ax
 LOSS_OUTPUT = "bridge.loss_output"  # the model output the loss applies to
 LORA_PLAN = "bridge.lora_plan"  # JSON LoraPlan of a LoRA conversion (bridge/lora.py)
 PRECISION = "bridge.precision"  # JSON {"precision", "grad_scaler"} of a mixed-precision graph
+MEMORY = "bridge.memory"  # "min": the backward recomputes values the forward computed (memory="min")
 MODEL_KEYS = (VERSION, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTIONS, SOURCE_MODEL, SOURCE_SHA256,
-              RANDOM_INPUTS, DIM_BOUNDS, TARGET_CLASSES, LOSS_OUTPUT, LORA_PLAN, PRECISION)
+              RANDOM_INPUTS, DIM_BOUNDS, TARGET_CLASSES, LOSS_OUTPUT, LORA_PLAN, PRECISION, MEMORY)
 
 DIM_NAMES = "bridge.dim_names"  # torch.fx.GraphModule.meta only: {sympy symbol: dim name}
 
@@ -213,6 +214,8 @@ KEY_DOCS: dict[str, tuple[str, str]] = {  # key -> (where, the value)
     LORA_PLAN: ("model", "JSON: the LoRA adapters trained (rank, alpha, targets, each adapter's weight and scale)"),
     PRECISION: ("model (mixed precision only)", 'JSON {"precision": "fp16" or "bf16", "grad_scaler": the '
                 "torch.amp.GradScaler options, or null without loss scaling}"),
+    MEMORY: ("model (memory=\"min\" only)", "`min`: the backward recomputes cheap forward values; a runtime "
+             "must not merge those nodes back into the forward's (onnxruntime: its CSE pass is off)"),
     INPUTS: ("IREE reflection", "JSON list of the graph input names, in argument order"),
     OUTPUTS: ("IREE reflection", "JSON list of the graph output names, in result order"),
     INPUT_SPECS: ("IREE reflection", "JSON {input name: [shape (a symbolic dim: null), numpy dtype name]}"),

@@ -27,6 +27,7 @@ from ..contract import (
     DIM_BOUNDS,
     GRAD_PREFIX,
     LOSS_OPTIONS,
+    MEMORY,
     OUTPUT_PREFIX,
     PRECISION,
     UPDATED_PREFIX,
@@ -272,6 +273,18 @@ def _kernels_checked() -> Iterator[None]:
                           "float32 (docs/finetuning.md)") from exc
 
 
+def _low_memory(options: onnxruntime.SessionOptions) -> list[str]:
+    """``options`` set for a ``memory="min"`` graph; returns the graph optimizers to disable. That graph
+    recomputes forward values in its backward: onnxruntime's common subexpression elimination would merge those
+    nodes back into the forward's and keep the values alive. Without the CPU arena, freed values go back to
+    the system instead of staying reserved (the arena also holds two copies of the state across steps: the
+    one fed in and the one returned); without the memory pattern, a step does not allocate one block for
+    all of its intermediate values at once."""
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    return ["CommonSubexpressionElimination"]
+
+
 class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
@@ -287,12 +300,15 @@ class OrtGraph:
             # gradient that overflows in torch's autocast stays finite, and loss scaling no longer skips its step
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
+        disabled = _low_memory(options) if MEMORY in props(model.metadata_props) else []
         with outputs_dropped(model, dropped_outputs), _kernels_checked():
             if is_large(model):  # past protobuf's 2 GiB: through a file with external data
                 with external_copy(model) as path:
-                    self.session = ort.InferenceSession(path, options, providers=providers)
+                    self.session = ort.InferenceSession(path, options, providers=providers,
+                                                        disabled_optimizers=disabled)
             else:
-                self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+                self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
+                                                    disabled_optimizers=disabled)
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
         self._run = unchecked_run(self.session)

@@ -1,0 +1,141 @@
+"""``memory="min"``: the backward recomputes cheap forward values; the step's results stay the same bit for bit,
+and fewer bytes of forward values stay alive into the backward. benchmarks/step_memory.py's measurement."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import bridge
+from bridge.cli import main
+from bridge.contract import LAYER, MEMORY, PHASE, Phase, props
+from bridge.errors import InvalidOptionError
+from tests.helpers.reference import bridge_steps, random_batches
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import step_memory  # noqa: E402
+
+
+class _Block(torch.nn.Module):
+    """Conv-BatchNorm-ReLU-Conv-BatchNorm plus the input, then ReLU: a residual block, whose output the next
+    block's recomputation starts from."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(channels, channels, 3, padding=1), torch.nn.BatchNorm2d(channels)
+        self.conv2, self.bn2 = torch.nn.Conv2d(channels, channels, 3, padding=1), torch.nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
+
+
+def _cnn() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                 torch.nn.MaxPool2d(2), _Block(8), _Block(8), torch.nn.AdaptiveAvgPool2d(1),
+                                 torch.nn.Flatten(), torch.nn.Linear(8, 5))
+    return module, torch.randn(4, 3, 16, 16)
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(1)
+    module = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.GELU(),
+                                 torch.nn.Dropout(0.25), torch.nn.Linear(32, 5))
+    return module, torch.randn(6, 12)
+
+
+def _saved_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the forward values (forward and loss nodes' outputs) that a backward or optimizer node reads:
+    what stays alive from the forward into the backward."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    sizes = {}
+    for value in inferred.graph.value_info:
+        tensor = value.type.tensor_type
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
+        sizes[value.name] = int(np.prod([d.dim_value for d in tensor.shape.dim])) * itemsize
+    phases = {}
+    for node in model.graph.node:
+        phase = {p.key: p.value for p in node.metadata_props}[PHASE]
+        phases.update({out: phase for out in node.output})
+    read_later = {name for node in model.graph.node
+                  if {p.key: p.value for p in node.metadata_props}[PHASE] not in (Phase.FORWARD, Phase.LOSS)
+                  for name in node.input}
+    return sum(sizes.get(name, 0) for name, phase in phases.items()
+               if phase in (Phase.FORWARD, Phase.LOSS) and name in read_later)
+
+
+@pytest.mark.parametrize("build", [_cnn, _mlp], ids=["cnn", "mlp"])
+def test_min_memory_steps_are_bit_identical(build):
+    module, x = build()
+    default = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x)
+    low = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x, memory="min")
+    batches = random_batches(default, 3, classes=5)
+    sessions = [tm.session(seed=0) for tm in (default, low)]
+    for inputs, target in batches:
+        want, got = (session.step(inputs, target) for session in sessions)
+        assert sorted(got) == sorted(want)
+        for name in want:  # loss, every grad_<w>, every updated_<state>
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert _saved_bytes(low.model) < _saved_bytes(default.model)
+
+
+def test_min_memory_recomputes_in_the_backward():
+    """The recomputed nodes are backward nodes of a forward layer (tags kept), and the eval graph is untouched."""
+    module, x = _cnn()
+    default = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x)
+    low = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x, memory="min")
+
+    def per_phase(model):
+        counts: dict[str, int] = {}
+        for node in model.graph.node:
+            tags = {p.key: p.value for p in node.metadata_props}
+            counts[tags[PHASE]] = counts.get(tags[PHASE], 0) + 1
+            assert tags[LAYER] or tags[PHASE] != Phase.BACKWARD or node.op_type == "Identity"
+        return counts
+
+    before, after = per_phase(default.model), per_phase(low.model)
+    assert after[Phase.FORWARD] == before[Phase.FORWARD] and after[Phase.BACKWARD] > before[Phase.BACKWARD]
+    assert onnx.printer.to_text(low.eval_model.graph) == onnx.printer.to_text(default.eval_model.graph)
+    batches = random_batches(default, 2, classes=5)
+    for want, got in zip(bridge_steps(default, batches), bridge_steps(low, batches), strict=True):
+        np.testing.assert_array_equal(got["loss"], want["loss"])
+
+
+def test_memory_option_is_checked():
+    module, x = _mlp()
+    with pytest.raises(InvalidOptionError, match="memory='low'"):
+        bridge.to_training_onnx(module, example_inputs=x, memory="low")
+
+
+def _mlp_graph(tmp_path: Path, batch: int) -> list[str]:
+    """A small mlp's training graph at ``batch`` saved for benchmarks/step_memory.py; its child arguments."""
+    torch.manual_seed(2)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    tm = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=torch.randn(batch, 64))
+    graph = tmp_path / f"mlp{batch}.onnx"
+    tm.save(graph)
+    np.savez(str(graph) + ".state.npz", **tm.initial_state())
+    inputs, target = random_batches(tm, 1, classes=10)[0]
+    data = tmp_path / f"mlp{batch}.data.npz"
+    np.savez(data, **inputs, target=target)
+    return ["--model", "mlp", "--data", str(data), "--threads", "1", "--graph", str(graph)]
+
+
+@pytest.mark.slow
+def test_step_memory_grows_with_the_batch(tmp_path):
+    """The tool's measurement (a fresh process, one warm-up step, the peak of the next above the baseline) is
+    positive and grows with the batch: 8 vs 4096 rows of 512 activations (8 MiB each)."""
+    small, large = (step_memory.run_child([*_mlp_graph(tmp_path, batch), "--backend", "bridge-ort"])
+                    for batch in (8, 4096))
+    assert 0 < small["peak_mib"] < large["peak_mib"]
+    assert large["peak_mib"] - small["peak_mib"] > 8  # at least one [4096, 512] float32 activation more
+
+
+def test_cli_memory_flag(tmp_path):
+    out = tmp_path / "train.onnx"
+    assert main(["convert", "examples/models/mlp.onnx", "--loss", "ce", "--memory", "min", "-o", str(out)]) == 0
+    assert props(onnx.load(out).metadata_props)[MEMORY] == "min"  # what bridge's sessions read
