@@ -249,6 +249,34 @@ def test_the_oracles_reference_engine_runs_softmax_as_its_opset_defines(op_type,
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # float32 rounding of onnxruntime's run
 
 
+POOLS = [("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+         ("MaxPool", {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+         ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+         ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+         ("AveragePool", {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "count_include_pad": 1}),
+         ("AveragePool", {"kernel_shape": [3, 3], "auto_pad": "VALID"}),
+         ("AveragePool", {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}),
+         ("LRN", {"size": 5, "alpha": 0.5, "beta": 0.75, "bias": 1.5}), ("LRN", {"size": 3})]
+
+
+@pytest.mark.parametrize(("op_type", "attrs"), POOLS, ids=[f"{op}-{i}" for i, (op, _) in enumerate(POOLS)])
+def test_the_oracles_reference_engine_pools_and_normalizes_as_onnxruntime(op_type, attrs):
+    """The oracle's own MaxPool, AveragePool (window reductions, the reference's loops where they do
+    not apply) and LRN (onnx.reference's normalizes only the first batch-size channels) agree with
+    onnxruntime at batch 2 over 6 channels."""
+    shape = (2, 6, 9) if len(attrs.get("kernel_shape", [0, 0])) == 1 else (2, 6, 9, 8)
+    x = np.random.default_rng(0).standard_normal(shape)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node(op_type, ["x"], ["y"], **attrs)], op_type,
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(shape))],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    got = reference_run(to_double(model), ["y"])({"x": x})[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(["y"], {"x": x.astype(np.float32)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # float32 rounding of onnxruntime's run
+
+
 def test_the_oracle_measures_again_where_both_steps_cross_a_kink():
     """An output that bends by 1% beyond 2e-5 of the base point (a kink both default steps cross):
     their estimates agree with each other but not with the derivative at the base; the smaller

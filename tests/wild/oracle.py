@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_average_pool import AveragePool_19 as OpAveragePool
+from onnx.reference.ops.op_lrn import LRN as OpLRN
 from onnx.reference.ops.op_max_pool import MaxPool as OpMaxPool
 
 STEPS = (1e-4, 5e-5)
@@ -184,6 +185,18 @@ class GlobalMaxPool(OpRun):
         return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
 
 
+class LRN(OpLRN):
+    """onnx.reference's LRN loops over the batch axis where it means the channels: every channel
+    from the batch size on is left unnormalized. The ONNX definition: squares summed over the
+    channels ``c - floor((size - 1) / 2) .. c + ceil((size - 1) / 2)``."""
+
+    def _run(self, x, alpha=None, beta=None, bias=None, size=None):
+        before, after = (size - 1) // 2, size // 2
+        squares = np.pad(x * x, [(0, 0), (before, after), *[(0, 0)] * (x.ndim - 2)])
+        summed = np.lib.stride_tricks.sliding_window_view(squares, size, axis=1).sum(axis=-1)
+        return ((x / (bias + alpha / size * summed) ** beta).astype(x.dtype),)
+
+
 def _windows(x: np.ndarray, kernel: list[int], strides: list[int] | None, pads: list[int] | None,
              fill: float) -> np.ndarray:
     """The pooling windows of ``x`` (explicit ``pads`` filled with ``fill``, floor rounding):
@@ -279,10 +292,11 @@ def _coerced_2d_ops(opset: int) -> list[type[OpRun]]:
 
 def reference_run(model: onnx.ModelProto, outputs: list[str]) -> Run:
     """``onnx.reference``'s evaluator of ``outputs``, with the ops it implements only in their
-    latest form replaced by the model's opset's."""
+    latest form replaced by the model's opset's, its LRN corrected and its pools vectorized."""
     from onnx.reference import ReferenceEvaluator
 
-    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, *_pool_ops(_opset(model)), *_coerced_2d_ops(_opset(model))])
+    opset = _opset(model)
+    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, LRN, *_pool_ops(opset), *_coerced_2d_ops(opset)])
     return lambda values: evaluator.run(outputs, dict(values))
 
 
