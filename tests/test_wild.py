@@ -205,6 +205,13 @@ def test_cached_wild_file(name, entry):
     _run_case(name, entry)
 
 
+def test_the_tier_holds_20_files_from_6_exporters():
+    """Issue 33's floor for the tier: at least 20 files from at least 6 exporters (an exporter is
+    the first word of the manifest's name for it: torch 2.3 and torch 2.11 are one)."""
+    exporters = {entry["exporter"].split()[0] for entry in MANIFEST.values()}
+    assert len(MANIFEST) >= 20 and len(exporters) >= 6, (len(MANIFEST), sorted(exporters))
+
+
 def test_docs_list_the_wild_tier():
     assert_generated_block_current("wild_tier.py", "models.md", "table")
 
