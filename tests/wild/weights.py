@@ -51,9 +51,9 @@ def _readers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int
     return readers
 
 
-def _fills(graph: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, list[int], int]]:
+def _fills(graph: onnx.GraphProto) -> dict[str, tuple[str, list[int], int]]:
     """The float ``ConstantOfShape`` nodes whose shape is an int64 initializer: output name ->
-    (node, shape, element type)."""
+    (shape initializer's name, shape, element type)."""
     shapes = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT64}
     fills = {}
     for node in graph.node:
@@ -61,7 +61,7 @@ def _fills(graph: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, list[int],
         if node.op_type == "ConstantOfShape" and node.input and node.input[0] in shapes and value is not None \
                 and value.data_type in FLOATS:
             dims = [int(d) for d in numpy_helper.to_array(shapes[node.input[0]]).reshape(-1)]
-            fills[node.output[0]] = (node, dims, value.data_type)
+            fills[node.output[0]] = (node.input[0], dims, value.data_type)
     return fills
 
 
@@ -93,12 +93,11 @@ def reinitialized(model: onnx.ModelProto, options: Mapping[str, object]) -> onnx
         graph.initializer.append(numpy_helper.from_array(np.zeros(dims, helper.tensor_dtype_to_np_dtype(elem)), name))
         if initializers_are_inputs:
             graph.input.append(helper.make_tensor_value_info(name, elem, dims))
-    fill_nodes = [node for node, _, _ in fills.values()]
-    remaining = [n for n in graph.node if all(n is not fill for fill in fill_nodes)]
+    remaining = [n for n in graph.node if n.op_type != "ConstantOfShape" or n.output[0] not in fills]
     del graph.node[:]
     graph.node.extend(remaining)
     still_read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    unread_shapes = {node.input[0] for node in fill_nodes} - still_read
+    unread_shapes = {shape for shape, _, _ in fills.values()} - still_read
     _drop(graph, unread_shapes)
     for tensor in graph.initializer:
         if tensor.data_type in FLOATS and tensor.name not in kept_float32:
