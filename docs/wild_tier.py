@@ -2,7 +2,8 @@
 
 One row per file: its source (a wheel, a package's test data, or an exporter run by
 tests/wild/build.py), the exporter, where it runs (CI or the exhaustive tier) and what the tier
-expects of it (trains against the oracle, or refused and why). Run:
+expects of it (trains against the oracle, or refused and why), and whether its weights were drawn
+anew (tests/wild/weights.py). Run:
 ``.venv/bin/python docs/wild_tier.py`` rewrites the block between the markers
 (tests/test_wild.py checks that the doc is current).
 """
@@ -18,6 +19,7 @@ RESULTS = {"trains": "trains, matches the oracle", "refused": "refused: {why}",
            "needs output pruning": "refused until unused outputs are pruned: {why}",
            "unchecked": "expected to train; not yet run against the oracle",
            "open": "trains; a mismatch to explain: {why}"}
+FRESH_WEIGHTS = "the file's are one value repeated, which no finite difference can judge"
 COUNTED = {"trains": "train and match the oracle", "refused": "refused for a real limit",
            "gap": "refused for a limit to lift", "needs output pruning": "wait for output pruning",
            "open": "with a mismatch to explain", "unchecked": "not yet run"}
@@ -29,6 +31,8 @@ def table() -> str:
     for name, entry in manifest.items():
         expected = entry["expected"]
         result = RESULTS[expected["result"]].format(why=expected.get("why", ""))
+        if "weights" in entry:
+            result += f" (with fresh weights, seed {entry['weights']['seed']}: {FRESH_WEIGHTS})"
         tier = "CI" if entry["location"] == "files" else "exhaustive"
         lines.append(f"| {name} | {entry['source']} | {entry['exporter']} | {tier} | {result} |")
     counts = {}

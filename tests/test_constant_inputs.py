@@ -39,13 +39,23 @@ def _if_model(flag_type=T.BOOL, dtype=T.FLOAT) -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
-def _reshape_model(batch, dtype=T.FLOAT) -> onnx.ModelProto:
-    """tf2onnx's Reshape: its shape is ``Concat(Max(Gather(Shape(y), 0), 1), [4, 3])``."""
+# The leading size of the Reshape's shape, computed from b = Gather(Shape(y), 0) as exporters do:
+# tf2onnx's Max(b, 1); Min(b, 12 * b); Where(b == 0, 1, b) (a 0 in the shape means "copy").
+SIZE_FROM_SHAPE = {
+    "Max": [h.make_node("Max", ["b", "one"], ["m"])],
+    "Min": [h.make_node("Mul", ["b", "twelve"], ["b12"]), h.make_node("Min", ["b", "b12"], ["m"])],
+    "Where": [h.make_node("Equal", ["b", "zero"], ["empty"]), h.make_node("Where", ["empty", "one", "b"], ["m"])],
+}
+
+
+def _reshape_model(batch, dtype=T.FLOAT, size="Max") -> onnx.ModelProto:
+    """tf2onnx's Reshape: its shape is ``Concat(size, [4, 3])``, ``size`` one of ``SIZE_FROM_SHAPE``."""
     npdt = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     inits = [nh.from_array(RNG.randn(6, 12).astype(npdt), "W"), nh.from_array(np.array([1], np.int64), "one"),
-             nh.from_array(np.array([0], np.int64), "zero"), nh.from_array(np.array([4, 3], np.int64), "rest")]
+             nh.from_array(np.array([0], np.int64), "zero"), nh.from_array(np.array([4, 3], np.int64), "rest"),
+             nh.from_array(np.array([12], np.int64), "twelve")]
     nodes = [h.make_node("MatMul", ["x", "W"], ["y"]), h.make_node("Shape", ["y"], ["s"]),
-             h.make_node("Gather", ["s", "zero"], ["b"], axis=0), h.make_node("Max", ["b", "one"], ["m"]),
+             h.make_node("Gather", ["s", "zero"], ["b"], axis=0), *SIZE_FROM_SHAPE[size],
              h.make_node("Concat", ["m", "rest"], ["shape"], axis=0), h.make_node("Reshape", ["y", "shape"], ["r"]),
              h.make_node("Tanh", ["r"], ["out"])]
     graph = h.make_graph(nodes, "reshape", [h.make_tensor_value_info("x", dtype, [batch, 6])],
@@ -142,9 +152,10 @@ def test_pin_of_a_wrong_value_is_refused(value, message):
         bridge.to_training_onnx(_if_model(), constant_inputs={"flag": value})
 
 
+@pytest.mark.parametrize("size", sorted(SIZE_FROM_SHAPE))
 @pytest.mark.parametrize("batch", [3, "N"])
-def test_reshape_from_shape_max_trains(batch):
-    model = _reshape_model(batch)
+def test_reshape_from_shape_arithmetic_trains(batch, size):
+    model = _reshape_model(batch, size=size)
     tm = bridge.to_training_onnx(model)
     x = RNG.randn(3, 6).astype(np.float32)
     target = RNG.randn(3, 4, 3).astype(np.float32)

@@ -402,6 +402,8 @@ def test_real_model_default_exports_warn_and_export_for_training_does_not(name, 
     for model in _default_exports(module, args).values():
         with pytest.warns(InferenceExportWarning, match=lost):
             bridge.to_training_onnx(model, loss)
+        with pytest.raises(InferenceExportError, match=lost):
+            bridge.to_training_onnx(model, loss, strict=True)
     path = tmp_path / f"{name}.onnx"
     bridge.export_for_training(module, args, path)
     tm = _convert(str(path))

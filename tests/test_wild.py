@@ -33,6 +33,7 @@ from wild.oracle import (
     to_double,
     train_mode,
 )
+from wild.weights import reinitialized
 
 import bridge
 from bridge import errors
@@ -53,6 +54,13 @@ def _path(name: str, entry: dict) -> Path:
         pytest.skip(f"{path} missing: run `python tests/wild/build.py` to fetch the wild tier")
     assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"], f"{path} differs from the manifest: rebuild"
     return path
+
+
+def _load(name: str, entry: dict) -> onnx.ModelProto:
+    """The file, with its weights drawn anew where the manifest's ``weights`` option says so
+    (the same model then goes to bridge and to the oracle)."""
+    model = onnx.load(_path(name, entry))
+    return reinitialized(model, entry["weights"]) if "weights" in entry else model
 
 
 def _numpy_dtype(model: onnx.ModelProto, name: str) -> np.dtype:
@@ -120,7 +128,7 @@ def _sampled(weights: list[str], state: dict[str, np.ndarray], seed: int) -> lis
 
 def check_wild_file(name: str, entry: dict) -> WildResult:
     """Convert one manifest file (mse or ce, SGD) in float32 and float64, step once, compare with the oracle."""
-    model = onnx.load(_path(name, entry))
+    model = _load(name, entry)
     output = entry.get("output") or model.graph.output[0].name
     options = {"loss": entry["loss"], "optim": "sgd", "optim_options": {"lr": LR}, "output": output,
                "input_shapes": {k: shape for k, (shape, _) in entry["inputs"].items()},
@@ -208,6 +216,13 @@ def test_cached_wild_file(name, entry):
     _run_case(name, entry)
 
 
+def test_the_tier_holds_20_files_from_6_exporters():
+    """Issue 33's floor for the tier: at least 20 files from at least 6 exporters (an exporter is
+    the first word of the manifest's name for it: torch 2.3 and torch 2.11 are one)."""
+    exporters = {entry["exporter"].split()[0] for entry in MANIFEST.values()}
+    assert len(MANIFEST) >= 20 and len(exporters) >= 6, (len(MANIFEST), sorted(exporters))
+
+
 def test_docs_list_the_wild_tier():
     assert_generated_block_current("wild_tier.py", "models.md", "table")
 
@@ -252,6 +267,34 @@ def test_the_oracles_reference_engine_runs_softmax_as_its_opset_defines(op_type,
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # float32 rounding of onnxruntime's run
 
 
+POOLS = [("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+         ("MaxPool", {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+         ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+         ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+         ("AveragePool", {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "count_include_pad": 1}),
+         ("AveragePool", {"kernel_shape": [3, 3], "auto_pad": "VALID"}),
+         ("AveragePool", {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}),
+         ("LRN", {"size": 5, "alpha": 0.5, "beta": 0.75, "bias": 1.5}), ("LRN", {"size": 3})]
+
+
+@pytest.mark.parametrize(("op_type", "attrs"), POOLS, ids=[f"{op}-{i}" for i, (op, _) in enumerate(POOLS)])
+def test_the_oracles_reference_engine_pools_and_normalizes_as_onnxruntime(op_type, attrs):
+    """The oracle's own MaxPool, AveragePool (window reductions, the reference's loops where they do
+    not apply) and LRN (onnx.reference's normalizes only the first batch-size channels) agree with
+    onnxruntime at batch 2 over 6 channels."""
+    shape = (2, 6, 9) if len(attrs.get("kernel_shape", [0, 0])) == 1 else (2, 6, 9, 8)
+    x = np.random.default_rng(0).standard_normal(shape)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node(op_type, ["x"], ["y"], **attrs)], op_type,
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(shape))],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    got = reference_run(to_double(model), ["y"])({"x": x})[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(["y"], {"x": x.astype(np.float32)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # float32 rounding of onnxruntime's run
+
+
 def test_the_oracle_measures_again_where_both_steps_cross_a_kink():
     """An output that bends by 1% beyond 2e-5 of the base point (a kink both default steps cross):
     their estimates agree with each other but not with the derivative at the base; the smaller
@@ -270,3 +313,65 @@ def test_the_oracle_measures_again_where_both_steps_cross_a_kink():
     checks = check_gradients(truth, {"w": grad})
     assert all(c.ok for c in checks)
     assert all(rejects_wrong_gradients(checks).values())
+
+
+def _caffe2_like() -> onnx.ModelProto:
+    """An IR-3 model as onnx's light files store weights: Conv and Gemm weights as ConstantOfShape
+    fills of int64 shape initializers, biases and BatchNormalization parameters as float
+    initializers, every initializer also a graph input."""
+    h, nh, T = onnx.helper, onnx.numpy_helper, onnx.TensorProto
+    rng = np.random.default_rng(0)
+    floats = {"conv_b": rng.standard_normal(4), "bn_scale": rng.random(4) + 0.5, "bn_bias": rng.standard_normal(4),
+              "bn_mean": rng.standard_normal(4), "bn_var": rng.random(4) + 0.5, "fc_b": rng.standard_normal(3)}
+    fills = {"conv_w": [4, 2, 3, 3], "fc_w": [3, 36]}
+    initializers = [nh.from_array(v.astype(np.float32), k) for k, v in floats.items()]
+    initializers += [nh.from_array(np.array(dims, np.int64), f"{k}__SHAPE") for k, dims in fills.items()]
+    nodes = [h.make_node("ConstantOfShape", [f"{k}__SHAPE"], [k], value=nh.from_array(np.array([0.02], np.float32)))
+             for k in fills]
+    nodes += [h.make_node("Conv", ["x", "conv_w", "conv_b"], ["c"]),
+              h.make_node("BatchNormalization", ["c", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n"]),
+              h.make_node("Relu", ["n"], ["r"]), h.make_node("Flatten", ["r"], ["f"]),
+              h.make_node("Gemm", ["f", "fc_w", "fc_b"], ["logits"], transB=1), h.make_node("Softmax", ["logits"], ["y"])]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [2, 2, 5, 5])]
+    inputs += [h.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in initializers]
+    graph = h.make_graph(nodes, "caffe2_like", inputs, [h.make_tensor_value_info("y", T.FLOAT, [2, 3])], initializers)
+    return h.make_model(graph, ir_version=3, opset_imports=[h.make_opsetid("", 9)])
+
+
+def _reinit_models() -> list:
+    cases = [pytest.param(_caffe2_like, id="caffe2_like")]
+    cases += [pytest.param(lambda name=name, entry=entry: onnx.load(_path(name, entry)), id=name)
+              for name, entry in MANIFEST.items() if "weights" in entry]
+    return cases
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    return {v.name: (v.type.tensor_type.elem_type, tuple(d.dim_value for d in v.type.tensor_type.shape.dim))
+            for v in [*inferred.value_info, *inferred.output]}
+
+
+@pytest.mark.parametrize("load", _reinit_models())
+def test_reinitialized_weights_keep_every_node_input_and_shape(load):
+    """The ``weights`` option's rewrite: fills become initializers of the same name, shape and type;
+    every other node, the data inputs, the outputs and every value's shape are kept; no weight is
+    left constant; the same seed draws the same file, another seed another."""
+    model = load()
+    options = {"reinit": "fan_in_normal", "seed": 0}
+    rewritten = reinitialized(model, options)
+    onnx.checker.check_model(rewritten, full_check=True)
+    shapes = {t.name: tuple(onnx.numpy_helper.to_array(t).tolist()) for t in model.graph.initializer
+              if t.data_type == onnx.TensorProto.INT64}
+    fills = {n.output[0]: shapes[n.input[0]] for n in model.graph.node if n.op_type == "ConstantOfShape" and n.input[0] in shapes}
+    assert list(rewritten.graph.node) == [n for n in model.graph.node if n.output[0] not in fills]
+    initializers = {t.name for t in model.graph.initializer}
+    assert [i for i in rewritten.graph.input if i.name not in initializers | set(fills)] == \
+        [i for i in model.graph.input if i.name not in initializers]
+    assert list(rewritten.graph.output) == list(model.graph.output)
+    before, after = _shapes(model), _shapes(rewritten)
+    assert {k: v for k, v in before.items() if k not in fills} == {k: v for k, v in after.items() if k not in fills}
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in rewritten.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    assert {name: weights[name].shape for name in fills} == fills
+    assert all(np.all(np.isfinite(w)) and (w.size == 1 or np.ptp(w) > 0) for w in weights.values())
+    assert rewritten.SerializeToString() == reinitialized(model, options).SerializeToString()
+    assert rewritten.SerializeToString() != reinitialized(model, {**options, "seed": 1}).SerializeToString()

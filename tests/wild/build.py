@@ -9,7 +9,7 @@ and re-runs itself there. Files taken from published wheels (only what is inside
 from the onnx/onnxruntime packages go to the cache (``--cache``, default ~/.cache/bridge-wild or
 ``$BRIDGE_WILD_CACHE``); the small files exported here go to tests/wild/files/, which is
 committed. ``SPECS`` says how each file is trained (loss, output, input shapes, pinned inputs,
-conversion options); the manifest adds its source, version and sha256, and keeps across rebuilds
+conversion options, fresh weights); the manifest adds its source, version and sha256, and keeps across rebuilds
 what the tier expects of each file (``expected``: trains, refused with the error and why, a gap
 that is not a real limit, or unchecked)."""
 from __future__ import annotations
@@ -33,6 +33,9 @@ EXPORTERS = ["onnx==1.23.2", "onnxruntime==1.32.0", "numpy", "scikit-learn==1.9.
              "spox==0.18.2", "onnxscript==0.7.2"]
 WHEELS = {"silero-vad": "6.2.3", "magika": "1.0.3", "rapidocr-onnxruntime": "1.4.4", "nudenet": "3.4.2"}
 
+# onnx's light files keep the graph, not the weights (every one 0.02): the tier draws them anew
+# (tests/wild/weights.py).
+LIGHT_WEIGHTS = {"reinit": "fan_in_normal", "seed": 0}
 SILERO_INPUTS = {"input": [[1, 512], "normal"], "state": [[2, 1, 128], "normal"]}
 # name -> how it is made (wheel member, package file, or exported here), and how it is trained.
 SPECS: dict[str, dict] = {
@@ -66,13 +69,17 @@ SPECS: dict[str, dict] = {
     "nudenet_320n": {"wheel": "nudenet", "member": "nudenet/320n.onnx", "exporter": "ultralytics (torch 2.3)",
                      "inputs": {"images": [[1, 3, 64, 64], "uniform"]}},
     "light_squeezenet": {"package": "onnx", "member": "backend/test/data/light/light_squeezenet.onnx",
-                         "exporter": "onnx-caffe2", "inputs": {"data_0": [[1, 3, 224, 224], "normal"]}},
+                         "exporter": "onnx-caffe2", "inputs": {"data_0": [[1, 3, 224, 224], "normal"]},
+                         "weights": LIGHT_WEIGHTS},
     "light_bvlc_alexnet": {"package": "onnx", "member": "backend/test/data/light/light_bvlc_alexnet.onnx",
-                           "exporter": "onnx-caffe2", "inputs": {"data_0": [[1, 3, 224, 224], "normal"]}},
+                           "exporter": "onnx-caffe2", "inputs": {"data_0": [[1, 3, 224, 224], "normal"]},
+                           "weights": LIGHT_WEIGHTS},
     "light_inception_v2": {"package": "onnx", "member": "backend/test/data/light/light_inception_v2.onnx",
-                           "exporter": "onnx-caffe2", "inputs": {"data_0": [[1, 3, 224, 224], "normal"]}},
+                           "exporter": "onnx-caffe2", "inputs": {"data_0": [[1, 3, 224, 224], "normal"]},
+                           "weights": LIGHT_WEIGHTS},
     "light_resnet50": {"package": "onnx", "member": "backend/test/data/light/light_resnet50.onnx",
-                       "exporter": "onnx-caffe2", "inputs": {"gpu_0/data_0": [[1, 3, 224, 224], "normal"]}},
+                       "exporter": "onnx-caffe2", "inputs": {"gpu_0/data_0": [[1, 3, 224, 224], "normal"]},
+                       "weights": LIGHT_WEIGHTS},
     "logreg_iris": {"package": "onnxruntime", "member": "datasets/logreg_iris.onnx", "exporter": "onnxmltools 1.2",
                     "inputs": {"float_input": [[3, 2], "normal"]}, "output": "probabilities"},
     "ort_mul_1": {"package": "onnxruntime", "member": "datasets/mul_1.onnx", "exporter": "onnxruntime test data",
@@ -239,7 +246,8 @@ def build(cache: Path) -> None:
             exporter = f"{exporter} {versions[exporter]}"
         manifest[name] = {"file": path.name, "location": location, "source": source, "exporter": exporter,
                           "sha256": sha256(path), "bytes": path.stat().st_size,
-                          **{k: spec[k] for k in ("inputs", "constant_inputs", "output", "options") if k in spec},
+                          **{k: spec[k] for k in ("inputs", "constant_inputs", "output", "options", "weights")
+                             if k in spec},
                           "loss": spec.get("loss", "mse")}
         print(f"{name}: {path.stat().st_size} bytes")
     old = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}

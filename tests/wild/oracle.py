@@ -23,6 +23,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_average_pool import AveragePool_19 as OpAveragePool
+from onnx.reference.ops.op_lrn import LRN as OpLRN
+from onnx.reference.ops.op_max_pool import MaxPool as OpMaxPool
 
 STEPS = (1e-4, 5e-5)
 KINK_STEPS = (1e-5, 5e-6)
@@ -184,6 +187,76 @@ class GlobalMaxPool(OpRun):
         return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
 
 
+class LRN(OpLRN):
+    """onnx.reference's LRN loops over the batch axis where it means the channels: every channel
+    from the batch size on is left unnormalized. The ONNX definition: squares summed over the
+    channels ``c - floor((size - 1) / 2) .. c + ceil((size - 1) / 2)``."""
+
+    def _run(self, x, alpha=None, beta=None, bias=None, size=None):
+        before, after = (size - 1) // 2, size // 2
+        squares = np.pad(x * x, [(0, 0), (before, after), *[(0, 0)] * (x.ndim - 2)])
+        summed = np.lib.stride_tricks.sliding_window_view(squares, size, axis=1).sum(axis=-1)
+        return ((x / (bias + alpha / size * summed) ** beta).astype(x.dtype),)
+
+
+def _windows(x: np.ndarray, kernel: list[int], strides: list[int] | None, pads: list[int] | None,
+             fill: float) -> np.ndarray:
+    """The pooling windows of ``x`` (explicit ``pads`` filled with ``fill``, floor rounding):
+    ``(N, C, *output, *kernel)``."""
+    spatial = x.ndim - 2
+    pads = pads or [0] * (2 * spatial)
+    padded = np.pad(x, [(0, 0), (0, 0), *zip(pads[:spatial], pads[spatial:], strict=True)], constant_values=fill)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=tuple(range(2, x.ndim)))
+    return windows[(slice(None), slice(None), *(slice(None, None, s) for s in strides or [1] * spatial))]
+
+
+def _windowed(node: onnx.NodeProto, auto_pad, ceil_mode, dilations) -> bool:
+    """Whether a pool has one output, explicit pads, floor rounding and no dilation: what
+    ``_windows`` computes."""
+    return (len(node.output) == 1 and auto_pad in (None, "NOTSET", "VALID") and not ceil_mode
+            and all(d == 1 for d in dilations or []))
+
+
+class _WindowedPool:
+    """onnx.reference's MaxPool and AveragePool loop in Python over every output element (minutes
+    per run of an ImageNet CNN): where ``_windowed``, a reduction over strided windows instead."""
+
+    op_domain = ""
+    onnx_node: onnx.NodeProto
+
+    def _pads(self, auto_pad, pads):
+        return None if auto_pad == "VALID" else pads
+
+
+class _MaxPool(_WindowedPool, OpMaxPool):
+    def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None, storage_order=None,
+             strides=None):
+        if not _windowed(self.onnx_node, auto_pad, ceil_mode, dilations):
+            return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides)
+        windows = _windows(x, kernel_shape, strides, self._pads(auto_pad, pads), -np.inf)
+        return (windows.max(axis=tuple(range(x.ndim, windows.ndim))),)
+
+
+class _AveragePool(_WindowedPool, OpAveragePool):
+    def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None, strides=None,
+             count_include_pad=None):
+        if not _windowed(self.onnx_node, auto_pad, ceil_mode, dilations):
+            return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides, count_include_pad)
+        pads = self._pads(auto_pad, pads)
+        axes = tuple(range(x.ndim, 2 * x.ndim - 2))
+        total = _windows(x, kernel_shape, strides, pads, 0.0).sum(axis=axes)
+        if count_include_pad:
+            return ((total / np.prod(kernel_shape)).astype(x.dtype),)
+        counted = _windows(np.ones((1, 1, *x.shape[2:]), x.dtype), kernel_shape, strides, pads, 0.0).sum(axis=axes)
+        return ((total / counted).astype(x.dtype),)
+
+
+def _pool_ops(opset: int) -> list[type[OpRun]]:
+    """MaxPool and AveragePool with the model's opset's attribute defaults."""
+    return [type(name, (base,), {"op_schema": onnx.defs.get_schema(name, opset)})
+            for name, base in (("MaxPool", _MaxPool), ("AveragePool", _AveragePool))]
+
+
 class _Coerced2D(OpRun):
     """Softmax, LogSoftmax and Hardmax before opset 13: the input seen as 2-D (the axes before
     ``axis`` by the rest) and normalized over its second dimension. onnx.reference implements only
@@ -269,10 +342,13 @@ def _attribute_fed_ops(graph: onnx.GraphProto, fed: Mapping[str, np.ndarray]) ->
 
 def reference_run(model: onnx.ModelProto, outputs: list[str], new_ops: Iterable[type[OpRun]] = ()) -> Run:
     """``onnx.reference``'s evaluator of ``outputs``, with the ops it implements only in their
-    latest form replaced by the model's opset's, ZipMap added, and ``new_ops``."""
+    latest form replaced by the model's opset's, its LRN corrected, its pools vectorized, ZipMap added,
+    and ``new_ops``."""
     from onnx.reference import ReferenceEvaluator
 
-    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, ZipMap, *_coerced_2d_ops(_opset(model)), *new_ops])
+    opset = _opset(model)
+    evaluator = ReferenceEvaluator(model, new_ops=[GlobalMaxPool, LRN, ZipMap, *_pool_ops(opset), *_coerced_2d_ops(opset),
+                                                   *new_ops])
     return lambda values: evaluator.run(outputs, dict(values))
 
 
