@@ -10,6 +10,8 @@ instead, as the IREE zoo test does. ``make test`` runs ``DEFAULT``; the other mo
 """
 from __future__ import annotations
 
+import os
+import resource
 import time
 import warnings
 from dataclasses import replace
@@ -60,9 +62,11 @@ def test_zoo_model_matches_onnxruntime_in_onnx_mlir(kind, name, mode, tmp_path, 
             warnings.simplefilter("ignore")
             case, tm, fit = torch_case(kind, name, mode, tmp_path, convert_for="onnx-mlir")
         expected = case.oracle()
-    start = time.perf_counter()
+    start, children = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     compiled = bridge.compile(tm, backend="onnx-mlir")
     compile_seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    compile_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     onnx_mlir, ort = compiled.session(seed=0), tm.session(seed=0, threads=1)
     got, want = onnx_mlir.step(case.inputs, case.target), ort.step(case.inputs, case.target)
     noise = {k: 2 * v for k, v in expected[1].items()} if expected is not None else {}
@@ -75,6 +79,7 @@ def test_zoo_model_matches_onnxruntime_in_onnx_mlir(kind, name, mode, tmp_path, 
             raise
         for runtime, step in (("onnx-mlir", got), ("onnxruntime", want)):
             assert_float64_up_to_flips(case, runtime, step, fit(step, *expected), expected[1], tm.initial_state(), direct)
-    print(f"\nONNX-MLIR-ZOO {request.node.callspec.id}: compile {compile_seconds:.1f} s, "
+    print(f"\nONNX-MLIR-ZOO {request.node.callspec.id}: {len(tm.model.graph.node)} nodes, compile {compile_seconds:.1f} s "
+          f"wall, {compile_cpu:.1f} s CPU (load {os.getloadavg()[0]:.1f}), "
           f"step onnx-mlir {median_step_seconds(onnx_mlir, case.inputs, case.target) * 1e3:.1f} ms, "
           f"onnxruntime {median_step_seconds(ort, case.inputs, case.target) * 1e3:.1f} ms")
