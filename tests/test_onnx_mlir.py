@@ -157,6 +157,38 @@ def test_a_cnn_in_pieces_steps_like_onnxruntime_and_like_one_piece(dynamic, tmp_
                 np.testing.assert_array_equal(step[name], value, err_msg=name)
 
 
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_pieces_run_in_sequence_compute_the_whole_graph(count):
+    """A training graph cut into pieces (``bridge.tools.pieces.split``), each run in onnxruntime on the graph
+    inputs and earlier pieces' outputs it names, gives every graph output the whole graph gives."""
+    import onnxruntime as ort
+
+    from bridge.tools.pieces import split
+
+    case = CASES["cnn"]
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
+                                 optim_options=case.options)
+    inputs, target = _batches(tm.session(), case)[0]
+    feed = {**tm.initial_state(), **inputs, "target": target}
+    feed = {value.name: feed[value.name] for value in tm.model.graph.input}
+
+    def run(model: onnx.ModelProto, values: dict) -> dict:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return dict(zip([o.name for o in model.graph.output],
+                        session.run(None, {i.name: values[i.name] for i in model.graph.input}), strict=True))
+
+    pieces = split(tm.model, count)
+    assert len(pieces) == count
+    values = dict(feed)
+    for piece in pieces:
+        values.update(run(piece.model, values))
+    whole = run(tm.model, feed)
+    assert_steps_match([{name: values[name] for name in whole}], [whole], rtol=TOLERANCE)
+
+
 @pytest.mark.parametrize("pieces", [0, -1, 2.5, "some", True])
 def test_pieces_must_be_a_count_or_auto(pieces):
     _, model = small_mlp()
