@@ -295,9 +295,11 @@ def _broadcast_mismatch() -> onnx.ModelProto:
 
 
 @needs_onnx_mlir
-def test_compile_error_names_the_offending_node():
+@pytest.mark.parametrize("pieces", [1, 2])
+def test_compile_error_names_the_offending_node(pieces):
+    """Whole or in pieces (where the cut finds the value untyped), the error names the node."""
     with pytest.raises(bridge.CompileError, match=r"(?s)onnx-mlir could not compile.*node 'head/scale/Mul' \(Mul\)") as error:
-        bridge.compile(_broadcast_mismatch(), backend="onnx-mlir")
+        bridge.compile(_broadcast_mismatch(), backend="onnx-mlir", pieces=pieces)
     assert {d[:2] for d in error.value.diagnostics} == {("head/scale/Mul", "Mul")}
 
 

@@ -46,7 +46,7 @@ from ..training.runtime_onnx_mlir import (
     find_onnx_mlir,
     pack_pieces,
 )
-from .pieces import auto_count, split
+from .pieces import UntypedCutError, auto_count, split
 
 if TYPE_CHECKING:
     from ..training.training_model import TrainingModel
@@ -356,7 +356,10 @@ def _onnx_mlir_pieces(compiler: Path, proto: onnx.ModelProto, count: int, flags:
                       start: float, timeout: float | None) -> bytes:
     """``proto`` cut into ``count`` pieces, compiled in parallel (one onnx-mlir per core), packed into one
     archive (``pack_pieces``). The first failure stops the other compiles."""
-    pieces = [_unaliased_outputs(piece.model) for piece in split(proto, count)]
+    try:
+        pieces = [_unaliased_outputs(piece.model) for piece in split(proto, count)]
+    except UntypedCutError as exc:
+        raise CompileError(f"onnx-mlir could not compile the model in pieces: {exc}", [(exc.node, exc.op, exc.reason)]) from exc
     workers = min(len(pieces), os.cpu_count() or 1)
     report(f"onnx-mlir: {len(proto.graph.node)} ONNX nodes in {len(pieces)} pieces "
            f"({', '.join(str(len(piece.graph.node)) for piece in pieces)} nodes), {workers} compiling at a time")

@@ -14,11 +14,20 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..errors import InvalidOptionError
+from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import node_reads
 
 # a cut may move this far (as a fraction of a piece's size) from an even split to one where fewer values cross
 _CUT_WINDOW = 0.25
+
+
+class UntypedCutError(BridgeError):
+    """A value crossing a cut has no type that ONNX shape inference can give (the graph is invalid there):
+    ``node`` and ``op`` made it, ``reason`` is shape inference's complaint."""
+
+    def __init__(self, value: str, node: str, op: str, reason: str):
+        super().__init__(f"node {node!r} ({op}): ONNX shape inference could not type its output {value!r}: {reason}")
+        self.value, self.node, self.op, self.reason = value, node, op, reason
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,13 @@ def _piece(model: onnx.ModelProto, index: int, span: list[onnx.NodeProto], input
            types: dict[str, onnx.ValueInfoProto]) -> Piece:
     untyped = [name for name in [*inputs, *outputs] if name not in types]
     if untyped:
-        raise InvalidOptionError(f"piece {index}: no type known for {untyped[:5]} (shape inference could not type them)")
+        producer = next(node for node in model.graph.node if untyped[0] in node.output)
+        try:
+            onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+            reason = "no shape inferred"
+        except (onnx.shape_inference.InferenceError, ValueError) as exc:
+            reason = str(exc).strip().splitlines()[-1][:300]
+        raise UntypedCutError(untyped[0], producer.name, producer.op_type, reason)
     graph = onnx.helper.make_graph(
         [constants[name] for name in sorted(reads) if name in constants] + list(span),
         f"{model.graph.name}_piece{index}",
