@@ -156,7 +156,10 @@ def _compile(args: argparse.Namespace) -> int:
     compiled = compile_model(args.model, backend=args.backend, output=args.output, target_cpu=args.target_cpu,
                              progress=progress, gradients=not args.no_gradients, timeout=args.timeout,
                              pieces=_pieces_option(args.pieces))
-    print(f"wrote {args.output} ({len(compiled.module)} bytes, compiled in {compiled.seconds:.1f} s)")
+    from .training.runtime_onnx_mlir import is_pieces_archive
+
+    pieces = ", a zip of the pieces' .so files" if is_pieces_archive(compiled.module) else ""
+    print(f"wrote {args.output} ({len(compiled.module)} bytes{pieces}, compiled in {compiled.seconds:.1f} s)")
     return 0
 
 
@@ -334,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     compile_ = commands.add_parser("compile", help="compile a training .onnx for the CPU with an MLIR compiler (IREE, onnx-mlir)")
     compile_.add_argument("model", help="training .onnx file")
-    compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb for iree, .so for onnx-mlir)")
+    compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb for iree, .so for onnx-mlir; a .zip of .so files when in pieces)")
     compile_.add_argument("--backend", default="iree", choices=BACKENDS,
                           help="compiler (default iree, llvm-cpu; onnx-mlir: --EmitLib -O3, found via ONNX_MLIR_HOME or PATH)")
     compile_.add_argument("--target-cpu", help="LLVM CPU to compile for (iree: default host, 'generic' is portable; "

@@ -97,7 +97,8 @@ class CompiledModel:
         return self.module
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``module`` to ``path`` (``.vmfb`` for IREE, ``.so`` for onnx-mlir)."""
+        """Write ``module`` to ``path`` (``.vmfb`` for IREE, ``.so`` for onnx-mlir, a zip of the pieces' ``.so``
+        when compiled in pieces); ``OnnxMlirTrainingSession(path, ...)`` loads either."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.module)
