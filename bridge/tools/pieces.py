@@ -102,7 +102,6 @@ def split(model: onnx.ModelProto, count: int | None = None, cuts: list[int] | No
     constants = {node.output[0]: node for node in model.graph.node if _constant_node(node)}
     initializers = {init.name: init for init in model.graph.initializer}
     graph_outputs = [output.name for output in model.graph.output]
-    graph_inputs = {value.name for value in model.graph.input}
     types = _types(model)
     spans = [nodes[start:end] for start, end in zip(bounds, bounds[1:], strict=False) if end > start]
     reads_after: list[set[str]] = [set() for _ in spans]  # names read by the pieces after each piece
@@ -111,6 +110,8 @@ def split(model: onnx.ModelProto, count: int | None = None, cuts: list[int] | No
         reads_after[index] = set(later)
         for node in spans[index]:
             later |= node_reads(node)
+    # graph outputs that are constants come out of the last piece; those that are graph inputs, from the feed
+    constant_outputs = [name for name in graph_outputs if name in constants or name in initializers]
     pieces = []
     for index, span in enumerate(spans):
         made = [name for node in span for name in node.output if name]
@@ -118,10 +119,10 @@ def split(model: onnx.ModelProto, count: int | None = None, cuts: list[int] | No
         reads = {name for node in span for name in node_reads(node)} - made_set - {""}
         inputs = sorted(name for name in reads if name not in constants and name not in initializers)
         outputs = [name for name in made if name in reads_after[index]]
+        if index == len(spans) - 1:
+            reads |= set(constant_outputs)
+            outputs += constant_outputs
         pieces.append(_piece(model, index, span, inputs, outputs, constants, initializers, reads, types))
-    missing = [name for name in graph_outputs if name in graph_inputs]
-    if missing:
-        raise InvalidOptionError(f"graph outputs {missing} are graph inputs: a graph in pieces cannot pass them through")
     return pieces
 
 
