@@ -155,9 +155,22 @@ def _compile(args: argparse.Namespace) -> int:
         print(f"bridge compile: {line}", file=sys.stderr, flush=True)
 
     compiled = compile_model(args.model, backend=args.backend, output=args.output, target_cpu=args.target_cpu,
-                             progress=progress, gradients=not args.no_gradients, timeout=args.timeout)
-    print(f"wrote {args.output} ({len(compiled.module)} bytes, compiled in {compiled.seconds:.1f} s)")
+                             progress=progress, gradients=not args.no_gradients, timeout=args.timeout,
+                             pieces=_pieces_option(args.pieces))
+    from .training.runtime_onnx_mlir import is_pieces_archive
+
+    pieces = ", a zip of the pieces' .so files" if is_pieces_archive(compiled.module) else ""
+    print(f"wrote {args.output} ({len(compiled.module)} bytes{pieces}, compiled in {compiled.seconds:.1f} s)")
     return 0
+
+
+def _pieces_option(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidOptionError(f"--pieces {text!r} is not valid; give a number of pieces >= 1, or auto") from None
 
 
 def _mlir(args: argparse.Namespace) -> int:
@@ -328,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     compile_ = commands.add_parser("compile", help="compile a training .onnx for the CPU with an MLIR compiler (IREE, onnx-mlir)")
     compile_.add_argument("model", help="training .onnx file")
-    compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb for iree, .so for onnx-mlir)")
+    compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb for iree, .so for onnx-mlir; a .zip of .so files when in pieces)")
     compile_.add_argument("--backend", default="iree", choices=BACKENDS,
                           help="compiler (default iree, llvm-cpu; onnx-mlir: --EmitLib -O3, found via ONNX_MLIR_HOME or PATH)")
     compile_.add_argument("--target-cpu", help="LLVM CPU to compile for (iree: default host, 'generic' is portable; "
@@ -337,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the module does not return the grad_* outputs (a training loop never reads them)")
     compile_.add_argument("--timeout", type=float, metavar="SECONDS",
                           help="onnx-mlir: stop the compile after this long (default: no limit)")
+    compile_.add_argument("--pieces", default="auto", metavar="N",
+                          help="onnx-mlir: compile the graph in N pieces, in parallel, run in sequence (the output is "
+                               "then a zip of their .so files; docs/onnx-mlir.md); default auto: large graphs only")
     compile_.set_defaults(run=_compile)
 
     mlir = commands.add_parser("mlir", help="import a training .onnx into MLIR (torch-mlir ONNX form, as iree-import-onnx)")

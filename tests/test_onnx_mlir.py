@@ -15,7 +15,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -134,6 +134,69 @@ def test_compiled_steps_match_onnxruntime(compiled):
 
 
 @needs_onnx_mlir
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic-batch"])
+def test_a_cnn_in_pieces_steps_like_onnxruntime_and_like_one_piece(dynamic, tmp_path):
+    """The CNN compiled in 3 pieces (run in sequence, each fed what earlier ones made): 3 steps, updates fed
+    back (symbolic batch: sizes 5, 3, 5 from one compile), match onnxruntime and equal the one-piece
+    library's bit for bit, since onnx-mlir lowers each op to its own loops whichever graph holds it (a cut
+    between ops changes no arithmetic). The pieces saved to one file and loaded from it step the same."""
+    case = replace(CASES["cnn"], dynamic=dynamic, sizes=(5, 3, 5) if dynamic else (4, 4, 4))
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
+                                 optim_options=case.options, dynamic_batch=case.dynamic)
+    whole, pieces = (bridge.compile(tm, backend="onnx-mlir", pieces=count) for count in (1, 3))
+    saved = OnnxMlirTrainingSession(pieces.save(tmp_path / "train.zip"), tm.initial_state(), training_model=tm.model)
+    sessions = [pieces.session(), saved, whole.session(), tm.session(threads=1)]
+    batches = _batches(sessions[0], case)
+    in_pieces, loaded, one_piece, ort = ([session.step(inputs, target) for inputs, target in batches] for session in sessions)
+    assert_steps_match(in_pieces, ort, rtol=TOLERANCE)
+    for got in (loaded, one_piece):
+        for step, want in zip(got, in_pieces, strict=True):
+            assert set(step) == set(want)
+            for name, value in want.items():
+                np.testing.assert_array_equal(step[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_pieces_run_in_sequence_compute_the_whole_graph(count):
+    """A training graph cut into pieces (``bridge.tools.pieces.split``), each run in onnxruntime on the graph
+    inputs and earlier pieces' outputs it names, gives every graph output the whole graph gives."""
+    import onnxruntime as ort
+
+    from bridge.tools.pieces import split
+
+    case = CASES["cnn"]
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
+                                 optim_options=case.options)
+    inputs, target = _batches(tm.session(), case)[0]
+    feed = {**tm.initial_state(), **inputs, "target": target}
+    feed = {value.name: feed[value.name] for value in tm.model.graph.input}
+
+    def run(model: onnx.ModelProto, values: dict) -> dict:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return dict(zip([o.name for o in model.graph.output],
+                        session.run(None, {i.name: values[i.name] for i in model.graph.input}), strict=True))
+
+    pieces = split(tm.model, count)
+    assert len(pieces) == count
+    values = dict(feed)
+    for piece in pieces:
+        values.update(run(piece.model, values))
+    whole = run(tm.model, feed)
+    assert_steps_match([{name: values[name] for name in whole}], [whole], rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize("pieces", [0, -1, 2.5, "some", True])
+def test_pieces_must_be_a_count_or_auto(pieces):
+    _, model = small_mlp()
+    with pytest.raises(bridge.InvalidOptionError, match=r"pieces=.* is not valid"):
+        bridge.compile(model, backend="onnx-mlir", pieces=pieces)
+
+
+@needs_onnx_mlir
 def test_lr_is_live_and_noise_is_drawn(compiled):
     """lr=0 leaves every weight as it was; without given noise the session draws it (the step runs)."""
     session = compiled.compiled.session(seed=0)
@@ -232,21 +295,24 @@ def _broadcast_mismatch() -> onnx.ModelProto:
 
 
 @needs_onnx_mlir
-def test_compile_error_names_the_offending_node():
+@pytest.mark.parametrize("pieces", [1, 2])
+def test_compile_error_names_the_offending_node(pieces):
+    """Whole or in pieces (where the cut finds the value untyped), the error names the node."""
     with pytest.raises(bridge.CompileError, match=r"(?s)onnx-mlir could not compile.*node 'head/scale/Mul' \(Mul\)") as error:
-        bridge.compile(_broadcast_mismatch(), backend="onnx-mlir")
+        bridge.compile(_broadcast_mismatch(), backend="onnx-mlir", pieces=pieces)
     assert {d[:2] for d in error.value.diagnostics} == {("head/scale/Mul", "Mul")}
 
 
 @needs_onnx_mlir
-def test_cli_compile_reports_phases_and_writes_a_library(tmp_path, capsys):
+@pytest.mark.parametrize("pieces", ["auto", "2"])
+def test_cli_compile_reports_phases_and_writes_a_library(pieces, tmp_path, capsys):
     torch.manual_seed(0)
     source = tmp_path / "mlp.onnx"
     onnx.save(_export(_mlp(), (4, 6), dynamic=False), str(source))
     train = tmp_path / "train.onnx"
     assert cli_main(["convert", str(source), "-o", str(train), "--loss", "ce", "--optim", "sgd"]) == 0
     capsys.readouterr()
-    assert cli_main(["compile", str(train), "--backend", "onnx-mlir", "-o", str(tmp_path / "train.so")]) == 0
+    assert cli_main(["compile", str(train), "--backend", "onnx-mlir", "-o", str(tmp_path / "train.so"), "--pieces", pieces]) == 0
     err = capsys.readouterr().err
     for phase in (r"onnx-mlir \[1/6\] Importing ONNX Model", r"onnx-mlir \[5/6\] Linking", r"onnx-mlir: done \(\d+\.\d s"):
         assert re.search(phase, err), (phase, err)

@@ -9,7 +9,9 @@ the graph's input and output names (IREE reflection), so a ``.vmfb`` is self-des
 onnx-mlir: ``onnx-mlir --EmitLib -O3`` (its phases: ONNX -> MLIR, ONNX-level passes, LLVM, object,
 link) -> a model ``.so``, which ``bridge.training.runtime_onnx_mlir.OnnxMlirTrainingSession`` runs.
 onnx-mlir's ops carry the ONNX node's name (``onnx_node_name``, ``loc("name")``), so its errors
-are reported with the node too.
+are reported with the node too. onnx-mlir's compile time grows with about the square of a graph's
+node count (one LLVM function holds every op), so a large graph is compiled in pieces
+(``bridge.tools.pieces``), in parallel, and run in sequence.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +39,14 @@ from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import external_copy, is_large, model_digest, read_model
 from ..training.runtime import StepSession, is_gradient, outputs_dropped
 from ..training.runtime_iree import IreeTrainingSession, require_iree
-from ..training.runtime_onnx_mlir import INSTALL_HINT, OnnxMlirNotFoundError, OnnxMlirTrainingSession, find_onnx_mlir
+from ..training.runtime_onnx_mlir import (
+    INSTALL_HINT,
+    OnnxMlirNotFoundError,
+    OnnxMlirTrainingSession,
+    find_onnx_mlir,
+    pack_pieces,
+)
+from .pieces import UntypedCutError, auto_count, split
 
 if TYPE_CHECKING:
     from ..training.training_model import TrainingModel
@@ -47,6 +57,8 @@ _MAX_ERRORS = 5
 # in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
 _IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
 _ONNX_MLIR_FLAGS = ("--EmitLib", "-O3")  # onnx-mlir's defaults for a library, at its optimization level 3
+# pieces="auto": graphs are cut into pieces of about this many nodes (smaller graphs stay whole)
+NODES_PER_PIECE = 300
 # Opt-in (``extra_args=FAST_CONV_FLAGS``): IREE 3.13 compiles a Conv as a direct convolution, which
 # took 2-6x onnxruntime's CPU time per Conv at resnet18's sizes; im2col + a data-tiled matmul is on
 # par with onnxruntime (docs/notes/onnx-mlir-iree-investigations.md section 8). Not the default until the whole zoo is checked.
@@ -85,7 +97,8 @@ class CompiledModel:
         return self.module
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``module`` to ``path`` (``.vmfb`` for IREE, ``.so`` for onnx-mlir)."""
+        """Write ``module`` to ``path`` (``.vmfb`` for IREE, ``.so`` for onnx-mlir, a zip of the pieces' ``.so``
+        when compiled in pieces); ``OnnxMlirTrainingSession(path, ...)`` loads either."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.module)
@@ -151,6 +164,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     progress: Progress | None = None,
     gradients: bool = True,
     timeout: float | None = None,
+    pieces: int | str = "auto",
 ) -> CompiledModel:
     """Compile a training ONNX model for the CPU; returns the module (also written to ``output``).
 
@@ -168,6 +182,9 @@ def compile(  # noqa: A001 - bridge.compile is the public name
             never reads them), so the compiler need not write them out; the step computes the same.
         timeout: onnx-mlir: seconds after which the compile is stopped (a ``CompileError``); None: no limit.
             Large graphs take minutes to compile.
+        pieces: onnx-mlir: how many pieces of contiguous nodes the graph is compiled in (compiled in parallel
+            on the machine's cores, run in sequence; ``module`` is then a zip of their libraries);
+            ``"auto"``: pieces of about ``NODES_PER_PIECE`` nodes, one for a smaller graph. IREE: 1 or ``"auto"``.
     """
     if backend not in BACKENDS:
         raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
@@ -177,9 +194,13 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         raise InvalidOptionError(f"timeout= is for backend='onnx-mlir' only, not '{backend}' (IREE compiles in this process)")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9):
         raise InvalidOptionError(f"timeout={timeout!r} is not valid; give a number of seconds > 0, or None for no limit")
+    if pieces != "auto" and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
+        raise InvalidOptionError(f"pieces={pieces!r} is not valid; give a number of pieces >= 1, or 'auto'")
     if backend == "onnx-mlir":
         tools = find_onnx_mlir()
     else:
+        if pieces not in ("auto", 1):
+            raise InvalidOptionError(f"pieces={pieces!r} is for backend='onnx-mlir' only; IREE compiles a graph whole")
         require_iree()
     graph = read_model(model)
     proto = graph if gradients else _without_gradients(graph)  # a copy: the caller's model stays whole
@@ -187,7 +208,12 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     start = time.perf_counter()
     if backend == "onnx-mlir":
         flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
-        module = _onnx_mlir(tools.compiler, _for_onnx_mlir(proto), flags, report, start, timeout)
+        ready = _for_onnx_mlir(proto)
+        count = auto_count(ready, NODES_PER_PIECE) if pieces == "auto" else int(pieces)
+        if count == 1:
+            module = _onnx_mlir(tools.compiler, ready, flags, report, start, timeout)
+        else:
+            module = _onnx_mlir_pieces(tools.compiler, ready, count, flags, report, start, timeout)
         return _compiled(CompiledModel(module, backend, time.perf_counter() - start, _initial_state(model), graph),
                          output)
     import iree.compiler.tools as iree_tools
@@ -274,8 +300,9 @@ def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with no two graph outputs one buffer: onnx-mlir returns outputs that are views of one value
     (``Identity``, ``Reshape``, ``Squeeze``/``Unsqueeze``, ``Cast`` to the same type, ``Mul`` by 1, ``Add`` of
     0, chains of them) as tensors that own that one buffer, and the process aborts releasing them
-    (tests/repros/onnx_mlir_aliased_outputs.py). Every output but one per value is copied:
-    ``Expand(output, Shape(output))``, which onnx-mlir does not fold."""
+    (tests/repros/onnx_mlir_aliased_outputs.py). Every output but one per value is copied, and every output
+    that is a view of a graph input (a piece's, ``bridge.tools.pieces``): ``Expand(output, Shape(output))``,
+    which onnx-mlir does not fold."""
     producer = {out: node for node in model.graph.node for out in node.output}
     constants = {init.name: init for init in model.graph.initializer}
     constants.update({node.output[0]: attribute.t for node in model.graph.node if node.op_type == "Constant"
@@ -301,7 +328,8 @@ def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
         return name
 
     names = [output.name for output in model.graph.output]
-    claimed = {name for name in names if root(name) == name}  # an output that is its value owns it
+    # an output that is its value owns it; a view of a graph input is copied (the caller owns the input)
+    claimed = {name for name in names if root(name) == name} | {value.name for value in model.graph.input}
     copies = set()
     for name in names:
         value = root(name)
@@ -325,11 +353,42 @@ def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _onnx_mlir_pieces(compiler: Path, proto: onnx.ModelProto, count: int, flags: list[str], report: Progress,
+                      start: float, timeout: float | None) -> bytes:
+    """``proto`` cut into ``count`` pieces, compiled in parallel (one onnx-mlir per core), packed into one
+    archive (``pack_pieces``). The first failure stops the other compiles."""
+    try:
+        pieces = [_unaliased_outputs(piece.model) for piece in split(proto, count)]
+    except UntypedCutError as exc:
+        raise CompileError(f"onnx-mlir could not compile the model in pieces: {exc}", [(exc.node, exc.op, exc.reason)]) from exc
+    workers = min(len(pieces), os.cpu_count() or 1)
+    report(f"onnx-mlir: {len(proto.graph.node)} ONNX nodes in {len(pieces)} pieces "
+           f"({', '.join(str(len(piece.graph.node)) for piece in pieces)} nodes), {workers} compiling at a time")
+    running: set[subprocess.Popen] = set()
+
+    def compile_piece(index: int) -> bytes:
+        def piece_report(line: str) -> None:
+            report(f"piece {index + 1}/{len(pieces)}: {line}")
+        return _onnx_mlir(compiler, pieces[index], flags, piece_report, start, timeout, running)
+
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(compile_piece, index) for index in range(len(pieces))]
+        try:
+            libraries = [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            for process in list(running):
+                _stop(process)
+            raise
+    return pack_pieces(libraries, [value.name for value in proto.graph.input], [value.name for value in proto.graph.output])
+
+
 def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report: Progress, start: float,
-               timeout: float | None = None) -> bytes:
-    """``proto`` compiled by onnx-mlir into a model library (the ``.so``'s bytes); its phase lines reported.
-    onnx-mlir runs in its own process group, so that a timeout or an interrupt also stops the opt, llc
-    and clang++ it starts."""
+               timeout: float | None = None, running: set[subprocess.Popen] | None = None) -> bytes:
+    """``proto`` compiled by onnx-mlir into a model library (the ``.so``'s bytes); its phase lines reported;
+    stopped ``timeout`` seconds after ``start``. onnx-mlir runs in its own process group, so that a timeout
+    or an interrupt also stops the opt, llc and clang++ it starts; it is in ``running`` while it runs."""
     with tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-") as folder, contextlib.ExitStack() as stack:
         if is_large(proto):  # past protobuf's 2 GiB: onnx-mlir reads the external data beside the file
             source = stack.enter_context(external_copy(proto))
@@ -343,7 +402,10 @@ def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report:
         log, phases, expired = [], ["none reported"], threading.Event()
         with subprocess.Popen([str(compiler), *flags, source, "-o", base], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, errors="replace", start_new_session=True) as process:
-            watchdog = threading.Timer(timeout, lambda: (expired.set(), _stop(process))) if timeout is not None else None
+            watchdog = None if timeout is None else threading.Timer(
+                max(start + timeout - time.perf_counter(), 0.0), lambda: (expired.set(), _stop(process)))
+            if running is not None:
+                running.add(process)
             try:
                 if watchdog:
                     watchdog.start()
@@ -360,6 +422,8 @@ def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report:
             finally:
                 if watchdog:
                     watchdog.cancel()
+                if running is not None:
+                    running.discard(process)
         if expired.is_set() and process.returncode != 0:
             report(f"onnx-mlir: stopped after {timeout:g} s")
             raise CompileError(f"onnx-mlir ran past the timeout of {timeout:g} s compiling graph '{proto.graph.name}' "

@@ -5,14 +5,20 @@
 can use any backend. onnx-mlir's Python runtime (``PyRuntime.OMExecutionSession``, in the install's
 ``lib/``) takes the graph inputs positionally, in graph order; the library's signature names them.
 ``find_onnx_mlir`` locates the compiler and runtime (``ONNX_MLIR_HOME``, else ``PATH``).
+
+A graph compiled in pieces (``bridge.compile(..., pieces=)``) is one zip archive (``pack_pieces``): each
+piece's ``.so`` and ``pieces.json``, the order and the graph's input and output names; the session runs
+the pieces in that order, each fed the graph inputs and earlier pieces' outputs it reads.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sys
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,25 @@ INSTALL_HINT = (
     "from onnx-mlir's docker image (ghcr.io/onnxmlir/onnx-mlir) or build it with the recipe in shared/onnx-mlir/build; "
     "it needs Debian's packages libllvm22 libprotobuf32 llvm-22 clang-22 (apt-get install, or make system-deps)"
 )
+
+
+_MANIFEST = "pieces.json"
+
+
+def pack_pieces(libraries: list[bytes], inputs: list[str], outputs: list[str]) -> bytes:
+    """One zip archive of the pieces' libraries (run in list order) and the graph's ``inputs``/``outputs``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        names = [f"piece{index}.so" for index in range(len(libraries))]
+        for name, library in zip(names, libraries, strict=True):
+            archive.writestr(name, library)
+        archive.writestr(_MANIFEST, json.dumps({"pieces": names, "inputs": inputs, "outputs": outputs}))
+    return buffer.getvalue()
+
+
+def is_pieces_archive(module: bytes) -> bool:
+    """Whether ``module`` is a graph compiled in pieces (``pack_pieces``), not one ``.so``."""
+    return module[:4] == b"PK\x03\x04"
 
 
 class OnnxMlirNotFoundError(MissingExtraError):
@@ -100,25 +125,19 @@ class OnnxMlirTrainingSession(StepSession):
         (``eval_model`` compiled by onnx-mlir) when given, else in onnxruntime."""
         training_model = getattr(library, "graph", None) if training_model is None else training_model
         library = getattr(library, "module", library)  # a bridge.tools.compile.CompiledModel
-        session_class = _execution_session_class()
-        if isinstance(library, bytes):
-            self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
-            path = Path(self._folder.name) / "model.so"
-            path.write_bytes(library)
-        else:
+        source = "the library"
+        if not isinstance(library, bytes):
             path = Path(library).resolve()
+            source = str(path)
             if not path.is_file():
                 raise ModelLoadError(f"no such compiled model library: {path}")
+            library = path.read_bytes()
         checks = None if training_model is None else StepChecks.from_model(training_model)
         super().__init__(state, seed, checks=checks, on_nonfinite=on_nonfinite,
-                         graph_hash=graph_hash(path.read_bytes() if training_model is None else training_model),
+                         graph_hash=graph_hash(library if training_model is None else training_model),
                          eval_model=eval_model)
-        try:
-            self._session = session_class(str(path), tag="NONE")  # the untagged entry points: any file name
-            self.input_names = [v["name"] for v in json.loads(self._session.input_signature())]
-            self.output_names = [v["name"] for v in json.loads(self._session.output_signature())]
-        except (RuntimeError, ValueError) as exc:
-            raise ModelLoadError(f"{path} is not a model library compiled by onnx-mlir: {exc}") from exc
+        self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
+        self._pieces, self.input_names, self.output_names = _load_pieces(library, Path(self._folder.name), source)
         if training_model is not None:
             meta = props(training_model.metadata_props)
             for name in decode_random_inputs(meta):
@@ -135,8 +154,48 @@ class OnnxMlirTrainingSession(StepSession):
             hint = "" if self.checks is not None else " (noise inputs are drawn only with training_model=, the ONNX graph)"
             raise InvalidOptionError(f"missing inputs {missing}; the library takes {self.input_names}{hint}")
         # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
-        results = self._session.run([np.asarray(feed[name], order="C") for name in self.input_names])
-        return dict(zip(self.output_names, results, strict=True))
+        values = dict(feed)
+        for piece in self._pieces:
+            results = piece.session.run([np.asarray(values[name], order="C") for name in piece.input_names])
+            values.update(zip(piece.output_names, results, strict=True))
+        return {name: values[name] for name in self.output_names}
+
+
+@dataclass(frozen=True)
+class _LoadedPiece:
+    """One loaded library and the names it takes and returns, in its signature's order."""
+
+    session: object
+    input_names: list[str]
+    output_names: list[str]
+
+
+def _load_pieces(module: bytes, folder: Path, source: str) -> tuple[list[_LoadedPiece], list[str], list[str]]:
+    """The libraries of ``module`` (one ``.so`` or a ``pack_pieces`` archive, read from ``source``), written
+    to ``folder`` and loaded, with the graph's input and output names."""
+    session_class = _execution_session_class()
+    try:
+        if is_pieces_archive(module):
+            with zipfile.ZipFile(io.BytesIO(module)) as archive:
+                manifest = json.loads(archive.read(_MANIFEST))
+                archive.extractall(folder, members=manifest["pieces"])
+            paths = [folder / name for name in manifest["pieces"]]
+        else:
+            manifest, paths = None, [folder / "model.so"]
+            paths[0].write_bytes(module)
+    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+        raise ModelLoadError(f"{source} is not a model compiled by onnx-mlir in pieces: {exc}") from exc
+    pieces = []
+    for path in paths:
+        try:
+            session = session_class(str(path), tag="NONE")  # the untagged entry points: any file name
+            pieces.append(_LoadedPiece(session, [v["name"] for v in json.loads(session.input_signature())],
+                                       [v["name"] for v in json.loads(session.output_signature())]))
+        except (RuntimeError, ValueError) as exc:
+            raise ModelLoadError(f"{source} ({path.name}) is not a model library compiled by onnx-mlir: {exc}") from exc
+    if manifest is None:
+        return pieces, pieces[0].input_names, pieces[0].output_names
+    return pieces, manifest["inputs"], manifest["outputs"]
 
 
 class OnnxMlirGraph(SessionGraph):
