@@ -222,10 +222,11 @@ def check_wild_file(name: str, entry: dict) -> WildResult:
             float32[w].rounding_noise = rounding
     failures += [f"grad_{w} float32 off by {c.error:.3g} > {c.bound:.3g}" for w, c in float32.items()
                  if c.error > c.bound]
-    widened = any(c.rounding_noise is not None for c in float32.values())  # and then must still reject wrong ones
-    for how, factor in (("scaled by 1.01", 1.01), ("sign flipped", -1.0)) if widened else ():
-        if not any(np.max(np.abs(factor * grads32[w] - grads64[w]), initial=0.0) > float32[w].bound for w in float32):
-            failures.append(f"the float32 bound does not reject a float32 gradient {how}")
+    # a widened bound must still reject a float32 gradient of the wrong sign; a 1% error is the float64
+    # check's to catch (its oracle rejects one), since deep nets' float32 gradient noise can exceed 1%
+    widened = any(c.rounding_noise is not None for c in float32.values())
+    if widened and not any(np.max(np.abs(grads32[w] + grads64[w]), initial=0.0) > float32[w].bound for w in float32):
+        failures.append("the float32 bound does not reject a float32 gradient of the wrong sign")
     for w in tm32.weights:
         want = state32[w].astype(np.float64) - LR * np.asarray(got32[f"grad_{w}"], np.float32).astype(np.float64)
         if np.max(np.abs(got32[f"updated_{w}"] - want), initial=0.0) > np.finfo(np.float32).eps * max(np.max(np.abs(want), initial=0.0), 1e-30):
