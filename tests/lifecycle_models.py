@@ -100,6 +100,11 @@ def mlp_and_data() -> tuple[torch.nn.Module, onnx.ModelProto, torch.Tensor, torc
     return module, onnx.load_from_string(buffer.getvalue()), x, y
 
 
+# bridge's LoRA targets for the models LoRA is proven on (tests/test_lora.py, tests/test_lora_compiled.py)
+LORA_TARGETS = {"bert_tiny": ["*attention*", "*intermediate*", "*output.dense*"], "gpt2_tiny": ["*attn*", "*mlp*"],
+                "cnn": ["conv*", "head*"]}
+
+
 def lora_cnn() -> tuple[torch.nn.Module, dict[str, np.ndarray], np.ndarray, str]:
     """Two Convs (one strided) -> ReLU -> global average pool -> Linear, a batch of 3 8x8 RGB images and
     class indices, and its loss: the CNN that LoRA's Conv adapters are tested on."""

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from helpers.reference import bridge_steps, torch_steps
-from lifecycle_models import lora_cnn, mlp_and_data
+from lifecycle_models import LORA_TARGETS, lora_cnn, mlp_and_data
 from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 from zoo import torch_models
@@ -180,10 +180,9 @@ def test_cli_converts_with_lora_and_exports_merged_or_not(tmp_path, capsys):
 
 # model -> (builder, bridge's targets, peft's target_modules: the same layers)
 PEFT_CASES = {
-    "bert_tiny": (torch_models.bert, ["*attention*", "*intermediate*", "*output.dense*"],
-                  r".*encoder.*\.(query|key|value|dense)"),
-    "gpt2_tiny": (torch_models.gpt2, ["*attn*", "*mlp*"], ["c_attn", "c_proj", "c_fc"]),
-    "cnn": (lora_cnn, ["conv*", "head*"], ["conv1", "conv2", "head"]),
+    "bert_tiny": (torch_models.bert, LORA_TARGETS["bert_tiny"], r".*encoder.*\.(query|key|value|dense)"),
+    "gpt2_tiny": (torch_models.gpt2, LORA_TARGETS["gpt2_tiny"], ["c_attn", "c_proj", "c_fc"]),
+    "cnn": (lora_cnn, LORA_TARGETS["cnn"], ["conv1", "conv2", "head"]),
 }
 
 

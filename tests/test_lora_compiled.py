@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.reference import assert_steps_match
-from lifecycle_models import lora_cnn
+from lifecycle_models import LORA_TARGETS, lora_cnn
 from zoo import torch_models
 
 import bridge
@@ -29,9 +29,8 @@ def _mlp() -> torch_models.Built:
     return module, {"x": rng.standard_normal((4, 6)).astype(np.float32)}, rng.integers(0, 3, 4), "ce"
 
 
-CASES = {"mlp": (_mlp, ["*"]), "cnn": (lora_cnn, ["conv*", "head*"]),
-         "bert_tiny": (torch_models.bert, ["*attention*", "*intermediate*", "*output.dense*"]),
-         "gpt2_tiny": (torch_models.gpt2, ["*attn*", "*mlp*"])}
+CASES = {"mlp": (_mlp, ["*"]), "cnn": (lora_cnn, LORA_TARGETS["cnn"]),
+         "bert_tiny": (torch_models.bert, LORA_TARGETS["bert_tiny"]), "gpt2_tiny": (torch_models.gpt2, LORA_TARGETS["gpt2_tiny"])}
 # the transformers compile for minutes in each compiler: the exhaustive tier (make test-all); CI compiles the MLP
 # and the CNN
 EXHAUSTIVE = {"bert_tiny", "gpt2_tiny"}
