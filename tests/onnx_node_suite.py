@@ -4,7 +4,7 @@ The subset: node tests of ``onnx.backend.test.loader.load_model_tests(kind="node
 imports only the default domain at opset <= ``KNOWN_OPSET`` and whose every node (subgraphs
 included) is an op of onnx-mlir's CPU table (``bridge/data/onnx_mlir_cpu_ops.json``).
 
-Each test gets three verdicts (strings, recorded in ``tests/onnx_node_expectations.json``):
+Each test gets four verdicts (strings, recorded in ``tests/onnx_node_expectations.json``):
 
 - ``forward``: ``"unsupported"`` (bridge's importer has no converter for one of the model's ops:
   ``UnsupportedOpError`` when ``OnnxProgram`` is built), ``"pass"`` (the importer's outputs equal
@@ -15,10 +15,13 @@ Each test gets three verdicts (strings, recorded in ``tests/onnx_node_expectatio
   every floating-point input becomes a trainable initializer (its value from the data set) and
   ``helpers.oracle.check_training_step`` runs one mse + SGD step: ``"pass"`` or
   ``"fail: <failed checks>"``. The oracle is float64 finite differences, except for tests whose
-  data sit at a kink (``AT_KINKS``): there torch's convention is the truth (a torch twin).
+  data sit at a kink (``AT_KINKS``): there torch's convention is the truth (a torch twin);
+- ``onnx_mlir``: the same float32 training graph compiled by onnx-mlir and stepped against
+  onnxruntime (``onnx_mlir_verdict``); each failure's cause is in ``repros.onnx_mlir_defects.NODE_DEFECTS``.
 
-Run ``python tests/onnx_node_suite.py`` to rewrite the expectations file from a full run (or set
-``BRIDGE_UPDATE_EXPECTATIONS=1`` for a pytest run: tests/test_onnx_node_suite.py).
+Run ``python tests/onnx_node_suite.py`` to rewrite the expectations file from a full run
+(``--onnx-mlir``: the onnx-mlir verdicts), or set ``BRIDGE_UPDATE_EXPECTATIONS=1`` for a pytest run
+(tests/test_onnx_node_suite.py).
 """
 from __future__ import annotations
 
@@ -40,9 +43,11 @@ from onnx.backend.test.runner import Runner, _normalize_tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers.compiled import step_mismatches  # noqa: E402
 from helpers.importer import run_onnxruntime  # noqa: E402
-from helpers.oracle import check_training_step  # noqa: E402
+from helpers.oracle import OPTIONS, _random_noise, check_training_step  # noqa: E402
 
+import bridge  # noqa: E402
 from bridge.errors import UnsupportedOpError  # noqa: E402
 from bridge.onnx_file import all_nodes as _all_nodes  # noqa: E402
 from bridge.onnx_file import subgraphs
@@ -50,6 +55,7 @@ from bridge.pipeline.importer.program import OnnxProgram  # noqa: E402
 from bridge.pipeline.importer.registry import CONVERTERS, import_all_converters  # noqa: E402
 from bridge.pipeline.importer.weights import differentiable_initializers  # noqa: E402
 from bridge.pipeline.load import KNOWN_OPSET, load_model  # noqa: E402
+from bridge.tools.compile import CompileError  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 EXPECTATIONS = Path(__file__).parent / "onnx_node_expectations.json"
@@ -328,6 +334,12 @@ def as_training_source(case) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return with_initializers(model, floats), {k: v for k, v in feeds.items() if k not in floats}
 
 
+def trainable_inputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[str]:
+    """The initializers of ``model`` (``as_training_source``) that reach its first output differentiably."""
+    program = OnnxProgram(load_model(model))
+    return differentiable_initializers(program, {k: _to_torch(v) for k, v in inputs.items()}, 0)
+
+
 def gradient_verdict(case) -> str:
     """One training step of ``case`` against the float64 finite-difference oracle (at a kink,
     ``AT_KINKS``: against the float64 autograd of its torch twin)."""
@@ -338,8 +350,7 @@ def gradient_verdict(case) -> str:
         return NOT_RUN[case.name]
     model, inputs = as_training_source(case)
     try:
-        program = OnnxProgram(load_model(model))
-        trainable = differentiable_initializers(program, {k: _to_torch(v) for k, v in inputs.items()}, 0)
+        trainable = trainable_inputs(model, inputs)
     except Exception as exc:  # noqa: BLE001
         return f"fail: crash: {_short(exc)}"
     if not trainable:
@@ -353,6 +364,50 @@ def gradient_verdict(case) -> str:
     if not failures:
         return "pass"
     return "fail: " + "; ".join(sorted({f.split(": error")[0] for f in failures}))
+
+
+ONNX_MLIR_TIMEOUT_S = 300.0  # a node test's training graph compiles in seconds
+
+
+def onnx_mlir_verdict(name: str) -> str:
+    """Test ``name``'s float32 training graph (the one ``gradient_verdict`` checks) compiled by onnx-mlir
+    at its default flags and stepped once from the initial state, against onnxruntime's step (one thread)
+    on the same graph, state and batch (``helpers.compiled.step_mismatches``, the op rows' tolerance):
+    ``"pass"``, ``"fail: compile: <error>"``, ``"fail: step: <error>"``, ``"fail: mismatch: <outputs>"``,
+    or ``"n/a: <why>"`` where there is no training graph to compile (no gradient case, no forward pass,
+    a conversion that fails) or onnxruntime does not step it."""
+    case = cases()[name]
+    why_not = gradient_case(case)
+    if why_not:
+        return f"n/a: {why_not}"
+    if case.name in NOT_RUN:
+        return f"n/a: {NOT_RUN[case.name].removeprefix('fail: ')}"
+    if forward_verdict(case) != "pass":
+        return "n/a: forward does not pass"
+    model, inputs = as_training_source(case)
+    try:
+        trainable = trainable_inputs(model, inputs)
+        if not trainable:
+            return "n/a: no input reaches the first output differentiably"
+        tm = bridge.to_training_onnx(model, trainable=trainable, **OPTIONS)
+    except Exception as exc:  # noqa: BLE001 - no training graph: nothing to compile
+        return f"n/a: training graph not built: {_short(exc)}"
+    target = np.random.default_rng(0).standard_normal(tm.target_shape).astype(tm.target_dtype)
+    feed = {**inputs, **_random_noise(tm, inputs, 0)}
+    try:
+        want = tm.session(threads=1).step(feed, target)
+    except Exception as exc:  # noqa: BLE001
+        return f"n/a: onnxruntime does not step the graph: {_short(exc)}"
+    try:
+        compiled = bridge.compile(tm, backend="onnx-mlir", timeout=ONNX_MLIR_TIMEOUT_S)
+    except CompileError as exc:
+        return f"fail: compile: {_short(exc)}"
+    try:
+        got = compiled.session().step(feed, target)
+    except Exception as exc:  # noqa: BLE001
+        return f"fail: step: {_short(exc)}"
+    off = step_mismatches(model, dict(OPTIONS, trainable=trainable), got, want, feed, target, name)
+    return f"fail: mismatch: {', '.join(sorted(off))}" if off else "pass"
 
 
 def wrong_gradient(verdict: str) -> bool:
@@ -406,19 +461,25 @@ def write_expectations(expectations: dict[str, dict]) -> None:
 
 def main(argv: Sequence[str]) -> None:
     """Rewrite the expectations file from a full run, test by test (``--forward-only``: keep the
-    gradient verdicts; ``--resume``: keep the entries that already have every verdict; test names:
-    only these)."""
+    gradient verdicts; ``--onnx-mlir``: only the onnx-mlir verdicts; ``--resume``: keep the entries
+    that already have the verdicts asked for; test names: only these). The onnx-mlir verdicts are
+    kept unless asked for."""
     expectations = load_expectations()
     only = [a for a in argv if not a.startswith("--")]
+    asked = "onnx_mlir" if "--onnx-mlir" in argv else "grad"
     for index, name in enumerate(cases()):
         old = expectations.get(name, {})
-        if ("--resume" in argv and "grad" in old) or (only and name not in only):
+        if ("--resume" in argv and asked in old) or (only and name not in only):
             continue
-        entry = verdicts(name, gradient="--forward-only" not in argv)
-        entry.setdefault("grad", old.get("grad"))
+        if asked == "onnx_mlir":
+            entry = {**old, "onnx_mlir": onnx_mlir_verdict(name)}
+        else:
+            entry = verdicts(name, gradient="--forward-only" not in argv)
+            entry.setdefault("grad", old.get("grad"))
+            entry.setdefault("onnx_mlir", old.get("onnx_mlir"))
         expectations[name] = entry
         write_expectations(expectations)
-        print(f"{index} {name} {entry['forward']} | {entry['grad']}", flush=True)
+        print(f"{index} {name} {entry['forward']} | {entry['grad']} | {entry['onnx_mlir']}", flush=True)
     write_expectations({name: expectations[name] for name in cases()})
 
 

@@ -1,28 +1,34 @@
 """The ONNX backend node tests (the subset of tests/onnx_node_suite.py) hold their recorded verdicts.
 
-``tests/onnx_node_expectations.json`` records, per test, bridge's forward verdict, onnxruntime's
-and the gradient verdict. Any change fails, a fix as much as a regression (like a strict xfail):
+``tests/onnx_node_expectations.json`` records, per test, bridge's forward verdict, onnxruntime's,
+the gradient verdict and the onnx-mlir verdict (the training graph compiled by onnx-mlir, its step
+against onnxruntime's). Any change fails, a fix as much as a regression (like a strict xfail):
 after a fix, rewrite the file with ``BRIDGE_UPDATE_EXPECTATIONS=1 pytest tests/test_onnx_node_suite.py``
 (the tests then record instead of compare; ``make test-all`` tier for every gradient) or with
 ``PYTHONPATH=. python tests/onnx_node_suite.py``, and regenerate docs/models.md with ``docs/conformance.py``.
 
 Forward verdicts run in every tier; gradient verdicts are ``exhaustive`` (``make test-all``) except
 for ``GRADIENT_SAMPLE``, one test per op family (``make test``), of which ``make test-fast`` runs
-``GRADIENT_FAST``.
+``GRADIENT_FAST``. onnx-mlir verdicts are ``exhaustive``, skipped where onnx-mlir is not installed.
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import onnx_node_suite as suite
 import pytest
 from generated_docs import assert_generated_block_current
+from repros.onnx_mlir_defects import NODE_DEFECTS
+
+from bridge.tools.target_check import onnx_mlir_missing
 
 # One pytest-xdist work unit (tests/conftest.py): every process that runs one of these tests first
 # builds the suite's cases (``suite.cases()``, ~8 s of CPU); grouped, one worker builds them.
 pytestmark = pytest.mark.xdist_group("onnx_node_suite")
 
 UPDATE = os.environ.get("BRIDGE_UPDATE_EXPECTATIONS") == "1"
+ONNX_MLIR_MISSING = onnx_mlir_missing()
 EXPECTED = suite.load_expectations()
 NAMES = sorted(EXPECTED)
 
@@ -119,6 +125,26 @@ def test_gradient_sample_is_gradient_cases():
     assert len(families) == len(set(families))
     assert all(not EXPECTED[n]["grad"].startswith("n/a") for n in GRADIENT_SAMPLE)
     assert GRADIENT_FAST <= GRADIENT_SAMPLE
+
+
+@pytest.mark.onnx_mlir
+@pytest.mark.exhaustive
+@pytest.mark.skipif(ONNX_MLIR_MISSING is not None, reason=f"onnx-mlir is not available: {ONNX_MLIR_MISSING}")
+@pytest.mark.parametrize("name", NAMES)
+def test_onnx_mlir(name):
+    """The training graph compiled by onnx-mlir steps like onnxruntime (``suite.onnx_mlir_verdict``)."""
+    _check(name, {"onnx_mlir": suite.onnx_mlir_verdict(name)})
+
+
+def test_onnx_mlir_failures_name_their_cause():
+    """Every onnx-mlir failure recorded has its cause in ``NODE_DEFECTS`` (a defect of docs/onnx-mlir.md's
+    table and its repro, or why bridge's graph is at fault), and every cause listed is a recorded failure."""
+    failing = {n for n in NAMES if (EXPECTED[n].get("onnx_mlir") or "").startswith("fail")}
+    assert failing == set(NODE_DEFECTS)
+    table = (Path(__file__).parent.parent / "docs" / "onnx-mlir.md").read_text()
+    for cause in set(NODE_DEFECTS.values()):
+        assert cause.repro is None or (Path(__file__).parent / "repros" / cause.repro).exists(), cause
+        assert cause.repro is None or f"`{cause.repro}`" in table, f"{cause.repro} is not in docs/onnx-mlir.md's table"
 
 
 def test_no_recorded_gradient_is_wrong():

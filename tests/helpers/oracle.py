@@ -42,6 +42,7 @@ FLOAT32_EPS = 2.0**-24
 TORCH_NOISE_FACTOR = 10.0  # bridge's float32 gradient may be this many times as far from float64 as torch's
 TWIN_ULPS = 16.0  # float64 unit roundoffs of the gradient's scale: bridge's float64 graph vs the torch twin
 LR = 0.125  # a power of two: the lr input is float32 even in a float64 graph
+OPTIONS = {"loss": "mse", "optim": "sgd", "optim_options": {"lr": LR}}  # the step checked: one mse + SGD step
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -254,7 +255,7 @@ def check_training_step(
     model64 = as_float64(model)
     reference64 = model64 if reference is None else as_float64(reference)
     inputs64 = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in inputs.items()}
-    options = dict(loss="mse", optim="sgd", optim_options={"lr": LR}, output=output_index, **convert_options)
+    options = dict(OPTIONS, output=output_index, **convert_options)
     tm64 = bridge.to_training_onnx(model64, **options)
     rng = np.random.default_rng(seed)
     out_shape = run_reference(reference64, inputs64)[output_index].shape
