@@ -147,6 +147,19 @@ def test_onnx_mlir_failures_name_their_cause():
         assert cause.repro is None or f"`{cause.repro}`" in table, f"{cause.repro} is not in docs/onnx-mlir.md's table"
 
 
+@pytest.mark.onnx_mlir
+@pytest.mark.slow
+@pytest.mark.skipif(ONNX_MLIR_MISSING is not None, reason=f"onnx-mlir is not available: {ONNX_MLIR_MISSING}")
+def test_reduce_sum_repro_shows_a_sequential_sum():
+    """The repro of the one failure's cause: onnx-mlir's ReduceSum is the sequential float32 sum, bit for
+    bit, and further from the float64 sum than onnxruntime's (when onnx-mlir changes, its row must too)."""
+    from repros.onnx_mlir_reduce_sum_sequential import relative_errors
+
+    found = relative_errors()
+    assert found["onnx-mlir is the sequential sum"] == 1.0
+    assert found["onnx-mlir"] > 2 * found["onnxruntime"]
+
+
 def test_no_recorded_gradient_is_wrong():
     """Every gradient verdict that reached its oracle agrees with it (finite differences; torch at kinks)."""
     assert [n for n in NAMES if suite.wrong_gradient(EXPECTED[n]["grad"] or "")] == []
