@@ -89,10 +89,9 @@ BAD = {
                [_const("sc", np.array([1, 1, 2, 2], np.float32))]),
         "Resize", "mode=cubic",
     ),
-    "cast_to_int": (_model([helper.make_node("Cast", ["x"], ["y"], name="n", to=I64)], X, [("y", I64, None)]), "Cast", "cast to INT64"),
-    "cast_from_bool": (
-        _model([helper.make_node("Cast", ["b"], ["y"], name="n", to=F)], [("b", TensorProto.BOOL, [3])], Y),
-        "Cast", "cast from BOOL",
+    "cast_to_bfloat16": (
+        _model([helper.make_node("Cast", ["x"], ["y"], name="n", to=TensorProto.BFLOAT16)], X, [("y", TensorProto.BFLOAT16, None)]),
+        "Cast", "cast to BFLOAT16",
     ),
     "dropout_training": (
         _model([helper.make_node("Dropout", ["x", "r", "t"], ["y"], name="n")], X + [("t", TensorProto.BOOL, [])], Y,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -381,3 +382,39 @@ def test_a_timeout_also_stops_what_onnx_mlir_started(tmp_path, monkeypatch):
     with pytest.raises(bridge.CompileError, match=r"ran past the timeout of 1 s .*last phase: \[1/6\] Importing ONNX Model"):
         bridge.compile(small_mlp()[1], backend="onnx-mlir", timeout=1)
     assert time.perf_counter() - start < 60, "the compile waited for the child process"
+
+
+@needs_onnx_mlir
+def test_casts_the_check_allows_compile_and_equal_onnxruntime(tmp_path):
+    """Every cast between two types of ``CAST_TYPES`` that ``bridge check --target onnx-mlir`` lets through
+    compiles and gives onnxruntime's values; one it refuses (int64 to uint8) fails to compile."""
+    import itertools
+
+    import onnxruntime
+    from repros.onnx_mlir_defects import compile_as_is
+
+    from bridge.tools.target_check import CAST_TYPES, check
+
+    def casts(pairs):
+        nodes = [helper.make_node("Cast", [f"x{i}"], [f"y{i}"], name=f"cast{i}", to=to) for i, (_, to) in enumerate(pairs)]
+        inputs = [helper.make_tensor_value_info(f"x{i}", source, [32]) for i, (source, _) in enumerate(pairs)]
+        outputs = [helper.make_tensor_value_info(f"y{i}", to, [32]) for i, (_, to) in enumerate(pairs)]
+        return helper.make_model(helper.make_graph(nodes, "casts", inputs, outputs), opset_imports=[helper.make_opsetid("", 18)])
+
+    every = list(itertools.permutations(sorted(CAST_TYPES), 2))
+    refused = {int(v.node.removeprefix("cast")) for v in check(casts(every), "onnx-mlir", compile=False)}
+    allowed = [pair for i, pair in enumerate(every) if i not in refused]
+    assert (TensorProto.INT64, TensorProto.UINT8) not in allowed and (TensorProto.INT64, TensorProto.FLOAT) in allowed
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for index, (source, _) in enumerate(allowed):
+        values = rng.uniform(0, 100, 32)  # within every type's range (ONNX leaves out-of-range casts undefined)
+        feeds[f"x{index}"] = (values > 50) if source == TensorProto.BOOL else values.astype(helper.tensor_dtype_to_np_dtype(source))
+    model = casts(allowed)
+    got = OnnxMlirGraph(open(compile_as_is(model, str(tmp_path)), "rb").read(), model)(feeds)
+    want = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for index, (source, to) in enumerate(allowed):
+        name = f"{TensorProto.DataType.Name(source)} -> {TensorProto.DataType.Name(to)}"
+        assert got[f"y{index}"].dtype == want[index].dtype and np.array_equal(got[f"y{index}"], want[index]), name
+    with pytest.raises(subprocess.CalledProcessError):
+        compile_as_is(casts([(TensorProto.INT64, TensorProto.UINT8)]), str(tmp_path))
