@@ -62,7 +62,11 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
     new_mean = momentum * running_mean + (1 - momentum) * batch_mean
     if ctx.training:
         ctx.update_buffer(3, new_mean)
-        ctx.update_buffer(4, momentum * running_var + batch_var * ((1 - momentum) * count / (count - 1)))
+        if isinstance(count, int):  # one constant factor (a symbolic count stays tensor arithmetic, exact)
+            moved = batch_var * ((1 - momentum) * count / (count - 1))
+        else:
+            moved = (1 - momentum) * batch_var * count / (count - 1)
+        ctx.update_buffer(4, momentum * running_var + moved)
     spec_var = momentum * running_var + (1 - momentum) * batch_var
     extra = [new_mean, spec_var]
     if ctx.opset < 14 and len(ctx.node.output) > 3:  # the saved statistics, differentiable as the graph may use them
