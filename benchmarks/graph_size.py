@@ -1,13 +1,14 @@
 """Graph size: the training step's nodes per phase and op type, bridge's targets beside onnxsim's Adam step.
 
     python benchmarks/graph_size.py --models mlp resnet18 --targets onnxruntime onnx-mlir \\
-        [--onnxsim-python <venv with onnxsim>/bin/python] [--ops]
+        [--onnxsim-python <venv with onnxsim>/bin/python] [--ops | --kinds]
 
 Per model of benchmarks/models.py: bridge converts the legacy export (loss ``ce``, Adam) for each target and its
 nodes are counted by their ``bridge.phase``. With ``--onnxsim-python``, the module with its loss appended
 (``with_loss``: softmax cross-entropy of a one-hot target, in ops onnxsim differentiates) is built into onnxsim's
 step graph by benchmarks/onnxsim_child.py in that venv. Prints a markdown table of nodes per phase (``--ops``:
-and per phase and op type).
+and per phase and op type; ``--kinds``: and per phase and bridge's ``bridge.kind`` tag, the ATen op or layer kind
+a node was emitted for, which onnxsim's nodes do not carry).
 """
 from __future__ import annotations
 
@@ -32,15 +33,18 @@ sys.path.insert(0, str(HERE))
 from models import MODELS, BenchModel  # noqa: E402
 
 PHASES = ("forward", "loss", "backward", "optimizer")
-Counts = dict[str, dict[str, int]]  # phase -> op type -> nodes
+Counts = dict[str, dict[str, int]]  # phase -> op type (or kind) -> nodes
+UNTAGGED = "(untagged)"  # the kind row of a column whose nodes carry no bridge.kind (onnxsim's)
 
 
-def bridge_counts(model: onnx.ModelProto) -> Counts:
-    """Nodes of a bridge training graph per phase (``bridge.phase``) and op type."""
+def bridge_counts(model: onnx.ModelProto, by: str = "op") -> Counts:
+    """Nodes of a bridge training graph per phase (``bridge.phase``) and op type (``by="kind"``: ``bridge.kind``)."""
     counts: Counts = collections.defaultdict(dict)
     for node in model.graph.node:
-        phase = next((p.value for p in node.metadata_props if p.key == "bridge.phase"), "?")
-        counts[phase][node.op_type] = counts[phase].get(node.op_type, 0) + 1
+        tags = {p.key: p.value for p in node.metadata_props}
+        key = node.op_type if by == "op" else tags.get("bridge.kind", UNTAGGED)
+        phase = tags.get("bridge.phase", "?")
+        counts[phase][key] = counts[phase].get(key, 0) + 1
     return counts
 
 
@@ -100,8 +104,10 @@ def onnxsim_counts(python: str, source: Path) -> Counts:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(name: str, targets: Sequence[str], onnxsim_python: str | None, workdir: Path) -> dict[str, Counts]:
-    """Node counts of ``name``'s step per column: ``bridge <target>`` for each target, ``onnxsim`` when asked."""
+def measure(name: str, targets: Sequence[str], onnxsim_python: str | None, workdir: Path,
+            by: str = "op") -> dict[str, Counts]:
+    """Node counts of ``name``'s step per column: ``bridge <target>`` for each target, ``onnxsim`` when asked;
+    per phase and op type, or (``by="kind"``) per phase and ``bridge.kind``, onnxsim's as one untagged row."""
     import bridge
 
     bench = MODELS[name]()
@@ -109,15 +115,16 @@ def measure(name: str, targets: Sequence[str], onnxsim_python: str | None, workd
     columns = {}
     for target in targets:
         model = bridge.to_training_onnx(str(source), loss="ce", optim="adam", target=target).model
-        columns[f"bridge {target}"] = bridge_counts(model)
+        columns[f"bridge {target}"] = bridge_counts(model, by)
     if onnxsim_python is not None:
-        columns["onnxsim"] = onnxsim_counts(onnxsim_python, with_loss(bench, workdir / f"{name}.loss.onnx"))
+        counts = onnxsim_counts(onnxsim_python, with_loss(bench, workdir / f"{name}.loss.onnx"))
+        columns["onnxsim"] = counts if by == "op" else {p: {UNTAGGED: sum(ops.values())} for p, ops in counts.items()}
     return columns
 
 
-def markdown(name: str, columns: dict[str, Counts], ops: bool) -> list[str]:
-    """The table of one model: nodes per phase and in all (``ops``: a row per phase and op type)."""
-    header = ["| phase | " + ("op | " if ops else "") + " | ".join(columns) + " |",
+def markdown(name: str, columns: dict[str, Counts], ops: bool, label: str = "op") -> list[str]:
+    """The table of one model: nodes per phase and in all (``ops``: a row per phase and ``label``, op type or kind)."""
+    header = ["| phase | " + (f"{label} | " if ops else "") + " | ".join(columns) + " |",
               "|---" * (len(columns) + 1 + ops) + "|"]
     rows = []
     for phase in PHASES:
@@ -136,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["mlp"], choices=sorted(MODELS))
     parser.add_argument("--targets", nargs="+", default=["onnxruntime", "onnx-mlir"])
     parser.add_argument("--onnxsim-python", help="the python of a venv with onnxsim")
-    parser.add_argument("--ops", action="store_true", help="a row per phase and op type")
+    rows = parser.add_mutually_exclusive_group()
+    rows.add_argument("--ops", action="store_true", help="a row per phase and op type")
+    rows.add_argument("--kinds", action="store_true", help="a row per phase and bridge.kind (what a node was emitted for)")
     args = parser.parse_args(argv)
+    by = "kind" if args.kinds else "op"
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.models:
-            print("\n".join(markdown(name, measure(name, args.targets, args.onnxsim_python, Path(workdir)), args.ops)))
+            columns = measure(name, args.targets, args.onnxsim_python, Path(workdir), by)
+            print("\n".join(markdown(name, columns, args.ops or args.kinds, by)))
     return 0
 
 

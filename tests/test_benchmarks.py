@@ -172,6 +172,17 @@ def test_graph_size_counts_every_node_once_per_phase_and_op(tmp_path):
     assert table[-2] == f"| total | | {len(model.graph.node)} |"
 
 
+def test_graph_size_kinds_split_each_phase_as_the_op_types_do(tmp_path):
+    """``--kinds`` counts the same nodes per phase as the op rows, split by what each was emitted for."""
+    import bridge
+
+    by_op = graph_size.measure("mlp", ["plain"], None, tmp_path)["bridge plain"]
+    model = bridge.to_training_onnx(str(tmp_path / "mlp.onnx"), loss="ce", optim="adam", target="plain").model
+    by_kind = graph_size.bridge_counts(model, by="kind")
+    assert {p: sum(k.values()) for p, k in by_kind.items()} == {p: sum(o.values()) for p, o in by_op.items()}
+    assert graph_size.UNTAGGED not in {kind for kinds in by_kind.values() for kind in kinds}
+
+
 def test_the_loss_given_to_onnxsim_is_torch_s_cross_entropy(tmp_path):
     """The model given to onnxsim (small_cnn with its loss appended, Constants and Flatten rewritten) computes
     ``F.cross_entropy`` of the module's logits, within float32 noise."""

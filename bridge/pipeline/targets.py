@@ -112,13 +112,11 @@ def conv_input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], 
 
 def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
                           outputs: Sequence[int], stride: Sequence[int]) -> str:
-    """``conv``, ``taps``, ``gemm``, ``gemm_offset_major`` or ``gemm_channel_first`` for a Conv's weight
-    gradient (lowering/conv.py).
+    """``conv``, ``gather``, ``gemm`` or ``gemm_channel_first`` for a Conv's weight gradient (lowering/conv.py).
 
-    ``conv``'s inner dimension is the batch, the im2col forms' ``N * O`` at the price of ``K`` strided
-    slices of the input. Few input channels (an RGB stem): ``gemm_channel_first`` at stride 1, else
-    ``conv``. A large output plane (``O >= 64``, ``O > Cout``): ``taps`` (no columns Concat). Else one
-    im2col MatMul: channel-major (``gemm``) at ``O <= 16`` and ``O >= 64``, offset-major between.
+    ``conv``'s inner dimension is the batch, the im2col forms' ``N * O``. Few input channels (an RGB
+    stem): ``gemm_channel_first`` at stride 1, else ``conv``. A 1x1 kernel: ``gemm`` (its one window is a
+    strided slice). Else ``gather``: the columns by one Gather of whole channel rows, one MatMul.
     Grouped Convs keep ``conv``."""
     if groups != 1 or not enabled("conv_backward_gemm"):
         return "conv"
@@ -126,6 +124,4 @@ def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kern
         return "gemm"
     if in_channels < 16:
         return "gemm_channel_first" if all(s == 1 for s in stride) else "conv"
-    if math.prod(outputs) >= 64 and math.prod(outputs) > out_channels:
-        return "taps"
-    return "gemm_offset_major" if 16 < math.prod(outputs) < 64 else "gemm"
+    return "gather"

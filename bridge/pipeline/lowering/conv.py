@@ -29,6 +29,9 @@ reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current ta
     offset, the ``K`` products stacked: no columns Concat.
   - ``gemm_channel_first`` (groups 1): the windows of the batch-transposed input ``[Cin, N, L...]``
     stacked channel-major into columns ``[Cin*K, N*O]``, one Gemm ``grad_output @ columns^T``.
+  - ``gather`` (groups 1): the padded channels-last input ``[N, Lp, Cin]`` gathered at every window's
+    offsets into columns ``[N*O, K*Cin]`` (one Gather copying whole ``Cin`` rows), one MatMul, the
+    weight-sized product transposed to the weight's layout.
 * ``grad_bias``: a sum over batch and spatial dims.
 * the forward: an ONNX ``Conv``, or ``gemm`` (groups 1): the input's columns ``[Cin*K, N*O]`` times
   the weight as it is, ``[Cout, Cin*K]``.
@@ -71,18 +74,25 @@ def _pad_spatial(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], ch
     return aten.constant_pad_nd.default(x, [0, 0] * channels_last + torch_pad(begins, ends), 0.0)
 
 
+def _pad_to_windows(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                    dilation: Sequence[int], outputs: Sequence[int], fill: float = 0.0, first: int = 2) -> torch.Tensor:
+    """``x`` padded with ``fill`` (begin ``padding``; end cropped or padded to exactly what the windows read):
+    window ``o``'s offset ``j`` is then at ``o*s + j*d`` of each spatial dim (``first ..``)."""
+    rank = len(kernel)
+    pad = [0, 0] * (x.dim() - first - rank)
+    for size, o, k, s, p, d in reversed(list(zip(x.shape[first:first + rank], outputs, kernel, stride, padding,
+                                                  dilation, strict=True))):
+        pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
+    return aten.constant_pad_nd.default(x, pad, fill)
+
+
 def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                   dilation: Sequence[int], outputs: Sequence[int], fill: float = 0.0, first: int = 2
                   ) -> list[torch.Tensor]:
     """One tensor per kernel offset (row-major): the element each window holds there, i.e. strided
     slices of ``x`` padded with ``fill`` (begin ``padding``, end to exactly what the windows
     read). The spatial dims of ``x`` are ``first .. first + len(kernel) - 1``."""
-    rank = len(kernel)
-    pad = [0, 0] * (x.dim() - first - rank)
-    for size, o, k, s, p, d in reversed(list(zip(x.shape[first:first + rank], outputs, kernel, stride, padding,
-                                                  dilation, strict=True))):
-        pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
-    padded = aten.constant_pad_nd.default(x, pad, fill)
+    padded = _pad_to_windows(x, kernel, stride, padding, dilation, outputs, fill, first)
     windows = []
     for offset in itertools.product(*[range(k) for k in kernel]):
         window = padded
@@ -351,7 +361,7 @@ def scatter_matrix(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence
 def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None) -> torch.Tensor:
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: the current target's,
-    ``targets.conv_weight_grad_form``) is ``conv``, ``taps``, ``gemm``, ``gemm_offset_major`` or
+    ``targets.conv_weight_grad_form``) is ``conv``, ``gather``, ``taps``, ``gemm``, ``gemm_offset_major`` or
     ``gemm_channel_first`` (see the module docstring)."""
     kernel = list(weight_size[2:])
     form = form or targets.conv_weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output), stride)
@@ -361,6 +371,8 @@ def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequenc
         return _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation)
     if form == "taps":
         return _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation)
+    if form == "gather":
+        return _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation)
     return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, form == "gemm_offset_major")
 
 
@@ -405,6 +417,38 @@ def _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding
     cols = _channel_first_columns(x, list(weight_size[2:]), stride, padding, dilation, _spatial(grad_output))
     product = aten.mm.default(_channel_rows(grad_output), aten.t.default(cols))  # a Gemm (transB): [Cout, Cin*K]
     return aten.reshape.default(product, list(weight_size))
+
+
+def window_indices(kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                   outputs: Sequence[int]) -> np.ndarray:
+    """``[O*K]`` int64 (output position major, kernel offset minor): where window ``o``'s offset ``j`` reads
+    the flattened spatial grid of ``_pad_to_windows``, ``o*s + j*d`` per dim."""
+    grid = [(o - 1) * s + d * (k - 1) + 1 for o, k, s, d in zip(outputs, kernel, stride, dilation, strict=True)]
+    steps = np.array([math.prod(grid[axis + 1:]) for axis in range(len(grid))], np.int64)
+
+    def flat(spans: list[np.ndarray]) -> np.ndarray:  # every combination (row-major) as a flat grid index
+        return np.stack(np.meshgrid(*spans, indexing="ij"), -1).reshape(-1, len(spans)) @ steps
+
+    origins = flat([np.arange(o) * s for o, s in zip(outputs, stride, strict=True)])
+    offsets = flat([np.arange(k) * d for k, d in zip(kernel, dilation, strict=True)])
+    return (origins[:, None] + offsets[None, :]).reshape(-1)
+
+
+def _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    """im2col by one Gather (groups 1): the padded channels-last input ``[N, Lp, Cin]`` gathered at
+    ``window_indices`` into columns ``[N*O, K*Cin]`` (offset-major), one MatMul ``grad_output [Cout, N*O] @
+    columns``, then the weight-sized product ``[Cout, k..., Cin]`` transposed to the weight's layout. The
+    Gather copies whole ``Cin`` rows, as the strided slices of the other im2col forms do, in one node."""
+    in_channels, out_channels = x.shape[1], grad_output.shape[1]
+    kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
+    count = math.prod(kernel)
+    padded = _pad_to_windows(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
+    rows = aten.reshape.default(padded, [-1, math.prod(_spatial(padded, channels_last=True)), in_channels])
+    index = torch.from_numpy(window_indices(kernel, stride, dilation, outputs))
+    cols = aten.reshape.default(aten.index_select.default(rows, 1, index), [-1, count * in_channels])
+    product = aten.mm.default(_channel_rows(grad_output), cols)  # [Cout, K*Cin]
+    product = aten.reshape.default(product, [out_channels] + kernel + [in_channels])
+    return aten.permute.default(product, [0, len(kernel) + 1] + list(range(1, len(kernel) + 1)))
 
 
 def _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:

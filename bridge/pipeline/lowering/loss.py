@@ -27,14 +27,13 @@ def _one_hot(log_probs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def _sample_weights(log_probs, target, weight, ignore_index, one_hot) -> torch.Tensor:
     """Per-sample weight: the class weight of the target (1 without weights), 0 if ignored."""
     channel = 0 if log_probs.dim() == 1 else 1
-    valid = target != ignore_index
     if weight is None:
         per_sample = torch.ones_like(target, dtype=log_probs.dtype)
     else:
         shape = [1] * log_probs.dim()
         shape[channel] = -1
         per_sample = torch.where(one_hot, weight.reshape(shape), 0.0).sum(channel)
-    return torch.where(valid, per_sample, 0.0)
+    return torch.where(target == ignore_index, 0.0, per_sample)  # no Not of an inequality
 
 
 @lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)

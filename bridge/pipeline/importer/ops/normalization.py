@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ....errors import ShapeError
+from ... import targets
 from ...primitives import affine
 from ...replay import replayed
 from ..registry import converter
@@ -61,7 +62,11 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
     new_mean = momentum * running_mean + (1 - momentum) * batch_mean
     if ctx.training:
         ctx.update_buffer(3, new_mean)
-        ctx.update_buffer(4, momentum * running_var + (1 - momentum) * batch_var * count / (count - 1))
+        if isinstance(count, int):  # one constant factor (a symbolic count stays tensor arithmetic, exact)
+            moved = batch_var * ((1 - momentum) * count / (count - 1))
+        else:
+            moved = (1 - momentum) * batch_var * count / (count - 1)
+        ctx.update_buffer(4, momentum * running_var + moved)
     spec_var = momentum * running_var + (1 - momentum) * batch_var
     extra = [new_mean, spec_var]
     if ctx.opset < 14 and len(ctx.node.output) > 3:  # the saved statistics, differentiable as the graph may use them
@@ -103,7 +108,8 @@ class _BatchNormTraining(torch.autograd.Function):
     (``shift = mean - m``, the part of the mean ``m`` drops, which matters for inputs far from 0),
     ``dx = (dy - (c * d * invstd^2 + mean(dy))) * a``, ``dscale = d * count * invstd``,
     ``dbias = mean(dy) * count``; ``c * a + bias`` and ``c * (d * invstd^2) + mean(dy)`` are one
-    ``affine`` each (bridge/pipeline/primitives.py).
+    ``affine`` each (bridge/pipeline/primitives.py). The per-channel values after the reductions take the
+    layout the target's ``affine`` reads as it is (``_per_channel``).
 
     Returns ``y`` and the batch mean and biased variance ([C], ``x``'s dtype, not differentiable).
     Traced once per shape (``bridge.pipeline.replay.replayed``).
@@ -123,30 +129,42 @@ class _BatchNormTraining(torch.autograd.Function):
         return dx.to(dy.dtype), grad_scale, grad_bias, None
 
 
+def _per_channel(t: torch.Tensor, rank: int) -> torch.Tensor:
+    """A per-channel value ``[1, C, 1...]`` (or ``[C]``) in the layout ``affine`` emits without Reshapes: ``[C]``
+    where it is a BatchNormalization (the target form ``affine_as_batch_norm``), else ``[1, C, 1...]`` (a Mul
+    and an Add). The other uses (``[C]`` results, products with ``[N, C, ...]``) then pay one Reshape each."""
+    return _flat(t) if targets.enabled("affine_as_batch_norm") else _channel(t, rank)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[C]``, with no view of a view (two Reshapes of one value would not merge)."""
+    return t if t.dim() == 1 else t.reshape(-1)
+
+
 def _batch_norm_forward(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsilon: float):
     """``_BatchNormTraining``'s forward: ``y``, the batch mean and variance, and what its backward reads."""
     rank, wide = x.dim(), _wide(x.dtype)
     mean = _channel_mean(x, wide)
     mean_x = mean.to(x.dtype)
     centered = x - mean_x
-    var = _channel_mean(centered * centered, wide)
+    var = _per_channel(_channel_mean(centered * centered, wide), rank)
     invstd = torch.rsqrt(var + epsilon).to(x.dtype)
-    alpha = invstd * _channel(scale, rank)
-    y = affine(centered, alpha.reshape(-1), bias)
+    alpha = invstd * _per_channel(scale, rank)
+    y = affine(centered, _flat(alpha), bias)
     shift = mean - mean_x.to(wide)
-    return y, mean_x.reshape(-1), var.to(x.dtype).reshape(-1), centered, shift, invstd, alpha
+    return y, _flat(mean_x), _flat(var.to(x.dtype)), centered, shift, invstd, _channel(alpha, rank)
 
 
 def _batch_norm_backward(dy: torch.Tensor, centered: torch.Tensor, shift: torch.Tensor, invstd: torch.Tensor,
                          alpha: torch.Tensor, needs_scale: bool, needs_bias: bool):
     """``_BatchNormTraining``'s backward: the gradients of x, scale (or None) and bias (or None)."""
-    count = centered.numel() // centered.shape[1]
+    rank, count = centered.dim(), centered.numel() // centered.shape[1]
     mean_dy = _channel_mean(dy, shift.dtype)
-    dot = (_channel_mean(dy * centered, shift.dtype) - shift * mean_dy).to(dy.dtype)
-    mean_dy = mean_dy.to(dy.dtype)
-    dx = (dy - affine(centered, (dot * invstd * invstd).reshape(-1), mean_dy.reshape(-1))) * alpha
-    grad_scale = (dot * (invstd * count)).reshape(-1) if needs_scale else None
-    grad_bias = (mean_dy * count).reshape(-1) if needs_bias else None
+    dot = _per_channel((_channel_mean(dy * centered, shift.dtype) - shift * mean_dy).to(dy.dtype), rank)
+    mean_dy = _per_channel(mean_dy.to(dy.dtype), rank)
+    dx = (dy - affine(centered, _flat(dot * invstd * invstd), _flat(mean_dy))) * alpha
+    grad_scale = _flat(dot * (invstd * count)) if needs_scale else None
+    grad_bias = _flat(mean_dy * count) if needs_bias else None
     return dx, grad_scale, grad_bias
 
 
