@@ -180,7 +180,7 @@ def test_zoo_model_compiles_and_matches_onnxruntime(kind, name, mode, tmp_path, 
     float64 up to proven near-decision flips: ``zoo.harness.flip_fit`` must explain IREE's step
     AND onnxruntime's as float64's with at most ``MAX_FITTED_FLIPS`` decisions within float32
     rounding (ReLU inputs at their kink, max-pool windows whose two largest inputs are that close)
-    flipped, each fitted coefficient within 0.1 of 0 or 1, and each runtime's step must match the
+    flipped, each fitted coefficient settled at 0 or 1 (``FlipFit.unsettled``), and each runtime's step must match the
     float64 step with its own flips at rtol 1e-4 of the scale + 4x torch's float32 noise on every
     element (loss, gradients, updates, running statistics). The two runtimes may flip different
     decisions, so they are not compared with each other there; a gradient off by anything else

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from zoo.harness import _window_top2, flip_effect, flip_fit, near_decisions, safe_attempt, window_gaps
+from zoo.harness import NOISE_FACTOR, _window_top2, flip_effect, flip_fit, near_decisions, safe_attempt, window_gaps
 from zoo.torch_models import BATCH, DRAWS, VISION, search_draw, symbolic_batches
 
 import bridge
@@ -158,6 +158,24 @@ def test_flip_fit_accepts_a_real_float32_decision_flip(tmp_path):
     for key in want:
         np.testing.assert_allclose(got[key], fit.record[key], rtol=1e-4, atol=1e-7, err_msg=key)
     assert not np.allclose(fit.record["updated_conv1.weight"], want["updated_conv1.weight"], rtol=1e-4, atol=0)
+
+
+def test_flip_fit_settles_a_fraction_of_a_flip_only_where_it_stays_within_the_tolerance(tmp_path):
+    """A step off float64 by 0.4 of the kink's flip: where the flip moves gradients by many
+    tolerances that fraction is no float32 decision (NOT explained); where the tolerance is wide
+    enough that the whole flip moves no gradient element past half of it (float32 noise that size),
+    the fit cannot tell 0.4 from 0 and the step is float64's with nothing flipped (explained)."""
+    case = _kink_case(tmp_path, at_kink=True)
+    want = case[4]
+    flip = {k: v - want[k] for k, v in _fit(case, case[5]).record.items() if k.startswith("grad_")}
+    got = {k: want[k] + 0.4 * change for k, change in flip.items()}
+    strong = _fit(case, got)
+    assert not strong.explains and strong.unsettled, strong
+    module, mapping, inputs, target = case[:4]
+    # torch's float32 noise on each gradient: half the flip's largest change, so the flip is half the tolerance
+    noise = {k: float(np.abs(change).max()) / 2 / NOISE_FACTOR for k, change in flip.items()}
+    weak = flip_fit(module, mapping, inputs, target, "ce", 1e-3, got, want, noise)
+    assert weak.fitted == 1 and weak.explains and weak.flipped == [] and weak.unsettled == [], weak
 
 
 def test_flip_fit_rejects_a_wrong_gradient_away_from_any_decision(tmp_path):

@@ -60,9 +60,10 @@ DECISION_RTOL = 1e-4
 MAX_FLIPS = 64
 # ``flip_fit``: the most decisions a runtime's step may have flipped to count as explained (googlenet's
 # onnxruntime step at batch 16, the most measured, flipped 10), how far from 0 or 1 a fitted flip's
-# coefficient may be, and the least effect (fraction of the tolerance, on some gradient element) a
-# flip must have to be fitted at all (below it its coefficient is not determined; the residual check
-# still sees it).
+# coefficient may be (unless that fraction of the flip moves no gradient element past its tolerance:
+# then the fit cannot resolve it and the residual check decides), and the least effect (fraction of
+# the tolerance, on some gradient element) a flip must have to be fitted at all (below it its
+# coefficient is not determined; the residual check still sees it).
 MAX_FITTED_FLIPS = 16
 FLIP_ROUNDING = 0.1
 FLIP_VISIBLE = 0.1
@@ -640,7 +641,8 @@ def flip_effect(found: list[tuple[str, int, float, float, float]]) -> float:
 class FlipFit:
     """``flip_fit``'s answer for one runtime's first step: the decisions it flipped, as
     (module and op, input indices, fitted coefficient); the fitted flips whose coefficient is not
-    within ``FLIP_ROUNDING`` of 0 or 1 (``unsettled``); per gradient key, the worst error past
+    within ``FLIP_ROUNDING`` of 0 or 1 by a fraction of the flip that moves some gradient element
+    past its tolerance (``unsettled``); per gradient key, the worst error past
     rtol x |float64| in units of the tolerance, before and after the flips; the float64 step with
     those flips (loss, every gradient, Adam's update from those gradients, running statistics);
     near elements found and decisions fitted (visible, linked ones)."""
@@ -656,8 +658,8 @@ class FlipFit:
     @property
     def explains(self) -> bool:
         """The runtime's step IS float64's with at most ``MAX_FITTED_FLIPS`` near decisions
-        flipped: every fitted coefficient within ``FLIP_ROUNDING`` of 0 or 1, and every gradient
-        within the tolerance of the flipped float64 step."""
+        flipped: every fitted coefficient settled (``unsettled``), and every gradient within the
+        tolerance of the flipped float64 step."""
         return (not self.unsettled and len(self.flipped) <= MAX_FITTED_FLIPS
                 and max(self.residual.values(), default=0.0) <= 1)
 
@@ -682,7 +684,10 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
     got - want ~ sum_k s_k change_k by least squares over the gradient elements (``FIT_SAMPLE``
     drawn per tensor plus its ``FIT_WORST`` furthest off, each in units of its tolerance: ``rtol``
     of the scale + ``NOISE_FACTOR`` x noise), over the flips that move some gradient element by
-    ``FLIP_VISIBLE`` of its tolerance. A flip happened where s rounds to 1; then the float64 step
+    ``FLIP_VISIBLE`` of its tolerance. A flip happened where s is nearer 1 than 0; a coefficient
+    further than ``FLIP_ROUNDING`` from both is unsettled where that fraction of its flip moves some
+    gradient element past its tolerance (a weaker flip the fit cannot resolve against float32 noise
+    of up to the tolerance: the exact check below decides). Then the float64 step
     with exactly those flips (one backward that applies them all, ``_backward``; Adam's update from
     the changed gradients) is compared with ``got`` on every element. ``FlipFit.explains`` says
     whether that proves ``got`` is float64's step with a few decisions rounded the other way."""
@@ -721,23 +726,27 @@ def flip_fit(module: torch.nn.Module, mapping: dict[str, tuple[str, bool]], inpu
     off = {k: np.abs(got[k] - want[k]).flatten() / allowed[k] for k in keys}
     sample = {k: np.union1d(rng.choice(off[k].size, min(off[k].size, FIT_SAMPLE), replace=False),
                             np.argsort(off[k])[-FIT_WORST:]) for k in keys}
-    columns, visible = [], []
+    columns, visible, effects = [], [], []
     for flips in decisions.values():
         changes = gradients(sum(_flip_change(*flip) for flip in flips))
-        if max(float(np.abs(changes[k]).max(initial=0.0)) / allowed[k] for k in keys) >= FLIP_VISIBLE:
+        effect = max(float(np.abs(changes[k]).max(initial=0.0)) / allowed[k] for k in keys)
+        if effect >= FLIP_VISIBLE:
             visible.append(flips)
+            effects.append(effect)
             columns.append(np.concatenate([changes[k].flatten()[sample[k]] / allowed[k] for k in keys]))
     residual = np.concatenate([(got[k] - want[k]).flatten()[sample[k]] / allowed[k] for k in keys])
     fitted = np.linalg.lstsq(np.stack(columns, 1), residual, rcond=None)[0] if columns else np.zeros(0)
     named = [(flips[0][0].where, flips[0][2][0], float(s)) for flips, s in zip(visible, fitted, strict=True)]
-    unsettled = [n for n in named if abs(n[2] - round(n[2])) >= FLIP_ROUNDING or round(n[2]) not in (0, 1)]
-    chosen = [flip for flips, s in zip(visible, fitted, strict=True) if round(s) == 1 for flip in flips]
+    # a coefficient off 0 and 1 by a fraction that moves some gradient element past its tolerance
+    unsettled = [n for n, effect in zip(named, effects, strict=True)
+                 if (off := min(abs(n[2]), abs(n[2] - 1))) >= FLIP_ROUNDING and off * effect >= 1]
+    chosen = [flip for flips, s in zip(visible, fitted, strict=True) if s > 0.5 for flip in flips]
     record = dict(want)
     if chosen:
         plain, flipped = gradients(value), gradients(value, chosen)
         record.update({k: want[k] + (flipped[k] - plain[k]) for k in keys})
         record.update(_adam_update(model, mapping, record, lr))
-    return FlipFit([n for n, s in zip(named, fitted, strict=True) if round(s) == 1], unsettled, errors(want), errors(record),
+    return FlipFit([n for n, s in zip(named, fitted, strict=True) if s > 0.5], unsettled, errors(want), errors(record),
                    record, sum(c.count for c in near), len(columns))
 
 
