@@ -69,7 +69,7 @@ MODELS = {  # name -> (module class, input shape, loss, torch loss)
 }
 FORM_MODEL = {  # the model each form applies to
     "conv_forward_gemm": "cnn", "conv_backward_gemm": "cnn", "constant_matmul_moves": "cnn",
-    "relu_after_maxpool": "cnn", "affine_as_batch_norm": "mlp", "scalar_ranks": "mlp",
+    "relu_after_maxpool": "cnn", "affine_as_batch_norm": "mlp", "scalar_ranks": "mlp", "dense_conv_as_matmul": "cnn",
 }
 OPTIONS = {"lr": 0.05, "momentum": 0.9}  # linear in the gradient (Adam's first step, g / (|g| + eps), is not)
 

@@ -11,8 +11,8 @@ a target current (a context variable, around tracing and export), ``enabled(form
 ``scalar_ranks``, is a post-pass on the exported ONNX graph (bridge/pipeline/broadcast.py). Outside a
 conversion the current target is ``DEFAULT_TARGET``.
 
-The conv rules below (``conv_*_form``) pick, per shape, the onnxruntime form; docs/lowerings/conv_pool.md
-has the measurements behind them.
+The conv rules below (``conv_*_form``) pick, per shape, the onnxruntime form (docs/lowerings/conv_pool.md
+has the measurements behind them), or ``dense_conv_as_matmul``'s MatMul forms for every ungrouped Conv.
 """
 from __future__ import annotations
 
@@ -37,13 +37,17 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
                     "CPU broadcaster otherwise calls its kernel once per element",
     "relu_after_maxpool": "MaxPool(Relu(x)) run as Relu(MaxPool(x)): the Relu and its backward mask on the "
                           "pooled tensor (same values and gradients)",
+    "dense_conv_as_matmul": "every ungrouped Conv's forward, input gradient and weight gradient as im2col/col2im "
+                            "MatMuls: onnx-mlir lowers a Conv to scalar loops, many times slower than its "
+                            "tiled MatMul (tests/repros/onnx_mlir_conv_speed.py), and IREE's direct Conv "
+                            "codegen does twice to three times the MatMuls' work; grouped Convs stay Convs",
 }
 
 TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
     "plain": frozenset(),
-    "onnxruntime": frozenset(FORMS),
-    "iree": frozenset(),  # no form measured faster there yet
-    "onnx-mlir": frozenset(),  # no form measured faster there yet
+    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul"},  # its rules pick per shape
+    "iree": frozenset({"dense_conv_as_matmul"}),
+    "onnx-mlir": frozenset({"dense_conv_as_matmul"}),
 }
 
 DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise
@@ -90,7 +94,10 @@ def select_is_cheap(out_channels: int, sizes: Sequence[int]) -> bool:
 
 def conv_forward_form(groups: int, kernel: Sequence[int], outputs: Sequence[int]) -> str:
     """``conv`` (an ONNX Conv) or ``gemm`` (one MatMul over the batch's columns) for a Conv's forward:
-    ``gemm`` where the output plane is tiny (``O <= 4``) and ``conv_forward_gemm`` is enabled."""
+    ``gemm`` where the output plane is tiny (``O <= 4``) and ``conv_forward_gemm`` is enabled, or the Conv is
+    ungrouped and ``dense_conv_as_matmul`` is enabled."""
+    if groups == 1 and enabled("dense_conv_as_matmul"):
+        return "gemm"
     tiny = groups == 1 and math.prod(kernel) > 1 and math.prod(outputs) <= 4
     return "gemm" if tiny and enabled("conv_forward_gemm") else "conv"
 
@@ -102,7 +109,9 @@ def conv_input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], 
     ``conv`` flips and transposes the whole weight and, strided, convolves a zero-inserted gradient;
     ``gemm`` pays a per-offset scatter of input size. ``gemm`` wins once the weight dominates
     (``Cout >= 16 * O``) or the Conv is strided; ``gemm_select`` does its scatter as one MatMul
-    while the input plane is small (``select_is_cheap``)."""
+    while the input plane is small (``select_is_cheap``). ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
+    if groups == 1 and enabled("dense_conv_as_matmul"):
+        return "gemm"
     if groups != 1 or not enabled("conv_backward_gemm"):
         return "conv"
     if out_channels >= 16 * math.prod(outputs) or max(stride) > 1:
@@ -117,7 +126,9 @@ def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kern
     ``conv``'s inner dimension is the batch, the im2col forms' ``N * O``. Few input channels (an RGB
     stem): ``gemm_channel_first`` at stride 1, else ``conv``. A 1x1 kernel: ``gemm`` (its one window is a
     strided slice). Else ``gather``: the columns by one Gather of whole channel rows, one MatMul.
-    Grouped Convs keep ``conv``."""
+    Grouped Convs keep ``conv``. ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
+    if groups == 1 and enabled("dense_conv_as_matmul"):
+        return "gemm"
     if groups != 1 or not enabled("conv_backward_gemm"):
         return "conv"
     if math.prod(kernel) == 1:
