@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import re
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -270,6 +271,34 @@ def test_accumulation_runs_the_compiled_halves():
     assert_steps_match([{"loss": s["loss"]} for s in om.history.steps], [{"loss": s["loss"]} for s in ort.history.steps],
                        rtol=TOLERANCE)
     assert_steps_match([om.state()], [ort.state()], rtol=TOLERANCE)
+
+
+# a child process that loads the libraries given, in order, and steps the last once (onnx-mlir's reports go to
+# the C library's stdout, which only a child's captured output holds whole)
+_STEP_THE_LAST = """
+import sys, numpy as np, onnx
+from bridge.training.runtime_onnx_mlir import OnnxMlirTrainingSession
+model, state = onnx.load(sys.argv[1]), dict(np.load(sys.argv[2]))
+sessions = [OnnxMlirTrainingSession(path, state, training_model=model) for path in sys.argv[3:]]
+rng = np.random.default_rng(0)
+sessions[-1].step({"x": rng.standard_normal((6, 6)).astype(np.float32)}, rng.integers(0, 2, 6))
+"""
+
+
+@needs_onnx_mlir
+def test_one_graph_compiled_with_other_flags_runs_its_own_code(tmp_path):
+    """Two libraries of one graph, compiled with different flags, loaded in one process: the one loaded second
+    runs its own code (its instrumentation reports each Gemm's signature), not the first one's."""
+    _, model = small_mlp()
+    tm = bridge.to_training_onnx(model, loss="ce", optim="sgd")
+    tm.save(tmp_path / "train.onnx")
+    np.savez(tmp_path / "state.npz", **tm.initial_state())
+    plain, reporting = tmp_path / "plain.so", tmp_path / "reporting.so"
+    bridge.compile(tm, backend="onnx-mlir", output=plain)
+    bridge.compile(tm, backend="onnx-mlir", output=reporting, extra_args=("--instrument-stage=Onnx", "--instrument-signature=onnx.Gemm"))
+    done = subprocess.run([sys.executable, "-c", _STEP_THE_LAST, str(tmp_path / "train.onnx"), str(tmp_path / "state.npz"),
+                           str(plain), str(reporting)], capture_output=True, text=True, check=True)
+    assert done.stdout.count("==SIG-REPORT==, onnx.Gemm") >= 2, done.stdout[-500:]
 
 
 @needs_onnx_mlir

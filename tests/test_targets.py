@@ -12,12 +12,17 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.importer import run_onnxruntime
 from helpers.reference import assert_steps_match, bridge_steps, random_batches
 from helpers.training import module_steps
+from onnx import TensorProto, helper
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
 from bridge.errors import InvalidOptionError
 from bridge.pipeline import targets
+from bridge.pipeline.export.builder import GraphBuilder, Value
+from bridge.pipeline.export.ops import elementwise
 from bridge.tools.target_check import onnx_mlir_missing
 
 STEPS = 3
@@ -51,13 +56,13 @@ class CNN(torch.nn.Module):
 
 
 class MLP(torch.nn.Module):
-    """A Linear from one feature (a ``[8, 1]`` weight, broadcast against the update's scalars) and a BatchNorm1d
-    (``affine`` on a rank-2 tensor)."""
+    """A Linear from one feature (a ``[8, 1]`` weight, broadcast against the update's scalars), a BatchNorm1d
+    (``affine`` on a rank-2 tensor) and a Tanh of its output (values near 0 and far from it)."""
 
     def __init__(self):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8, bias=False),
-                                       torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+                                       torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
     def forward(self, x):
         return self.net(x)
@@ -70,6 +75,7 @@ MODELS = {  # name -> (module class, input shape, loss, torch loss)
 FORM_MODEL = {  # the model each form applies to
     "conv_forward_gemm": "cnn", "conv_backward_gemm": "cnn", "constant_matmul_moves": "cnn",
     "relu_after_maxpool": "cnn", "affine_as_batch_norm": "mlp", "scalar_ranks": "mlp", "dense_conv_as_matmul": "cnn",
+    "tanh_as_exp": "mlp",
 }
 OPTIONS = {"lr": 0.05, "momentum": 0.9}  # linear in the gradient (Adam's first step, g / (|g| + eps), is not)
 
@@ -184,6 +190,31 @@ def test_compiled_target_graph_steps_as_in_onnxruntime(models, name, target):
     batches = models[name][2]
     session = bridge.compile(tm, backend=target).session(seed=0)
     assert_steps_match([session.step(inputs, labels) for inputs, labels in batches], bridge_steps(tm, batches))
+
+
+def test_tanh_as_exp_is_tanh_to_float32_rounding():
+    """The ``tanh_as_exp`` form, run in onnxruntime, is within ``NOISE_FACTOR`` times torch float32 tanh's own error
+    (in float32 rounding units of the float64 value; torch's is half a unit) on both sides of its polynomial's bound, where exp overflows, and at
+    the infinities; NaN stays NaN."""
+    bound = elementwise.TANH_TAYLOR_BELOW
+    grid = np.concatenate([np.linspace(-20, 20, 400_001), np.geomspace(1e-30, 20, 100_000), [bound, np.nextafter(bound, 0)]])
+    x = np.concatenate([grid, -grid, [np.inf, -np.inf, np.nan]]).astype(np.float32)
+    node = next(n for n in make_fx(torch.tanh)(torch.zeros(2)).graph.nodes if n.target is torch.ops.aten.tanh.default)
+    builder = GraphBuilder()
+    with targets.using("onnx-mlir"):
+        y = elementwise.tanh(builder, node, Value("x", x.shape, torch.float32))
+    graph = helper.make_graph(builder.nodes, "tanh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info(str(y), TensorProto.FLOAT, x.shape)])
+    builder.write_initializers(graph)
+    assert "Tanh" not in {n.op_type for n in graph.node}
+    got = run_onnxruntime(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), {"x": x})[0]
+    want = np.tanh(x.astype(np.float64))
+    unit = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    finite = np.isfinite(x)
+    torch_error = np.max(np.abs(torch.tanh(torch.from_numpy(x[finite])).numpy() - want[finite]) / unit[finite])
+    error = np.abs(got[finite] - want[finite]) / unit[finite]
+    assert error.max() <= NOISE_FACTOR * torch_error, f"{error.max():.2f} units at x = {x[finite][error.argmax()]!r}"
+    np.testing.assert_array_equal(got[~finite], [1, -1, np.nan])
 
 
 def test_every_form_has_a_model():

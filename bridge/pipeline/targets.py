@@ -41,13 +41,16 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
                             "MatMuls: onnx-mlir lowers a Conv to scalar loops, many times slower than its "
                             "tiled MatMul (tests/repros/onnx_mlir_conv_speed.py), and IREE's direct Conv "
                             "codegen does twice to three times the MatMuls' work; grouped Convs stay Convs",
+    "tanh_as_exp": "a float32 Tanh as 1 - 2 / (exp(2x) + 1), and as its Taylor polynomial where |x| < 0.55 (within "
+                   "2 float32 rounding units of tanh): onnx-mlir calls the C library's tanhf element by element, "
+                   "while its Exp and arithmetic are vectorized",
 }
 
 TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
     "plain": frozenset(),
-    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul"},  # its rules pick per shape
+    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "tanh_as_exp"},  # its rules pick per shape
     "iree": frozenset({"dense_conv_as_matmul"}),
-    "onnx-mlir": frozenset({"dense_conv_as_matmul"}),
+    "onnx-mlir": frozenset({"dense_conv_as_matmul", "tanh_as_exp"}),
 }
 
 DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import os
 import re
@@ -395,9 +396,11 @@ def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report:
         else:
             source = os.path.join(folder, "model.onnx")
             Path(source).write_bytes(proto.SerializeToString())
-        # the symbols' tag (onnx-mlir names it after the output file): unique per graph, so that several
-        # libraries (a step's two halves) live in one process
-        base = os.path.join(folder, f"bridge_{model_digest(proto)[:16]}")
+        # the symbols' tag (onnx-mlir names it after the output file): unique per graph and flags, so that several
+        # libraries (a step's two halves, one graph compiled for two CPUs) live in one process: with a shared tag
+        # the library loaded second would run the first one's functions
+        tag = hashlib.sha256(f"{model_digest(proto)} {' '.join(flags)}".encode()).hexdigest()[:16]
+        base = os.path.join(folder, f"bridge_{tag}")
         report(f"onnx-mlir: {len(proto.graph.node)} ONNX nodes, {' '.join(flags)}")
         log, phases, expired = [], ["none reported"], threading.Event()
         with subprocess.Popen([str(compiler), *flags, source, "-o", base], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

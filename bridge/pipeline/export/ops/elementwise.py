@@ -1,8 +1,12 @@
 """Element-wise ATen ops -> ONNX arithmetic, comparison, logic and unary math."""
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import torch
 
+from ...targets import enabled
 from ..builder import GraphBuilder, Value, emits
 
 aten = torch.ops.aten
@@ -89,7 +93,6 @@ _UNARY = {
     aten.asinh.default: "Asinh",
     aten.acosh.default: "Acosh",
     aten.atanh.default: "Atanh",
-    aten.tanh.default: "Tanh",
     aten.erf.default: "Erf",
     aten.sigmoid.default: "Sigmoid",
     aten.relu.default: "Relu",
@@ -105,6 +108,31 @@ def _unary(onnx_op: str):
 
 for _target, _op in _UNARY.items():
     emits(_target)(_unary(_op))
+
+
+# tanh(x) = sum_n TANH_TAYLOR[n] * x^(2n+1): 2^(2k) (2^(2k) - 1) B_2k / (2k)! with the Bernoulli numbers B_2k
+TANH_TAYLOR = tuple(Fraction(2 ** (2 * k) * (2 ** (2 * k) - 1) * bernoulli, math.factorial(2 * k)) for k, bernoulli in enumerate(
+    (Fraction(1, 6), Fraction(-1, 30), Fraction(1, 42), Fraction(-1, 30), Fraction(5, 66), Fraction(-691, 2730),
+     Fraction(7, 6), Fraction(-3617, 510), Fraction(43867, 798)), start=1))
+TANH_TAYLOR_BELOW = 0.55  # |x| below which the 9 Taylor terms are float32-exact (the next term < 2^-25 of tanh)
+
+
+@emits(aten.tanh.default)
+def tanh(b, node, x):
+    """Tanh; with the target form ``tanh_as_exp`` a float32 tanh as ``sign(x) * (1 - 2 / (exp(2|x|) + 1))`` (1
+    where exp overflows) and, where ``|x| < TANH_TAYLOR_BELOW``, as its Taylor polynomial in Horner form (the exp
+    form would lose the relative precision of small values)."""
+    dtype = _out_dtype(node)
+    x = b.cast(x, dtype)  # an integer input: tanh of its float value
+    if dtype != torch.float32 or not enabled("tanh_as_exp"):
+        return b.op("Tanh", x)
+    one, two, size = b.scalar(1, dtype), b.scalar(2, dtype), b.op("Abs", x)
+    far = b.op("Sub", one, b.op("Div", two, b.op("Add", b.op("Exp", b.op("Mul", size, two)), one)))
+    square, series = b.op("Mul", x, x), b.scalar(float(TANH_TAYLOR[-1]), dtype)
+    for coefficient in reversed(TANH_TAYLOR[:-1]):
+        series = b.op("Add", b.op("Mul", series, square), b.scalar(float(coefficient), dtype))
+    near = b.op("Mul", x, series)
+    return b.op("Where", b.op("Less", size, b.scalar(TANH_TAYLOR_BELOW, dtype)), near, b.op("Mul", b.op("Sign", x), far))
 
 
 @emits(aten.rsqrt.default)

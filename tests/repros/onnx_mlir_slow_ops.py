@@ -1,0 +1,95 @@
+"""onnx-mlir limits on a transformer's training step: its MatMul/Gemm and its Tanh and Erf are slow.
+
+    python tests/repros/onnx_mlir_slow_ops.py [out_folder]
+
+builds one-op graphs at the sizes of bert_tiny's and gpt2_tiny's steps (benchmarks/models.py: 256 tokens,
+width 128, MLP width 512, vocabulary 1000), compiles each with ``onnx-mlir --EmitLib -O3`` as it is, and
+times it against onnxruntime at one thread (the fastest of ``REPEATS`` calls after one warm-up, each
+call's CPU time, so that other processes on the machine do not count); ``out_folder`` keeps the files.
+
+- ``Gemm`` and ``MatMul`` (the Linear layers forward and backward, and the vocabulary's logits): onnx-mlir's
+  tiled loops run at a quarter to a third of onnxruntime's MLAS kernels, whichever form the product takes
+  (``transA``, ``transB``, a pre-transposed operand, ``MatMul`` + ``Add``): no form bridge can emit
+  reaches onnxruntime. They are most of these models' step time.
+- ``Tanh`` (GPT-2's tanh GELU, which onnx-mlir recomposes into ``Gelu``) calls the C library's ``tanhf``
+  element by element: tens of times onnxruntime's. bridge's ``onnx-mlir`` target avoids it
+  (``tanh_as_exp``, bridge/pipeline/targets.py).
+- ``Erf`` (BERT's GELU) is as slow as ``Tanh`` at onnx-mlir's default CPU; with ``--mcpu=native``
+  (``bridge.compile(..., target_cpu="native")``) this one-op graph's Erf is vectorized.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+REPEATS = 30
+CASES = {  # name -> (op, attributes, input shapes, output shape)
+    "Gemm transB (Linear forward, 256x128 @ 128x512)": ("Gemm", {"transB": 1}, [[256, 128], [512, 128]], [256, 512]),
+    "MatMul (Linear input gradient, 256x512 @ 512x128)": ("MatMul", {}, [[256, 512], [512, 128]], [256, 128]),
+    "Gemm transA (Linear weight gradient, 512x256 @ 256x128)": ("Gemm", {"transA": 1}, [[256, 512], [256, 128]], [512, 128]),
+    "Gemm transB (logits, 256x128 @ 128x1000)": ("Gemm", {"transB": 1}, [[256, 128], [1000, 128]], [256, 1000]),
+    "Tanh [256, 512]": ("Tanh", {}, [[256, 512]], [256, 512]),
+    "Erf [256, 512]": ("Erf", {}, [[256, 512]], [256, 512]),
+}
+
+
+def build(op: str, attributes: dict, shapes: list[list[int]], output: list[int]) -> onnx.ModelProto:
+    """One ``op`` node of float32 inputs of ``shapes``."""
+    names = [f"x{i}" for i in range(len(shapes))]
+    graph = helper.make_graph([helper.make_node(op, names, ["y"], name=op.lower(), **attributes)], op.lower(),
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in zip(names, shapes, strict=True)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, output)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def fastest_ms(call) -> float:
+    """The smallest CPU time of one ``call`` over ``REPEATS`` (after one warm-up), in ms."""
+    call()
+    times = []
+    for _ in range(REPEATS):
+        start = time.thread_time()
+        call()
+        times.append(time.thread_time() - start)
+    return 1e3 * min(times)
+
+
+def compare(model: onnx.ModelProto, folder: str) -> tuple[float, float, float]:
+    """onnx-mlir's and onnxruntime's time of ``model`` (ms) and the largest difference of their outputs
+    relative to onnxruntime's largest magnitude."""
+    import onnxruntime as ort
+
+    from bridge.training.runtime_onnx_mlir import _execution_session_class
+    from repros.onnx_mlir_defects import compile_as_is
+
+    rng = np.random.default_rng(0)
+    inputs = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+              for i in model.graph.input}
+    compiled = _execution_session_class()(compile_as_is(model, folder), tag="NONE")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ours, theirs = compiled.run(list(inputs.values()))[0], session.run(None, inputs)[0]
+    error = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+    return fastest_ms(lambda: compiled.run(list(inputs.values()))), fastest_ms(lambda: session.run(None, inputs)), error
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # repros.* when run as a script
+    keep = sys.argv[1] if len(sys.argv) > 1 else None
+    for name, (op, attributes, shapes, output) in CASES.items():
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = keep or scratch
+            if keep:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                folder = tempfile.mkdtemp(prefix=op.lower() + "-", dir=keep)
+            mlir_ms, ort_ms, error = compare(build(op, attributes, shapes, output), folder)
+        print(f"{name}: onnx-mlir {mlir_ms:.3f} ms, onnxruntime {ort_ms:.3f} ms ({mlir_ms / ort_ms:.1f}x), "
+              f"outputs differ by {error:.1e} of their scale")
