@@ -58,16 +58,28 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
             f"got input shape {list(x.shape)} (as torch's batch_norm)"
         )
     y, batch_mean, batch_var = _BatchNormTraining.apply(x, scale, bias, epsilon)
-    new_mean = momentum * running_mean + (1 - momentum) * batch_mean
+    statistics = (running_mean, running_var, batch_mean, batch_var, momentum, count, ctx.training)
+    new_mean, new_var, spec_var = (replayed(_running_statistics, *statistics) if isinstance(count, int)
+                                   else _running_statistics(*statistics))
     if ctx.training:
         ctx.update_buffer(3, new_mean)
-        ctx.update_buffer(4, momentum * running_var + (1 - momentum) * batch_var * count / (count - 1))
-    spec_var = momentum * running_var + (1 - momentum) * batch_var
+        ctx.update_buffer(4, new_var)
     extra = [new_mean, spec_var]
     if ctx.opset < 14 and len(ctx.node.output) > 3:  # the saved statistics, differentiable as the graph may use them
         _, mean, var = _normalize(x.to(_wide(x.dtype)), [0] + list(range(2, rank)), epsilon)
         extra += [mean.to(x.dtype).reshape(-1), var.to(x.dtype).reshape(-1)]
     return (y, *extra[:len(ctx.node.output) - 1])
+
+
+def _running_statistics(running_mean: torch.Tensor, running_var: torch.Tensor, batch_mean: torch.Tensor,
+                        batch_var: torch.Tensor, momentum: float, count: int, training: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """BatchNorm's new running mean, the new running variance bridge trains with (from the unbiased batch
+    variance; None unless ``training``) and the node's own running-variance output (from the biased one).
+    Traced once per shape (``bridge.pipeline.replay.replayed``)."""
+    new_mean = momentum * running_mean + (1 - momentum) * batch_mean
+    new_var = momentum * running_var + (1 - momentum) * batch_var * count / (count - 1) if training else None
+    return new_mean, new_var, momentum * running_var + (1 - momentum) * batch_var
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
