@@ -126,6 +126,7 @@ class _BatchNormTraining(torch.autograd.Function):
         y, mean_out, var_out, *saved = replayed(_batch_norm_forward, x.to(_opmath(x.dtype)), scale, bias, epsilon)
         ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(mean_out, var_out)
+        ctx.set_materialize_grads(False)  # no zeros traced for the statistics' gradients, which backward ignores
         return y.to(x.dtype), mean_out.to(x.dtype), var_out.to(x.dtype)
 
     @staticmethod
