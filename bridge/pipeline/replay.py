@@ -92,10 +92,12 @@ class Replay:
         recorded shape."""
         template_inputs, nodes, outputs, spec = recorded
         recorded_shape = next((n.meta["val"].shape for n in template_inputs if n.meta["val"].dim()), None)
-        resized = shape is not None and shape != recorded_shape
+        resize = shape is not None and shape != recorded_shape
         env = dict(zip(template_inputs, inputs, strict=True))
         custom = dict(fx_traceback.current_meta.get("custom") or {})
         graph = tracer.graph
+        resized: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # a value of the call's shape per dtype
+        # and device, shared by the copies (as the copies of a region replayed at its own shape share its values)
         for node in nodes:
             if node.op == "get_attr":  # the same value under a fresh attribute, as tracing the region again makes it
                 with unset_fake_temporarily(), disable_proxy_modes_tracing():
@@ -108,9 +110,12 @@ class Replay:
                                                                             lambda n: env.get(n, n)),
                                      name=graph._target_to_str(name))
             copy.meta = {**node.meta, "custom": custom}
-            if resized and node.meta["val"].dim():
-                with disable_proxy_modes_tracing():
-                    copy.meta["val"] = torch.empty(shape, dtype=node.meta["val"].dtype, device=node.meta["val"].device)
+            if resize and node.meta["val"].dim():
+                layout = (node.meta["val"].dtype, node.meta["val"].device)
+                if layout not in resized:
+                    with disable_proxy_modes_tracing():
+                        resized[layout] = torch.empty(shape, dtype=layout[0], device=layout[1])
+                copy.meta["val"] = resized[layout]
                 copy.meta.pop("tensor_meta", None)
             env[node] = copy
         results = []

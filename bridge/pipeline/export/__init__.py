@@ -7,6 +7,7 @@ tracer attached to its FX node.
 """
 from __future__ import annotations
 
+import functools
 import json
 import operator
 import re
@@ -27,6 +28,7 @@ OPSET = 18
 IR_VERSION = 10
 
 
+@functools.cache
 def snake_case(name: str) -> str:
     """``BatchNormalization`` -> ``batch_normalization``; ``MatMul`` -> ``matmul``; ``<lambda>`` -> ``lambda``."""
     name = name.replace("MatMul", "Matmul")

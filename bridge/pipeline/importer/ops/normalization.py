@@ -59,20 +59,33 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
             f"got input shape {list(x.shape)} (as torch's batch_norm)"
         )
     y, batch_mean, batch_var = _BatchNormTraining.apply(x, scale, bias, epsilon)
-    new_mean = momentum * running_mean + (1 - momentum) * batch_mean
+    statistics = (running_mean, running_var, batch_mean, batch_var, momentum, count, ctx.training)
+    new_mean, new_var, spec_var = (replayed(_running_statistics, *statistics) if isinstance(count, int)
+                                   else _running_statistics(*statistics))
     if ctx.training:
         ctx.update_buffer(3, new_mean)
-        if isinstance(count, int):  # one constant factor (a symbolic count stays tensor arithmetic, exact)
-            moved = batch_var * ((1 - momentum) * count / (count - 1))
-        else:
-            moved = (1 - momentum) * batch_var * count / (count - 1)
-        ctx.update_buffer(4, momentum * running_var + moved)
-    spec_var = momentum * running_var + (1 - momentum) * batch_var
+        ctx.update_buffer(4, new_var)
     extra = [new_mean, spec_var]
     if ctx.opset < 14 and len(ctx.node.output) > 3:  # the saved statistics, differentiable as the graph may use them
         _, mean, var = _normalize(x.to(_wide(x.dtype)), [0] + list(range(2, rank)), epsilon)
         extra += [mean.to(x.dtype).reshape(-1), var.to(x.dtype).reshape(-1)]
     return (y, *extra[:len(ctx.node.output) - 1])
+
+
+def _running_statistics(running_mean: torch.Tensor, running_var: torch.Tensor, batch_mean: torch.Tensor,
+                        batch_var: torch.Tensor, momentum: float, count: int, training: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """BatchNorm's new running mean, the new running variance bridge trains with (from the unbiased batch
+    variance; None unless ``training``) and the node's own running-variance output (from the biased one).
+    Traced once per shape (``bridge.pipeline.replay.replayed``)."""
+    new_mean = momentum * running_mean + (1 - momentum) * batch_mean
+    if not training:
+        new_var = None
+    elif isinstance(count, int):  # one constant factor (a symbolic count stays tensor arithmetic, exact)
+        new_var = momentum * running_var + batch_var * ((1 - momentum) * count / (count - 1))
+    else:
+        new_var = momentum * running_var + (1 - momentum) * batch_var * count / (count - 1)
+    return new_mean, new_var, momentum * running_var + (1 - momentum) * batch_var
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -120,6 +133,7 @@ class _BatchNormTraining(torch.autograd.Function):
         y, mean_out, var_out, *saved = replayed(_batch_norm_forward, x.to(_opmath(x.dtype)), scale, bias, epsilon)
         ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(mean_out, var_out)
+        ctx.set_materialize_grads(False)  # no zeros traced for the statistics' gradients, which backward ignores
         return y.to(x.dtype), mean_out.to(x.dtype), var_out.to(x.dtype)
 
     @staticmethod
