@@ -112,6 +112,7 @@ def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypat
     attribute, as tracing the call again would: the same graph, initializers included."""
     monkeypatch.setattr(bridge.pipeline.targets, "conv_input_grad_form", lambda *args: "gemm_select")
     monkeypatch.setattr(bridge.pipeline.targets, "conv_forward_form", lambda *args: "conv")  # no selection constants forward
+    monkeypatch.setattr(bridge.pipeline.targets, "conv_weight_grad_form", lambda *args: "conv")  # nor gather indices
     replayed, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=True)
     assert traced == 2, "a lowering that captures a constant is still traced once per signature"
     every, traced = _convert_counting_conv_backward(select_cnn_path, monkeypatch, replay=False)
