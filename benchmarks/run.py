@@ -12,9 +12,9 @@ Per model (benchmarks/models.py): the module is exported (legacy exporter, every
 converted in a child process (alone in its process: the time of its ``import torch`` + ``import bridge.api``
 and, separately, of the conversion after them, and the peak RSS; the fastest of ``--convert-runs``); with
 ``--onnxsim-python``, onnxsim's Adam step of the same module is built and counted (benchmarks/graph_size.py);
-the compiled backends are compiled (timed); then every backend gets ``--warmup`` steps, then ``--rounds`` rounds; in each, every backend in
-turn (the order rotates each round) runs untimed steps for ``--settle`` seconds (at least one), then
-``--burst`` timed steps, whose median is its time in that round. All backends of a model, at
+the compiled backends are compiled (timed); then every backend gets ``--warmup`` steps, then ``--rounds``
+rounds; in each, every backend in turn (the order rotates each round) runs untimed steps for ``--settle``
+seconds (at least one), then ``--burst`` timed steps, whose median is its time in that round. All backends of a model, at
 ``--threads`` and at one thread, run in the same rounds, so they see the same machine load. The settling
 matters: right after another backend, that backend's worker threads still spin for a while
 (onnxruntime's pool, torch's OpenMP team, another process's pool) and hold the cores. Reported: medians,
@@ -33,9 +33,9 @@ only Adam) on the same fixed batch. A backend that cannot be set up is skipped w
 
 Sections ``distributed`` (benchmarks/bench_distributed.py) and ``memory`` (benchmarks/conversion_memory.py,
 all layers trained and the first 5 of 6 frozen) run those scripts in child processes; ``step-memory``
-(benchmarks/step_memory.py) measures one step's peak memory per model and backend on the step section's graphs,
-and on ``memory="min"`` graphs; ``depth`` converts benchmarks/models.py's ``STACKS`` at ``--depths`` blocks, each
-in a fresh process, and fits a line through the times (seconds per block).
+(benchmarks/step_memory.py) measures one step's peak memory per model and backend on the step section's
+graphs, and in onnxruntime on ``memory="min"`` graphs; ``depth`` converts benchmarks/models.py's ``STACKS`` at
+``--depths`` blocks, each in a fresh process, and fits a line through the times (seconds per block).
 """
 from __future__ import annotations
 
@@ -296,7 +296,7 @@ def onnxsim_nodes(bench: BenchModel, python: str, workdir: Path, notes: list[str
     try:
         counts = onnxsim_counts(python, with_loss(bench, workdir / f"{bench.name}.loss.onnx"))
     except Exception as exc:  # noqa: BLE001 - onnxsim fails on some models: the table says so and goes on
-        notes.append(f"{bench.name}: onnxsim's step does not build: {(str(exc).splitlines() or ['?'])[0][:200]}")
+        notes.append((str(exc).splitlines() or [f"onnxsim's step of {bench.name} did not build"])[0][:300])
         return None
     return {phase: sum(ops.values()) for phase, ops in counts.items()}
 
@@ -501,9 +501,9 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                      "flatter the other backends; the one-thread table's hold better.")
     lines.append("")
     if results:
+        runs = f" (the fastest of {info['convert_runs']} runs)" if info["convert_runs"] > 1 else ""
         lines += ["### All models", "",
-                  "**convert s**: `to_training_onnx` in a fresh process after `import torch, bridge.api` (the fastest "
-                  f"of {info['convert_runs']}). **nodes**: the whole training step (forward, loss, backward, Adam); "
+                  f"**convert s**: `to_training_onnx` in a fresh process after `import torch, bridge.api`{runs}. **nodes**: the whole training step (forward, loss, backward, Adam); "
                   "onnxsim's: its Adam step of the same module with a one-hot cross-entropy appended "
                   "(benchmarks/graph_size.py), where it builds. **step / torch**: the median per-round ratio to eager "
                   "torch at the same thread count (< 1: faster than torch). **step peak**: one step's peak RSS above "
@@ -540,7 +540,8 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "benchmarks/step_memory.py: the peak RSS of one training step above the RSS before it, each in a "
                   "fresh process after one warm-up step (glibc's mmap threshold fixed at 64 KiB, so freed blocks go "
                   "back to the system; onnxruntime's CPU arena off, except in `bridge-ort-arena`: the growth over the "
-                  "first 3 steps with it on). Adam; eager torch's gradients are freed after its step.", "",
+                  "first 3 steps with it on). Adam; eager torch's gradients are freed after its step. `memory=min`: "
+                  "graphs converted with `to_training_onnx(..., memory=\"min\")`.", "",
                   *step_memory_table(step_memory), ""]
     if depth:
         lines += ["## Conversion time vs depth", "",
@@ -667,8 +668,11 @@ def main(argv: list[str] | None = None) -> int:
             wanted = [*args.backends, "bridge-ort-arena"] if "bridge-ort" in args.backends else args.backends
             converted = {r["model"]: {"default": workdir / f"{r['model']}.train.onnx"} for r in results}
             step_memory, memory_notes = measure_step_memory(
-                args.models, [b for b in wanted if b in STEP_MEMORY_BACKENDS], ["default", "min"], args.threads,
-                converted)
+                args.models, [b for b in wanted if b in STEP_MEMORY_BACKENDS], ["default"], args.threads, converted)
+            if "bridge-ort" in args.backends:  # memory="min" in onnxruntime only: compiling again costs minutes
+                rows, more_notes = measure_step_memory(args.models, ["bridge-ort"], ["min"], args.threads)
+                step_memory = sorted(step_memory + rows, key=lambda row: args.models.index(row["model"]))
+                memory_notes += more_notes
             notes += memory_notes
         if "depth" in args.sections:
             depth = depth_rows(args.stacks, sorted(set(args.depths)), workdir, args.convert_runs)

@@ -158,7 +158,7 @@ def test_the_top_table_has_a_row_per_model_with_ratios_to_torch_and_onnxsim():
             "convert_runs": 3}
     text = bench.markdown([resnet, mlp], info, [], step_memory=memory)
     top = text[text.index("### All models"):text.index("### Step time")]
-    assert "the fastest of 3" in top
+    assert "the fastest of 3 runs" in top
     rows = [line for line in top.splitlines() if line.startswith("|")]
     assert len(rows) == 4  # header, rule, two models
     assert rows[2] == ("| resnet18 | 1.25 | 600 (1.20x) | 0.50 / 1.50 / 0.50 | 2.0 / 4.0 | 61.0 / 33.0 | 40.0 "
