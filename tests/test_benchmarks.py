@@ -37,12 +37,16 @@ def test_the_generator_writes_its_section_from_one_run(tmp_path, monkeypatch, ca
     assert "python benchmarks/run.py " + " ".join(argv) in text
     assert re.search(r"Load average \(1 / 5 / 15 min\): [\d.]+ / [\d.]+ / [\d.]+ before the run, [\d.]+ / [\d.]+ / "
                      r"[\d.]+ after it", text)
-    row = next(line for line in text.splitlines() if line.startswith("| mlp |"))
+    (measured,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    steps = text[text.index("### Step time, 2 threads"):]
+    row = next(line for line in steps.splitlines() if line.startswith("| mlp |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == 4 and float(cells[3]) > 0  # bridge-ort, torch, and the ratio
+    assert len(cells) == 4  # bridge-ort, torch, and the ratio
+    assert cells[3] == f"{measured['steps']['bridge-ort']['ratio_to_torch']:.2f}"
     assert "| mlp | 0.3 |" in text
     assert "Step time, one thread" not in text  # no one-thread backend ran
-    assert json.loads((tmp_path / "results.json").read_text())["results"][0]["model"] == "mlp"
+    top = text[text.index("### All models"):text.index("### Step time")]
+    assert f"| mlp | {measured['convert_s']:.2f} | {sum(measured['nodes'].values())} |" in top
     assert bench.BEGIN in capsys.readouterr().out
 
 
