@@ -88,7 +88,8 @@ def reference(backend: str) -> str:
 def convert_in_child(source: Path, out: Path) -> dict:
     """Convert ``source`` in a fresh process: the time of ``import torch`` + ``import bridge.api`` there
     (``import_s``, what any torch user's process pays once), the time of ``to_training_onnx`` after them
-    (``convert_s``, with the imports torch itself makes on first use, such as ``torch._dynamo``), the RSS after
+    (``convert_s``, with the imports torch itself makes on first use, such as ``torch._dynamo``; ``convert_cpu_s``:
+    its CPU time, all threads, which a loaded machine moves less), the RSS after
     ``import bridge`` (lazy: no torch yet) and the peak RSS from there (Linux's VmHWM, reset after that import;
     ``ru_maxrss`` would carry the parent's peak across exec)."""
     code = f"""
@@ -102,14 +103,15 @@ open("/proc/self/clear_refs", "w").write("5")
 start = time.perf_counter()
 import torch
 import bridge.api
-imported = time.perf_counter()
+imported, imported_cpu = time.perf_counter(), time.process_time()
 tm = bridge.to_training_onnx({str(source)!r}, loss="ce", optim="adam", optim_options={{"lr": {LR}}})
-done = time.perf_counter()
+done, done_cpu = time.perf_counter(), time.process_time()
 peak = status("VmHWM")
 import numpy as np
 tm.save({str(out)!r})
 np.savez({str(out) + '.state.npz'!r}, **tm.initial_state())
-print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "peak_rss_mb": peak,
+print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "convert_cpu_s": done_cpu - imported_cpu,
+                  "peak_rss_mb": peak,
                   "import_rss_mb": base}}))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE.parent)
@@ -337,7 +339,8 @@ def depth_rows(stacks: list[str], depths: list[int], workdir: Path, runs: int) -
             training = workdir / f"{bench.name}.train.onnx"
             conversion = fastest_conversion(bench.export(workdir / f"{bench.name}.onnx"), training, runs)
             nodes = len(onnx.load(str(training), load_external_data=False).graph.node)
-            rows.append({"stack": stack, "blocks": blocks, "convert_s": conversion["convert_s"], "nodes": nodes})
+            rows.append({"stack": stack, "blocks": blocks, "nodes": nodes,
+                         **{key: conversion[key] for key in ("convert_s", "convert_cpu_s")}})
             print(f"{bench.name}: convert {conversion['convert_s']:.2f} s, {nodes} nodes", flush=True)
     return rows
 
@@ -468,15 +471,17 @@ def depth_table(rows: list[dict]) -> list[str]:
     """Conversion time (node count) per stack and depth, and the least-squares line through the times and the
     node counts against the number of blocks."""
     depths = sorted({r["blocks"] for r in rows})
-    lines = ["| model | " + " | ".join(f"{d} blocks" for d in depths) + " | s per block | intercept s | nodes per "
-             "block |", "|---" * (len(depths) + 4) + "|"]
+    lines = ["| model | " + " | ".join(f"{d} blocks" for d in depths) + " | s per block | intercept s | CPU s per "
+             "block | nodes per block |", "|---" * (len(depths) + 5) + "|"]
     for stack in dict.fromkeys(r["stack"] for r in rows):
         measured = {r["blocks"]: r for r in rows if r["stack"] == stack}
         blocks = sorted(measured)
         slope, intercept = fit_line(blocks, [measured[b]["convert_s"] for b in blocks])
+        cpu_slope, _ = fit_line(blocks, [measured[b]["convert_cpu_s"] for b in blocks])
         node_slope, _ = fit_line(blocks, [measured[b]["nodes"] for b in blocks])
         cells = [f"{measured[d]['convert_s']:.2f} s ({measured[d]['nodes']})" if d in measured else "-" for d in depths]
-        lines.append(f"| {stack} | " + " | ".join(cells) + f" | {slope:.3f} | {intercept:.2f} | {node_slope:.0f} |")
+        lines.append(f"| {stack} | " + " | ".join(cells) + f" | {slope:.3f} | {intercept:.2f} | {cpu_slope:.3f} | "
+                     f"{node_slope:.0f} |")
     return lines
 
 
@@ -549,7 +554,8 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "MLP, width 64) and a resnet (basic blocks of 16 channels) of 4 to 32 identical blocks, each converted "
                   "as in the top table (a fresh process, the time after the imports; in brackets the step's nodes). "
                   "The least-squares line through the times gives the seconds per block and the intercept (what does "
-                  "not grow with depth, first-use imports included).", "", *depth_table(depth), ""]
+                  "not grow with depth, first-use imports included); through the conversions' CPU times (all threads), "
+                  "the CPU seconds per block, which a loaded machine moves less.", "", *depth_table(depth), ""]
     if distributed:
         lines += ["## Data-parallel", "",
                   "benchmarks/bench_distributed.py: `DataParallelTrainer` in onnxruntime, Adam, weak scaling (32 "

@@ -180,10 +180,13 @@ def test_the_depth_slope_is_the_least_squares_line():
     slope, intercept = bench.fit_line(blocks, [0.75 + 0.125 * b for b in blocks])
     assert slope == pytest.approx(0.125) and intercept == pytest.approx(0.75)
     assert bench.fit_line([0, 1, 2], [0, 1, 0]) == pytest.approx((0.0, 1 / 3))
-    rows = [{"stack": "resnet", "blocks": b, "convert_s": 0.75 + 0.125 * b, "nodes": 20 + 50 * b} for b in blocks]
+    rows = [{"stack": "resnet", "blocks": b, "convert_s": 0.75 + 0.125 * b, "convert_cpu_s": 1.0 + 0.25 * b,
+             "nodes": 20 + 50 * b} for b in blocks]
     table = bench.depth_table(rows)
-    assert table[0] == "| model | 4 blocks | 8 blocks | 16 blocks | 32 blocks | s per block | intercept s | nodes per block |"
-    assert table[2] == "| resnet | 1.25 s (220) | 1.75 s (420) | 2.75 s (820) | 4.75 s (1620) | 0.125 | 0.75 | 50 |"
+    assert table[0] == ("| model | 4 blocks | 8 blocks | 16 blocks | 32 blocks | s per block | intercept s | CPU s per "
+                        "block | nodes per block |")
+    assert table[2] == ("| resnet | 1.25 s (220) | 1.75 s (420) | 2.75 s (820) | 4.75 s (1620) | 0.125 | 0.75 | 0.250 "
+                        "| 50 |")
 
 
 @pytest.mark.slow
@@ -196,11 +199,11 @@ def test_the_depth_section_converts_each_depth_in_a_fresh_process(tmp_path, monk
     assert bench.main(["--sections", "depth", "--stacks", "resnet", "--depths", "1", "2", "--max-load", "1000"]) == 0
     rows = json.loads((tmp_path / "results.json").read_text())["depth"]
     assert [(r["stack"], r["blocks"]) for r in rows] == [("resnet", 1), ("resnet", 2)]
-    assert all(r["convert_s"] > 0 for r in rows) and rows[1]["nodes"] > rows[0]["nodes"]
+    assert all(r["convert_s"] > 0 and r["convert_cpu_s"] > 0 for r in rows) and rows[1]["nodes"] > rows[0]["nodes"]
     text = results.read_text()
     assert "## Conversion time vs depth" in text
     row = next(line for line in text.splitlines() if line.startswith("| resnet |"))
-    assert len(row.strip("|").split("|")) == 6  # model, two depths, slope, intercept, nodes per block
+    assert len(row.strip("|").split("|")) == 7  # model, two depths, slope, intercept, CPU slope, nodes per block
 
 
 def test_the_depth_section_needs_two_depths():
