@@ -1,8 +1,10 @@
-"""The benchmark models (random weights, fixed seeds): what issue 18's step-time figures measure.
+"""The benchmark models (random weights, fixed seeds): what benchmarks/run.py measures.
 
 Each builder returns a ``BenchModel``: a torch module in train mode (Dropout off, so eager torch
 and bridge do the same arithmetic), one fixed batch, its target and the loss name bridge uses
-(``ce``: over the last dim for [N, T, V] logits, as ``torch_loss`` computes it).
+(``ce``: over the last dim for [N, T, V] logits, as ``torch_loss`` computes it). ``MODELS`` are the
+step benchmarks; ``STACKS`` build a transformer or a resnet of any number of identical blocks, for
+conversion time against depth.
 """
 from __future__ import annotations
 
@@ -127,3 +129,73 @@ MODELS: dict[str, Callable[[], BenchModel]] = {
     "bert_tiny": bert_tiny,
     "gpt2_tiny": gpt2_tiny,
 }
+
+
+class _TransformerBlock(torch.nn.Module):
+    """A pre-norm transformer block: causal self-attention, then a GELU MLP, each with a residual."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / (width // self.heads) ** 0.5
+        causal = torch.ones(length, length, dtype=torch.bool).triu(1)
+        attention = scores.masked_fill(causal, float("-inf")).softmax(-1) @ v
+        x = x + self.proj(attention.transpose(1, 2).reshape(batch, length, width))
+        return x + self.mlp(self.norm2(x))
+
+
+class _TransformerStack(torch.nn.Module):
+    def __init__(self, blocks: int, vocab: int, width: int, heads: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.Sequential(*(_TransformerBlock(width, heads) for _ in range(blocks)))
+        self.norm, self.head = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(self.embed(ids))))
+
+
+def transformer_stack(blocks: int) -> BenchModel:
+    """``blocks`` identical transformer blocks (width 64, 2 heads) between an embedding and a token head."""
+    rng = _rng(6)
+    vocab, length, batch = 100, 16, 4
+    module = _TransformerStack(blocks, vocab, 64, 2)
+    return BenchModel(f"transformer_{blocks}", module, {"ids": rng.integers(0, vocab, (batch, length))},
+                      rng.integers(0, vocab, (batch, length)))
+
+
+class _ResidualBlock(torch.nn.Module):
+    """resnet's basic block at a fixed width: conv, BatchNorm, ReLU, conv, BatchNorm, the residual, ReLU."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.conv2 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm1, self.norm2 = torch.nn.BatchNorm2d(channels), torch.nn.BatchNorm2d(channels)
+        _untie(self.norm1)
+        _untie(self.norm2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm2(self.conv2(F.relu(self.norm1(self.conv1(x)))))
+        return F.relu(x + y)
+
+
+def resnet_stack(blocks: int) -> BenchModel:
+    """``blocks`` identical residual blocks (16 channels) between a conv stem and a pooled classifier."""
+    rng = _rng(7)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                 *(_ResidualBlock(16) for _ in range(blocks)),
+                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+    return BenchModel(f"resnet_{blocks}", module, {"x": rng.standard_normal((4, 3, 16, 16), np.float32)},
+                      rng.integers(0, 10, 4))
+
+
+STACKS: dict[str, Callable[[int], BenchModel]] = {"transformer": transformer_stack, "resnet": resnet_stack}

@@ -1,18 +1,20 @@
 """Regenerate benchmarks/RESULTS.md's figures from one run: step time, conversion, compile, memory, data-parallel.
 
-Step time per model and backend against eager torch, conversion and compile time, graph size,
-data-parallel throughput and conversion memory, all measured in this run.
+A top table of every model (conversion time, node count against onnxsim's, step time per backend against
+eager torch, compile time, step peak memory against torch's), the tables behind it, conversion time
+against depth, data-parallel throughput and conversion memory, all measured in this run.
 
-    python benchmarks/run.py --max-load 100          # the default models and backends; rewrites RESULTS.md
-    python benchmarks/run.py --all                   # also resnet18 and mobilenet_v3_small, and torch.compile
+    python benchmarks/run.py --max-load 100 --onnxsim-python <onnxsim venv>/bin/python   # rewrites RESULTS.md
+    python benchmarks/run.py --all                   # also torch.compile
     python benchmarks/run.py --models mlp --backends bridge-ort torch --sections step --no-write
 
 Per model (benchmarks/models.py): the module is exported (legacy exporter, every weight kept) and
 converted in a child process (alone in its process: the time of its ``import torch`` + ``import bridge.api``
-and, separately, of the conversion after them, and the peak RSS); the compiled backends are compiled
-(timed); then every backend gets ``--warmup`` steps, then ``--rounds`` rounds; in each, every backend in
-turn (the order rotates each round) runs untimed steps for ``--settle`` seconds (at least one), then
-``--burst`` timed steps, whose median is its time in that round. All backends of a model, at
+and, separately, of the conversion after them, and the peak RSS; the fastest of ``--convert-runs``); with
+``--onnxsim-python``, onnxsim's Adam step of the same module is built and counted (benchmarks/graph_size.py);
+the compiled backends are compiled (timed); then every backend gets ``--warmup`` steps, then ``--rounds``
+rounds; in each, every backend in turn (the order rotates each round) runs untimed steps for ``--settle``
+seconds (at least one), then ``--burst`` timed steps, whose median is its time in that round. All backends of a model, at
 ``--threads`` and at one thread, run in the same rounds, so they see the same machine load. The settling
 matters: right after another backend, that backend's worker threads still spin for a while
 (onnxruntime's pool, torch's OpenMP team, another process's pool) and hold the cores. Reported: medians,
@@ -32,7 +34,9 @@ only Adam) on the same fixed batch. A backend that cannot be set up is skipped w
 
 Sections ``distributed`` (benchmarks/bench_distributed.py) and ``memory`` (benchmarks/conversion_memory.py,
 all layers trained and the first 5 of 6 frozen) run those scripts in child processes; ``step-memory``
-(benchmarks/step_memory.py) measures one step's peak memory per model and backend, with ``memory="min"`` too.
+(benchmarks/step_memory.py) measures one step's peak memory per model and backend on the step section's
+graphs, and in onnxruntime on ``memory="min"`` graphs; ``depth`` converts benchmarks/models.py's ``STACKS`` at
+``--depths`` blocks, each in a fresh process, and fits a line through the times (seconds per block).
 """
 from __future__ import annotations
 
@@ -57,7 +61,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from models import MODELS, BenchModel, torch_loss  # noqa: E402
+from graph_size import onnxsim_counts, with_loss  # noqa: E402
+from models import MODELS, STACKS, BenchModel, torch_loss  # noqa: E402
 from step_memory import BACKENDS as STEP_MEMORY_BACKENDS  # noqa: E402
 from step_memory import measure as measure_step_memory  # noqa: E402
 from step_memory import table as step_memory_table  # noqa: E402
@@ -66,10 +71,10 @@ THREADED = ("bridge-ort", "bridge-iree", "torch", "torch-compile", "ort-training
 ONE_THREAD = ("bridge-ort@1", "bridge-onnx-mlir", "torch@1")
 BACKENDS = THREADED + ONE_THREAD
 DEFAULT_BACKENDS = ("bridge-ort", "bridge-iree", "torch", *ONE_THREAD)
-# The default run fits in ~10 minutes on 2 cores; --all adds the torchvision models (onnx-mlir alone takes
-# minutes to compile each of their training graphs) and torch.compile.
-DEFAULT_MODELS = ("mlp", "small_cnn", "bert_tiny", "gpt2_tiny")
-SECTIONS = ("step", "distributed", "memory", "step-memory")
+DEFAULT_MODELS = ("mlp", "small_cnn", "resnet18", "mobilenet_v3_small", "bert_tiny", "gpt2_tiny")
+SECTIONS = ("step", "depth", "distributed", "memory", "step-memory")
+DEPTHS = (4, 8, 16, 32)
+PHASES = ("forward", "loss", "backward", "optimizer")
 RESULTS, RESULTS_JSON, PLOT = HERE / "RESULTS.md", HERE / "results.json", HERE / "step_time.png"
 BEGIN, END = "<!-- results:begin (python benchmarks/run.py writes this section) -->", "<!-- results:end -->"
 LR = 1e-3
@@ -84,7 +89,8 @@ def reference(backend: str) -> str:
 def convert_in_child(source: Path, out: Path) -> dict:
     """Convert ``source`` in a fresh process: the time of ``import torch`` + ``import bridge.api`` there
     (``import_s``, what any torch user's process pays once), the time of ``to_training_onnx`` after them
-    (``convert_s``, with the imports torch itself makes on first use, such as ``torch._dynamo``), the RSS after
+    (``convert_s``, with the imports torch itself makes on first use, such as ``torch._dynamo``; ``convert_cpu_s``:
+    its CPU time, all threads, which a loaded machine moves less), the RSS after
     ``import bridge`` (lazy: no torch yet) and the peak RSS from there (Linux's VmHWM, reset after that import;
     ``ru_maxrss`` would carry the parent's peak across exec)."""
     code = f"""
@@ -98,20 +104,26 @@ open("/proc/self/clear_refs", "w").write("5")
 start = time.perf_counter()
 import torch
 import bridge.api
-imported = time.perf_counter()
+imported, imported_cpu = time.perf_counter(), time.process_time()
 tm = bridge.to_training_onnx({str(source)!r}, loss="ce", optim="adam", optim_options={{"lr": {LR}}})
-done = time.perf_counter()
+done, done_cpu = time.perf_counter(), time.process_time()
 peak = status("VmHWM")
 import numpy as np
 tm.save({str(out)!r})
 np.savez({str(out) + '.state.npz'!r}, **tm.initial_state())
-print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "peak_rss_mb": peak,
+print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "convert_cpu_s": done_cpu - imported_cpu,
+                  "peak_rss_mb": peak,
                   "import_rss_mb": base}}))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE.parent)
     if done.returncode:
         raise RuntimeError(f"conversion of {source.name} failed: {done.stderr.strip().splitlines()[-1]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fastest_conversion(source: Path, out: Path, runs: int) -> dict:
+    """``convert_in_child``'s figures of the fastest of ``runs`` conversions, each in a fresh process."""
+    return min((convert_in_child(source, out) for _ in range(runs)), key=lambda figures: figures["convert_s"])
 
 
 def nodes_per_phase(model: onnx.ModelProto) -> dict[str, int]:
@@ -177,18 +189,22 @@ def compiled_stepper(bench: BenchModel, source: Path, training: Path, state: dic
     ``bridge.Trainer`` compiles), its compile time in ``extra[name + "_compile_s"]``; None with a note if it fails.
     onnx-mlir compiles the graph converted for it (``target="onnx-mlir"``, what docs/onnx-mlir.md tells a user to
     convert), from the same ``source`` and state, for this machine's CPU (``target_cpu="native"``) as IREE does
-    by default and as onnxruntime picks its kernels: at its default CPU onnx-mlir emits no AVX."""
+    by default and as onnxruntime picks its kernels: at its default CPU onnx-mlir emits no AVX.
+    The compiled module is saved beside ``training`` for the step-memory section."""
     import bridge
 
     try:
-        options = {}
+        options: dict[str, str] = {}
+        graph: Path | onnx.ModelProto = training
         if backend == "onnx-mlir":
-            training = bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": LR},
-                                               target=backend).model
+            graph = bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": LR},
+                                            target=backend).model
             options["target_cpu"] = "native"
         start = time.perf_counter()
-        session = bridge.compile(training, backend=backend, gradients=False, **options).session(state)
+        compiled = bridge.compile(graph, backend=backend, gradients=False, **options)
+        session = compiled.session(state)
         extra[f"{name}_compile_s"] = time.perf_counter() - start
+        compiled.save(f"{training}.{backend}")  # where benchmarks/step_memory.py finds it
     except Exception as exc:  # noqa: BLE001 - a benchmark reports a failing backend and goes on
         notes.append(f"{bench.name}: bridge-{backend} skipped: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}")
         return None
@@ -286,11 +302,24 @@ def summarise(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return summary
 
 
+def onnxsim_nodes(bench: BenchModel, python: str, workdir: Path, notes: list[str]) -> dict[str, int] | None:
+    """Nodes per phase of onnxsim's Adam step of ``bench`` (benchmarks/graph_size.py's, in the venv of ``python``);
+    None with a note where onnxsim's step does not build."""
+    try:
+        counts = onnxsim_counts(python, with_loss(bench, workdir / f"{bench.name}.loss.onnx"))
+    except Exception as exc:  # noqa: BLE001 - onnxsim fails on some models: the table says so and goes on
+        notes.append((str(exc).splitlines() or [f"onnxsim's step of {bench.name} did not build"])[0][:300])
+        return None
+    return {phase: sum(ops.values()) for phase, ops in counts.items()}
+
+
 def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[str]) -> dict:
+    """Conversion, graph size (onnxsim's too, given ``--onnxsim-python``), compile and step time of model ``name``;
+    its training graph stays in ``workdir`` as ``<name>.train.onnx``, with the compiled modules beside it."""
     bench = MODELS[name]()
     source = bench.export(workdir / f"{name}.onnx")
     training = workdir / f"{name}.train.onnx"
-    conversion = convert_in_child(source, training)
+    conversion = fastest_conversion(source, training, args.convert_runs)
     model = onnx.load(str(training), load_external_data=False)
     extra: dict = {}
     children: list[subprocess.Popen] = []
@@ -303,9 +332,33 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[
             child.wait(timeout=60)
         torch.set_num_threads(args.threads)
     weights_mb = sum(p.numel() * p.element_size() for p in bench.module.parameters()) / 2**20
+    if args.onnxsim_python is not None:
+        extra["onnxsim_nodes"] = onnxsim_nodes(bench, args.onnxsim_python, workdir, notes)
     print(f"{name}: " + ", ".join(f"{b} {s['median_ms']:.1f} ms" for b, s in summary.items()), flush=True)
     return {"model": name, "weights_mb": weights_mb, "nodes": nodes_per_phase(model), **conversion, **extra,
             "steps": summary}
+
+
+def depth_rows(stacks: list[str], depths: list[int], workdir: Path, runs: int) -> list[dict]:
+    """Conversion time (the fastest of ``runs``, each in a fresh process) and node count of every stack of
+    benchmarks/models.py's ``STACKS`` at every depth."""
+    rows = []
+    for stack in stacks:
+        for blocks in depths:
+            bench = STACKS[stack](blocks)
+            training = workdir / f"{bench.name}.train.onnx"
+            conversion = fastest_conversion(bench.export(workdir / f"{bench.name}.onnx"), training, runs)
+            nodes = len(onnx.load(str(training), load_external_data=False).graph.node)
+            rows.append({"stack": stack, "blocks": blocks, "nodes": nodes,
+                         **{key: conversion[key] for key in ("convert_s", "convert_cpu_s")}})
+            print(f"{bench.name}: convert {conversion['convert_s']:.2f} s, {nodes} nodes", flush=True)
+    return rows
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """The least-squares line through the points (``xs``, ``ys``): its slope and intercept."""
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(slope), float(intercept)
 
 
 def child_env() -> dict[str, str]:
@@ -367,7 +420,7 @@ def machine(args: argparse.Namespace, argv: list[str]) -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": _cpu_model(), "cores": os.cpu_count(),
             "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
-            "threads": args.threads, "versions": versions,
+            "threads": args.threads, "convert_runs": args.convert_runs, "versions": versions,
             "command": f"ONNX_MLIR_HOME={home} {command}" if home else command}
 
 
@@ -395,9 +448,57 @@ def _step_table(results: list[dict], backends: list[str], title: str) -> list[st
     return lines + [""]
 
 
+def _joined(values: list[str]) -> str:
+    """Cells of one column group (``a / b / c``), or ``-`` where none was measured."""
+    return "-" if all(v == "-" for v in values) else " / ".join(values)
+
+
+def summary_table(results: list[dict], step_memory: list[dict] | None) -> list[str]:
+    """The top table: one row per model with its conversion time, node count (and its ratio to onnxsim's), step
+    time per backend against eager torch, compile times and step peak memory against torch's."""
+    peaks = {(r["model"], r["backend"]): r["peak_mib"] for r in step_memory or [] if r["memory"] in ("-", "default")}
+    lines = ["| model | convert s | nodes (x onnxsim) | step / torch: onnxruntime / IREE (2 threads) / onnx-mlir (1 "
+             "thread) | torch step ms: 2 / 1 threads | compile s: IREE / onnx-mlir | torch step peak MiB | step peak "
+             "/ torch: onnxruntime / IREE / onnx-mlir |", "|---" * 8 + "|"]
+    for r in results:
+        steps = r["steps"]
+        nodes = sum(r["nodes"].values())
+        onnxsim = sum(r["onnxsim_nodes"].values()) if r.get("onnxsim_nodes") else None
+        ratios = _joined([f"{steps[b]['ratio_to_torch']:.2f}" if "ratio_to_torch" in steps.get(b, {}) else "-"
+                          for b in ("bridge-ort", "bridge-iree", "bridge-onnx-mlir")])
+        torch_ms = _joined([f"{steps[b]['median_ms']:.1f}" if b in steps else "-" for b in ("torch", "torch@1")])
+        compiles = _joined([f"{r[key]:.1f}" if key in r else "-" for key in ("iree_compile_s", "onnx_mlir_compile_s")])
+        torch_peak = peaks.get((r["model"], "torch"))
+        memory = _joined([f"{peaks[r['model'], b] / torch_peak:.2f}" if torch_peak and (r["model"], b) in peaks
+                          else "-" for b in ("bridge-ort", "bridge-iree", "bridge-onnx-mlir")])
+        lines.append(f"| {r['model']} | {r['convert_s']:.2f} | {nodes}" + (f" ({nodes / onnxsim:.2f}x)" if onnxsim else "")
+                     + f" | {ratios} | {torch_ms} | {compiles} | "
+                     + (f"{torch_peak:.1f}" if torch_peak is not None else "-") + f" | {memory} |")
+    return lines
+
+
+def depth_table(rows: list[dict]) -> list[str]:
+    """Conversion time (node count) per stack and depth, and the least-squares line through the times and the
+    node counts against the number of blocks."""
+    depths = sorted({r["blocks"] for r in rows})
+    lines = ["| model | " + " | ".join(f"{d} blocks" for d in depths) + " | s per block | intercept s | CPU s per "
+             "block | nodes per block |", "|---" * (len(depths) + 5) + "|"]
+    for stack in dict.fromkeys(r["stack"] for r in rows):
+        measured = {r["blocks"]: r for r in rows if r["stack"] == stack}
+        blocks = sorted(measured)
+        slope, intercept = fit_line(blocks, [measured[b]["convert_s"] for b in blocks])
+        cpu_slope, _ = fit_line(blocks, [measured[b]["convert_cpu_s"] for b in blocks])
+        node_slope, _ = fit_line(blocks, [measured[b]["nodes"] for b in blocks])
+        cells = [f"{measured[d]['convert_s']:.2f} s ({measured[d]['nodes']})" if d in measured else "-" for d in depths]
+        lines.append(f"| {stack} | " + " | ".join(cells) + f" | {slope:.3f} | {intercept:.2f} | {cpu_slope:.3f} | "
+                     f"{node_slope:.0f} |")
+    return lines
+
+
 def markdown(results: list[dict], info: dict, notes: list[str], distributed: list[str] | None = None,
-             memory: list[dict] | None = None, step_memory: list[dict] | None = None) -> str:
-    """The generated section of RESULTS.md: the header, then a table per benchmark that ran."""
+             memory: list[dict] | None = None, step_memory: list[dict] | None = None,
+             depth: list[dict] | None = None) -> str:
+    """The generated section of RESULTS.md: the header, the top table, then a table per benchmark that ran."""
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
     lines = [BEGIN, "## Current figures", "",
              f"- Command: `{info['command']}` ({info['wall_s'] / 60:.1f} min).",
@@ -415,10 +516,19 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                      "flatter the other backends; the one-thread table's hold better.")
     lines.append("")
     if results:
+        runs = f" (the fastest of {info['convert_runs']} runs)" if info["convert_runs"] > 1 else ""
+        lines += ["### All models", "",
+                  f"**convert s**: `to_training_onnx` in a fresh process after `import torch, bridge.api`{runs}. **nodes**: the whole training step (forward, loss, backward, Adam); "
+                  "onnxsim's: its Adam step of the same module with a one-hot cross-entropy appended "
+                  "(benchmarks/graph_size.py), where it builds. **step / torch**: the median per-round ratio to eager "
+                  "torch at the same thread count (< 1: faster than torch). **step peak**: one step's peak RSS above "
+                  "the RSS before it (benchmarks/step_memory.py, default graphs). The tables below give the figures "
+                  "behind each column.", "", *summary_table(results, step_memory), ""]
         lines += ["Median step time in ms (25th-75th percentile) and the median per-round ratio to eager torch at "
                   "the same thread count (< 1: faster than torch). Adam, lr 1e-3, the batch of benchmarks/models.py.", ""]
         lines += _step_table(results, list(THREADED), f"### Step time, {info['threads']} threads")
         lines += _step_table(results, list(ONE_THREAD), "### Step time, one thread")
+        onnxsim = any(r.get("onnxsim_nodes") for r in results)
         compilers = [(key, label) for key, label in (("iree_compile_s", "IREE compile s"),
                                                      ("onnx_mlir_compile_s", "onnx-mlir compile s"),
                                                      ("torch_compile_s", "torch.compile first step s"))
@@ -429,16 +539,33 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "RSS of that process, its RSS after `import bridge` (lazy: no torch) in brackets. Compile: "
                   "`bridge.compile(..., gradients=False)` of the saved graph (onnx-mlir: of the graph converted with `target=\"onnx-mlir\"`, `target_cpu=\"native\"`), wall time.", "",
                   "| model | weights MB | import s | convert s | peak RSS MB | nodes: forward / loss / backward / "
-                  "optimizer | " + " | ".join(label for _, label in compilers) + (" |" if compilers else ""),
-                  "|---" * (6 + len(compilers)) + "|"]
+                  "optimizer | " + ("onnxsim's nodes | " if onnxsim else "") + " | ".join(label for _, label in compilers)
+                  + (" |" if compilers else ""), "|---" * (6 + onnxsim + len(compilers)) + "|"]
         for r in results:
-            n = r["nodes"]
             compiled = [f"{r[key]:.1f}" if key in r else "-" for key, _ in compilers]
+            theirs = ([" / ".join(str(r["onnxsim_nodes"].get(p, 0)) for p in PHASES) if r.get("onnxsim_nodes") else "-"]
+                      if onnxsim else [])
             lines.append(f"| {r['model']} | {r['weights_mb']:.1f} | {r['import_s']:.2f} | {r['convert_s']:.2f} | "
-                         f"{r['peak_rss_mb']:.0f} ({r['import_rss_mb']:.0f}) | {n.get('forward', 0)} / "
-                         f"{n.get('loss', 0)} / {n.get('backward', 0)} / {n.get('optimizer', 0)} | "
-                         + " | ".join(compiled) + (" |" if compiled else ""))
+                         f"{r['peak_rss_mb']:.0f} ({r['import_rss_mb']:.0f}) | "
+                         + " / ".join(str(r["nodes"].get(p, 0)) for p in PHASES) + " | "
+                         + " | ".join(theirs + compiled) + (" |" if theirs + compiled else ""))
         lines.append("")
+    if step_memory:
+        lines += ["### Step memory", "",
+                  "benchmarks/step_memory.py: the peak RSS of one training step above the RSS before it, each in a "
+                  "fresh process after one warm-up step (glibc's mmap threshold fixed at 64 KiB, so freed blocks go "
+                  "back to the system; onnxruntime's CPU arena off, except in `bridge-ort-arena`: the growth over the "
+                  "first 3 steps with it on). Adam; eager torch's gradients are freed after its step. `memory=min`: "
+                  "graphs converted with `to_training_onnx(..., memory=\"min\")`.", "",
+                  *step_memory_table(step_memory), ""]
+    if depth:
+        lines += ["## Conversion time vs depth", "",
+                  "benchmarks/models.py's `STACKS`: a transformer (pre-norm blocks of causal self-attention and a GELU "
+                  "MLP, width 64) and a resnet (basic blocks of 16 channels) of 4 to 32 identical blocks, each converted "
+                  "as in the top table (a fresh process, the time after the imports; in brackets the step's nodes). "
+                  "The least-squares line through the times gives the seconds per block and the intercept (what does "
+                  "not grow with depth, first-use imports included); through the conversions' CPU times (all threads), "
+                  "the CPU seconds per block, which a loaded machine moves less.", "", *depth_table(depth), ""]
     if distributed:
         lines += ["## Data-parallel", "",
                   "benchmarks/bench_distributed.py: `DataParallelTrainer` in onnxruntime, Adam, weak scaling (32 "
@@ -460,13 +587,6 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
             lines.append(f"| {m['frozen']} of 6 | {m['weights_mib']:.0f} | {m['peak_mib']:.0f} | {above:.0f} MiB = "
                          f"{above / m['weights_mib']:.2f}x the weights | {m['convert_s']:.1f} | {m['total_s']:.1f} |")
         lines.append("")
-    if step_memory:
-        lines += ["## Step memory", "",
-                  "benchmarks/step_memory.py: the peak RSS of one training step above the RSS before it, each in a "
-                  "fresh process after one warm-up step (glibc's mmap threshold fixed at 64 KiB, so freed blocks go "
-                  "back to the system; onnxruntime's CPU arena off, except in `bridge-ort-arena`: the growth over the "
-                  "first 3 steps with it on). Adam; eager torch's gradients are freed after its step.", "",
-                  *step_memory_table(step_memory), ""]
     if notes:
         lines += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
     return "\n".join(lines).rstrip("\n") + "\n" + END + "\n"
@@ -521,6 +641,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distributed-steps", type=int, default=30, help="timed steps per data-parallel run")
     parser.add_argument("--max-load", type=float, default=1.0, help="refuse to start above this 1-minute load average")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md, results.json and the plot")
+    parser.add_argument("--onnxsim-python", help="the python of a venv with onnxsim: its step's node count beside "
+                        "bridge's (left out without it)")
+    parser.add_argument("--convert-runs", type=int, default=1, help="conversions per model, each in a fresh process; "
+                        "the fastest is reported")
+    parser.add_argument("--stacks", nargs="*", default=list(STACKS), choices=list(STACKS),
+                        help="the stacked-block models of the depth section")
+    parser.add_argument("--depths", nargs="*", type=int, default=list(DEPTHS), help="blocks per stack (depth section)")
     parser.add_argument("--ort-training-python", help="the python of a venv with onnxruntime-training 1.19.2 "
                         "(backend ort-training; skipped with a note without it)")
     args = parser.parse_args(argv)
@@ -528,6 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 15 (medians of fewer are noise)")
     if args.burst < 1 or args.settle < 0:
         parser.error("--burst must be at least 1 and --settle at least 0")
+    if args.convert_runs < 1:
+        parser.error("--convert-runs must be at least 1")
+    if "depth" in args.sections and (len(set(args.depths)) < 2 or min(args.depths) < 1):
+        parser.error("--depths needs two different block counts of at least 1 (a slope needs two points)")
     if args.all:
         args.models = list(MODELS)
         args.backends = list(dict.fromkeys([*args.backends, "torch-compile"]))
@@ -544,27 +675,34 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     if "bridge-onnx-mlir" in args.backends and "step" in args.sections and not onnx_mlir_available():
         notes.append("bridge-onnx-mlir skipped: bridge.compile has no onnx-mlir backend in this tree")
-    results = []
-    if "step" in args.sections:
-        with tempfile.TemporaryDirectory() as tmp:
-            results = [bench_model(name, args, Path(tmp), notes) for name in args.models]
+    results, depth, step_memory = [], None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        if "step" in args.sections:
+            results = [bench_model(name, args, workdir, notes) for name in args.models]
+        if "step-memory" in args.sections:  # the step section's graphs and compiled modules, where it ran
+            wanted = [*args.backends, "bridge-ort-arena"] if "bridge-ort" in args.backends else args.backends
+            converted = {r["model"]: {"default": workdir / f"{r['model']}.train.onnx"} for r in results}
+            step_memory, memory_notes = measure_step_memory(
+                args.models, [b for b in wanted if b in STEP_MEMORY_BACKENDS], ["default"], args.threads, converted)
+            if "bridge-ort" in args.backends:  # memory="min" in onnxruntime only: compiling again costs minutes
+                rows, more_notes = measure_step_memory(args.models, ["bridge-ort"], ["min"], args.threads)
+                step_memory = sorted(step_memory + rows, key=lambda row: args.models.index(row["model"]))
+                memory_notes += more_notes
+            notes += memory_notes
+        if "depth" in args.sections:
+            depth = depth_rows(args.stacks, sorted(set(args.depths)), workdir, args.convert_runs)
     distributed = distributed_rows(args.distributed_steps) if "distributed" in args.sections else None
     memory = [memory_figures(frozen) for frozen in (0, 5)] if "memory" in args.sections else None
-    step_memory = None
-    if "step-memory" in args.sections:
-        wanted = [*args.backends, "bridge-ort-arena"] if "bridge-ort" in args.backends else args.backends
-        step_memory, memory_notes = measure_step_memory(args.models, [b for b in wanted if b in STEP_MEMORY_BACKENDS],
-                                                        ["default", "min"], args.threads)
-        notes += memory_notes
     info = {**machine(args, argv), "load_before": load_before, "load_after": os.getloadavg(),
             "wall_s": time.perf_counter() - start}
-    section = markdown(results, info, notes, distributed, memory, step_memory)
+    section = markdown(results, info, notes, distributed, memory, step_memory, depth)
     print(section)
     if not args.no_write:
         write_results(section)
         RESULTS_JSON.write_text(json.dumps({"machine": info, "results": results, "notes": notes,
                                                        "distributed": distributed, "memory": memory,
-                                                       "step_memory": step_memory}, indent=1))
+                                                       "step_memory": step_memory, "depth": depth}, indent=1))
         if results:
             plot(results, PLOT)
     return 0

@@ -179,8 +179,10 @@ def prepare(bench: BenchModel, workdir: Path, memory: str, backends: list[str], 
 
 
 def measure_model(name: str, backends: list[str], memory_settings: list[str], threads: int, workdir: Path,
-                  notes: list[str]) -> list[dict]:
-    """One row per backend (and, for bridge's, per memory setting) of model ``name``."""
+                  notes: list[str], converted: dict[str, Path] | None = None) -> list[dict]:
+    """One row per backend (and, for bridge's, per memory setting) of model ``name``. ``converted``: graphs
+    already converted per memory setting (state and compiled modules beside them, named as ``prepare`` names
+    them), used instead of converting and compiling again."""
     bench = MODELS[name]()
     data = workdir / f"{name}.data.npz"
     np.savez(data, **bench.inputs, target=bench.target)
@@ -192,7 +194,7 @@ def measure_model(name: str, backends: list[str], memory_settings: list[str], th
         wanted = [b for b in backends if b in BRIDGE_BACKENDS]
         if not wanted:
             continue
-        graph = prepare(bench, workdir, memory, wanted, notes)
+        graph = (converted or {}).get(memory) or prepare(bench, workdir, memory, wanted, notes)
         for backend in wanted:
             if backend in COMPILED and not Path(f"{graph}.{COMPILED[backend]}").exists():
                 continue
@@ -217,13 +219,16 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def measure(models: list[str], backends: list[str], memory_settings: list[str], threads: int) -> tuple[list, list]:
-    """Every model's rows, and the notes of what was skipped (for benchmarks/run.py's memory section)."""
+def measure(models: list[str], backends: list[str], memory_settings: list[str], threads: int,
+            converted: dict[str, dict[str, Path]] | None = None) -> tuple[list, list]:
+    """Every model's rows, and the notes of what was skipped (for benchmarks/run.py's memory section);
+    ``converted``: per model, graphs already converted (see ``measure_model``)."""
     if "bridge-onnx-mlir" in backends and not os.environ.get("ONNX_MLIR_HOME"):
         backends = [b for b in backends if b != "bridge-onnx-mlir"]
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [row for name in models for row in measure_model(name, backends, memory_settings, threads, Path(tmp), notes)]
+        rows = [row for name in models for row in measure_model(name, backends, memory_settings, threads, Path(tmp), notes,
+                                                                (converted or {}).get(name))]
     return rows, notes
 
 

@@ -37,12 +37,16 @@ def test_the_generator_writes_its_section_from_one_run(tmp_path, monkeypatch, ca
     assert "python benchmarks/run.py " + " ".join(argv) in text
     assert re.search(r"Load average \(1 / 5 / 15 min\): [\d.]+ / [\d.]+ / [\d.]+ before the run, [\d.]+ / [\d.]+ / "
                      r"[\d.]+ after it", text)
-    row = next(line for line in text.splitlines() if line.startswith("| mlp |"))
+    (measured,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    steps = text[text.index("### Step time, 2 threads"):]
+    row = next(line for line in steps.splitlines() if line.startswith("| mlp |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == 4 and float(cells[3]) > 0  # bridge-ort, torch, and the ratio
+    assert len(cells) == 4  # bridge-ort, torch, and the ratio
+    assert cells[3] == f"{measured['steps']['bridge-ort']['ratio_to_torch']:.2f}"
     assert "| mlp | 0.3 |" in text
     assert "Step time, one thread" not in text  # no one-thread backend ran
-    assert json.loads((tmp_path / "results.json").read_text())["results"][0]["model"] == "mlp"
+    top = text[text.index("### All models"):text.index("### Step time")]
+    assert f"| mlp | {measured['convert_s']:.2f} | {sum(measured['nodes'].values())} |" in top
     assert bench.BEGIN in capsys.readouterr().out
 
 
@@ -117,7 +121,8 @@ def test_one_thread_backends_are_compared_with_torch_at_one_thread():
               "import_rss_mb": 12, "iree_compile_s": 61.0, "onnx_mlir_compile_s": 33.0,
               "nodes": {"forward": 1, "loss": 2, "backward": 3, "optimizer": 4}, "steps": summary}
     info = {"date": "d", "cores": 2, "cpu": "x", "memory_gib": 8, "threads": 2, "versions": {"torch": "t"},
-            "load_before": (0.5, 0.4, 0.3), "load_after": (1.5, 1.0, 0.5), "command": "c", "wall_s": 90}
+            "load_before": (0.5, 0.4, 0.3), "load_after": (1.5, 1.0, 0.5), "command": "c", "wall_s": 90,
+            "convert_runs": 1}
     memory = [{"frozen": 5, "weights_mib": 384.0, "peak_mib": 1500.0, "import_mib": 540.0, "convert_s": 20.0,
                "total_s": 25.0}]
     text = bench.markdown([result], info, ["a note"], ["| mlp (85k) | 1 | 1000 | 1.00 | 1.0 ms | 0% | 0.1% |"], memory)
@@ -130,6 +135,80 @@ def test_one_thread_backends_are_compared_with_torch_at_one_thread():
     assert "## Data-parallel" in text and "| mlp (85k) | 1 |" in text and "- a note" in text
     assert "exceeded the core count" not in text
     assert "exceeded the core count" in bench.markdown([result], {**info, "load_after": (9.0, 5.0, 3.0)}, [])
+
+
+def test_the_top_table_has_a_row_per_model_with_ratios_to_torch_and_onnxsim():
+    """The top table: conversion time, nodes and their ratio to onnxsim's, step ratios per backend (onnx-mlir's to
+    torch at one thread), torch's step times, compile times, and each backend's step peak memory over torch's; a
+    model without onnxsim's count or a compiled backend shows ``-`` there."""
+    times = {"torch": [0.002] * 5, "bridge-ort": [0.001] * 5, "bridge-iree": [0.003] * 5,  # seconds
+             "torch@1": [0.004] * 5, "bridge-onnx-mlir": [0.002] * 5}
+    resnet = {"model": "resnet18", "weights_mb": 42.7, "import_s": 2.5, "convert_s": 1.25, "peak_rss_mb": 1500,
+              "import_rss_mb": 12, "iree_compile_s": 61.0, "onnx_mlir_compile_s": 33.0,
+              "nodes": {"forward": 100, "loss": 20, "backward": 300, "optimizer": 180},
+              "onnxsim_nodes": {"forward": 100, "loss": 30, "backward": 220, "optimizer": 150},
+              "steps": bench.summarise(times)}
+    mlp = {**resnet, "model": "mlp", "convert_s": 0.5, "onnxsim_nodes": None,
+           "steps": bench.summarise({"torch": [0.002] * 5, "bridge-ort": [0.001] * 5})}
+    del mlp["iree_compile_s"], mlp["onnx_mlir_compile_s"]
+    memory = [{"model": "resnet18", "backend": "torch", "memory": "-", "peak_mib": 40.0},
+              {"model": "resnet18", "backend": "bridge-ort", "memory": "default", "peak_mib": 50.0},
+              {"model": "resnet18", "backend": "bridge-ort", "memory": "min", "peak_mib": 20.0},
+              {"model": "resnet18", "backend": "bridge-onnx-mlir", "memory": "default", "peak_mib": 30.0}]
+    for row in memory:
+        row.update(baseline_mib=500.0, step_s=0.1)
+    info = {"date": "d", "cores": 2, "cpu": "x", "memory_gib": 8, "threads": 2, "versions": {"torch": "t"},
+            "load_before": (0.5, 0.4, 0.3), "load_after": (0.5, 0.4, 0.3), "command": "c", "wall_s": 90,
+            "convert_runs": 3}
+    text = bench.markdown([resnet, mlp], info, [], step_memory=memory)
+    top = text[text.index("### All models"):text.index("### Step time")]
+    assert "the fastest of 3 runs" in top
+    rows = [line for line in top.splitlines() if line.startswith("|")]
+    assert len(rows) == 4  # header, rule, two models
+    assert rows[2] == ("| resnet18 | 1.25 | 600 (1.20x) | 0.50 / 1.50 / 0.50 | 2.0 / 4.0 | 61.0 / 33.0 | 40.0 "
+                       "| 1.25 / - / 0.75 |")
+    assert rows[3] == "| mlp | 0.50 | 600 | 0.50 / - / - | 2.0 / - | - | - | - |"
+    conversion = next(line for line in text.splitlines() if line.startswith("| resnet18 | 42.7 |"))
+    assert "| 100 / 20 / 300 / 180 | 100 / 30 / 220 / 150 | 61.0 | 33.0 |" in conversion
+    assert "### Step memory" in text and "| resnet18 | bridge-ort | min | 20.0 | 0.50 |" in text
+
+
+def test_the_depth_slope_is_the_least_squares_line():
+    """On an exact line the fit returns its slope and intercept; on points off a line, the least-squares ones
+    (here (0, 0), (1, 1), (2, 0): slope 0, intercept the mean 1/3)."""
+    blocks = [4, 8, 16, 32]
+    slope, intercept = bench.fit_line(blocks, [0.75 + 0.125 * b for b in blocks])
+    assert slope == pytest.approx(0.125) and intercept == pytest.approx(0.75)
+    assert bench.fit_line([0, 1, 2], [0, 1, 0]) == pytest.approx((0.0, 1 / 3))
+    rows = [{"stack": "resnet", "blocks": b, "convert_s": 0.75 + 0.125 * b, "convert_cpu_s": 1.0 + 0.25 * b,
+             "nodes": 20 + 50 * b} for b in blocks]
+    table = bench.depth_table(rows)
+    assert table[0] == ("| model | 4 blocks | 8 blocks | 16 blocks | 32 blocks | s per block | intercept s | CPU s per "
+                        "block | nodes per block |")
+    assert table[2] == ("| resnet | 1.25 s (220) | 1.75 s (420) | 2.75 s (820) | 4.75 s (1620) | 0.125 | 0.75 | 0.250 "
+                        "| 50 |")
+
+
+@pytest.mark.slow
+def test_the_depth_section_converts_each_depth_in_a_fresh_process(tmp_path, monkeypatch):
+    """A real depth section on a resnet stack of 1 and 2 blocks: a row with both conversions, the deeper one with
+    more nodes, and a slope."""
+    results = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(bench, "RESULTS", results)
+    monkeypatch.setattr(bench, "RESULTS_JSON", tmp_path / "results.json")
+    assert bench.main(["--sections", "depth", "--stacks", "resnet", "--depths", "1", "2", "--max-load", "1000"]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["depth"]
+    assert [(r["stack"], r["blocks"]) for r in rows] == [("resnet", 1), ("resnet", 2)]
+    assert all(r["convert_s"] > 0 and r["convert_cpu_s"] > 0 for r in rows) and rows[1]["nodes"] > rows[0]["nodes"]
+    text = results.read_text()
+    assert "## Conversion time vs depth" in text
+    row = next(line for line in text.splitlines() if line.startswith("| resnet |"))
+    assert len(row.strip("|").split("|")) == 7  # model, two depths, slope, intercept, CPU slope, nodes per block
+
+
+def test_the_depth_section_needs_two_depths():
+    with pytest.raises(SystemExit):
+        bench.main(["--sections", "depth", "--depths", "8", "8"])
 
 
 def test_bridge_kinds_and_torch_ops_meet_in_one_family():
