@@ -202,7 +202,7 @@ def test_tanh_as_exp_is_tanh_to_float32_rounding():
     node = next(n for n in make_fx(torch.tanh)(torch.zeros(2)).graph.nodes if n.target is torch.ops.aten.tanh.default)
     builder = GraphBuilder()
     with targets.using("onnx-mlir"):
-        y = elementwise.tanh(builder, node, Value("x", x.shape, torch.float32))
+        y = elementwise.emit_tanh(builder, node, Value("x", x.shape, torch.float32))
     graph = helper.make_graph(builder.nodes, "tanh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
                               [helper.make_tensor_value_info(str(y), TensorProto.FLOAT, x.shape)])
     builder.write_initializers(graph)

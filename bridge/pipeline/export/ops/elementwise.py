@@ -118,7 +118,7 @@ TANH_TAYLOR_BELOW = 0.55  # |x| below which the 9 Taylor terms are float32-exact
 
 
 @emits(aten.tanh.default)
-def tanh(b, node, x):
+def emit_tanh(b, node, x):
     """Tanh; with the target form ``tanh_as_exp`` a float32 tanh as ``sign(x) * (1 - 2 / (exp(2|x|) + 1))`` (1
     where exp overflows) and, where ``|x| < TANH_TAYLOR_BELOW``, as its Taylor polynomial in Horner form (the exp
     form would lose the relative precision of small values)."""
