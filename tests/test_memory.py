@@ -84,7 +84,8 @@ def test_min_memory_steps_are_bit_identical(build):
 
 
 def test_min_memory_recomputes_in_the_backward():
-    """The recomputed nodes are backward nodes of a forward layer (tags kept), and the eval graph is untouched."""
+    """The recomputed nodes are backward nodes of a forward layer (tags kept); the forward may lose nodes whose
+    only readers the backward now recomputes for itself; the eval graph is untouched."""
     module, x = _cnn()
     default = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x)
     low = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x, memory="min")
@@ -98,7 +99,7 @@ def test_min_memory_recomputes_in_the_backward():
         return counts
 
     before, after = per_phase(default.model), per_phase(low.model)
-    assert after[Phase.FORWARD] == before[Phase.FORWARD] and after[Phase.BACKWARD] > before[Phase.BACKWARD]
+    assert after[Phase.FORWARD] <= before[Phase.FORWARD] and after[Phase.BACKWARD] > before[Phase.BACKWARD]
     assert onnx.printer.to_text(low.eval_model.graph) == onnx.printer.to_text(default.eval_model.graph)
     batches = random_batches(default, 2, classes=5)
     for want, got in zip(bridge_steps(default, batches), bridge_steps(low, batches), strict=True):
