@@ -1,7 +1,8 @@
 """Every op-database training row compiles in onnx-mlir at its default flags (``--EmitLib -O3``) and
 steps like onnxruntime.
 
-Each row's training graph (mse + SGD, as tests/test_op_db.py converts it) is compiled by
+Each row's training graph (mse + SGD, as tests/test_op_db.py converts it, for the ``onnx-mlir`` target:
+the forms a user compiles for it, docs/onnx-mlir.md) is compiled by
 ``bridge.compile(backend="onnx-mlir")`` and one step on the same state is compared with onnxruntime at
 one thread (onnx-mlir runs on one): loss, every ``grad_*``, every ``updated_*``, with the comparator and
 tolerance of the IREE rows and zoo (``helpers.reference.assert_steps_match``). A row with a symbolic
@@ -62,10 +63,13 @@ def test_default_rows_are_rows():
 
 def _target(tm: bridge.TrainingModel, row: OpRow, batch: int) -> np.ndarray:
     """A random float target of the graph's target shape, a symbolic dim (the batch, or an expression of
-    it: ``3*batch``) at its size in the row's model at ``batch``."""
+    it: ``3*batch``) at its size in the row's model at ``batch`` (``batch`` itself where that output is no
+    tensor: ZipMap's sequence of maps)."""
     graph = next(i for i in tm.model.graph.input if i.name == "target").type.tensor_type.shape.dim
-    static = row.model(batch).graph.output[0].type.tensor_type.shape.dim
-    shape = [d.dim_value if d.HasField("dim_value") else s.dim_value for d, s in zip(graph, static, strict=True)]
+    output = row.model(batch).graph.output[0].type
+    static = output.tensor_type.shape.dim if output.HasField("tensor_type") else [None] * len(graph)
+    shape = [d.dim_value if d.HasField("dim_value") else batch if s is None and d.dim_param == "batch" else s.dim_value
+             for d, s in zip(graph, static, strict=True)]
     return np.random.default_rng(batch).standard_normal(shape).astype(tm.target_dtype)
 
 
@@ -76,7 +80,8 @@ def test_onnx_mlir_step_matches_onnxruntime(row: OpRow, mode: str):
     step is ill-conditioned in float32 (a sum that cancels), onnx-mlir is compared with the float64
     graph instead, within the zoo's tolerance: ``NOISE_FACTOR`` x onnxruntime's own float32 error."""
     symbolic = mode == "symbolic"
-    tm = bridge.to_training_onnx(row.model(), dynamic_batch=symbolic, **OPTIONS)
+    options = dict(OPTIONS, dynamic_batch=symbolic, target="onnx-mlir")
+    tm = bridge.to_training_onnx(row.model(), **options)
     compiled = bridge.compile(tm, backend="onnx-mlir")
     for batch in BATCHES if symbolic else BATCHES[:1]:
         inputs, target = row.inputs(batch), _target(tm, row, batch)
@@ -86,7 +91,6 @@ def test_onnx_mlir_step_matches_onnxruntime(row: OpRow, mode: str):
         got = compiled.session().step(feed, target)
         want = ort.step(feed, target)
         assert set(got) == {o.name for o in tm.model.graph.output}
-        options = dict(OPTIONS, dynamic_batch=symbolic)
         mismatches = step_mismatches(row.model(), options, got, want, feed, target, f"batch {batch}")
         assert not mismatches, "\n".join(mismatches.values())
 
