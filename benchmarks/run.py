@@ -86,13 +86,19 @@ def reference(backend: str) -> str:
     return "torch@1" if backend in ONE_THREAD else "torch"
 
 
-def convert_in_child(source: Path, out: Path) -> dict:
+def convert_in_child(source: Path, out: Path, onnx_mlir_out: Path | None = None) -> dict:
     """Convert ``source`` in a fresh process: the time of ``import torch`` + ``import bridge.api`` there
     (``import_s``, what any torch user's process pays once), the time of ``to_training_onnx`` after them
     (``convert_s``, with the imports torch itself makes on first use, such as ``torch._dynamo``; ``convert_cpu_s``:
     its CPU time, all threads, which a loaded machine moves less), the RSS after
     ``import bridge`` (lazy: no torch yet) and the peak RSS from there (Linux's VmHWM, reset after that import;
-    ``ru_maxrss`` would carry the parent's peak across exec)."""
+    ``ru_maxrss`` would carry the parent's peak across exec). With ``onnx_mlir_out``, the same process then converts
+    ``source`` for onnx-mlir (``target="onnx-mlir"``, untimed) and saves that training graph there."""
+    onnx_mlir = "" if onnx_mlir_out is None else f"""
+import onnx
+onnx.save(bridge.to_training_onnx({str(source)!r}, loss="ce", optim="adam", optim_options={{"lr": {LR}}},
+                                  target="onnx-mlir").model, {str(onnx_mlir_out)!r})
+"""
     code = f"""
 import json, time
 import bridge
@@ -111,6 +117,7 @@ peak = status("VmHWM")
 import numpy as np
 tm.save({str(out)!r})
 np.savez({str(out) + '.state.npz'!r}, **tm.initial_state())
+{onnx_mlir}
 print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "convert_cpu_s": done_cpu - imported_cpu,
                   "peak_rss_mb": peak,
                   "import_rss_mb": base}}))
@@ -121,9 +128,11 @@ print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def fastest_conversion(source: Path, out: Path, runs: int) -> dict:
-    """``convert_in_child``'s figures of the fastest of ``runs`` conversions, each in a fresh process."""
-    return min((convert_in_child(source, out) for _ in range(runs)), key=lambda figures: figures["convert_s"])
+def fastest_conversion(source: Path, out: Path, runs: int, onnx_mlir_out: Path | None = None) -> dict:
+    """``convert_in_child``'s figures of the fastest of ``runs`` conversions, each in a fresh process; the first
+    also writes the graph converted for onnx-mlir to ``onnx_mlir_out``, where given."""
+    return min((convert_in_child(source, out, onnx_mlir_out if run == 0 else None) for run in range(runs)),
+               key=lambda figures: figures["convert_s"])
 
 
 def nodes_per_phase(model: onnx.ModelProto) -> dict[str, int]:
@@ -183,22 +192,26 @@ def onnx_mlir_available() -> bool:
     return "onnx-mlir" in compile_tool.BACKENDS
 
 
-def compiled_stepper(bench: BenchModel, source: Path, training: Path, state: dict, backend: str, name: str,
+def onnx_mlir_graph(training: Path) -> Path:
+    """Where the conversion child saves the graph converted for onnx-mlir, beside ``training``."""
+    return training.with_name(training.name.replace(".train.onnx", ".onnx-mlir.train.onnx"))
+
+
+def compiled_stepper(bench: BenchModel, training: Path, state: dict, backend: str, name: str,
                      notes: list[str], extra: dict) -> Step | None:
     """The step of ``training`` compiled by ``backend`` (``bridge.compile``, no ``grad_*`` outputs, as
     ``bridge.Trainer`` compiles), its compile time in ``extra[name + "_compile_s"]``; None with a note if it fails.
     onnx-mlir compiles the graph converted for it (``target="onnx-mlir"``, what docs/onnx-mlir.md tells a user to
-    convert), from the same ``source`` and state, for this machine's CPU (``target_cpu="native"``) as IREE does
-    by default and as onnxruntime picks its kernels: at its default CPU onnx-mlir emits no AVX.
-    The compiled module is saved beside ``training`` for the step-memory section."""
+    convert: ``onnx_mlir_graph``, from the same source and with the same state), for this machine's CPU
+    (``target_cpu="native"``) as IREE does by default and as onnxruntime picks its kernels: at its default CPU
+    onnx-mlir emits no AVX. The compiled module is saved beside ``training`` for the step-memory section."""
     import bridge
 
     try:
         options: dict[str, str] = {}
-        graph: Path | onnx.ModelProto = training
+        graph = training
         if backend == "onnx-mlir":
-            graph = bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": LR},
-                                            target=backend).model
+            graph = onnx_mlir_graph(training)
             options["target_cpu"] = "native"
         start = time.perf_counter()
         compiled = bridge.compile(graph, backend=backend, gradients=False, **options)
@@ -211,7 +224,12 @@ def compiled_stepper(bench: BenchModel, source: Path, training: Path, state: dic
     return lambda: session.step(bench.inputs, bench.target)
 
 
-def steppers(bench: BenchModel, source: Path, training: Path, args: argparse.Namespace, notes: list[str], extra: dict,
+def wants_onnx_mlir(args: argparse.Namespace) -> bool:
+    """The step section has an onnx-mlir column: the backend asked for and present in this tree."""
+    return "bridge-onnx-mlir" in args.backends and onnx_mlir_available()
+
+
+def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes: list[str], extra: dict,
              children: list[subprocess.Popen]) -> dict[str, Step]:
     """One ``step()`` per backend that could be set up; a note for each that could not."""
     from bridge.training.runtime import TrainingSession
@@ -224,8 +242,8 @@ def steppers(bench: BenchModel, source: Path, training: Path, args: argparse.Nam
             session = TrainingSession(training, state, threads=count, gradients=False)
             result[name] = lambda session=session: session.step(bench.inputs, bench.target)
     for name, backend in (("bridge-iree", "iree"), ("bridge-onnx-mlir", "onnx-mlir")):
-        if name in backends and (backend == "iree" or onnx_mlir_available()):
-            step = compiled_stepper(bench, source, training, state, backend, backend.replace("-", "_"), notes, extra)
+        if name in backends and (backend == "iree" or wants_onnx_mlir(args)):
+            step = compiled_stepper(bench, training, state, backend, backend.replace("-", "_"), notes, extra)
             if step is not None:
                 result[name] = step
     for name, count in (("torch", threads), ("torch@1", 1)):
@@ -319,12 +337,13 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[
     bench = MODELS[name]()
     source = bench.export(workdir / f"{name}.onnx")
     training = workdir / f"{name}.train.onnx"
-    conversion = fastest_conversion(source, training, args.convert_runs)
+    conversion = fastest_conversion(source, training, args.convert_runs,
+                                    onnx_mlir_graph(training) if wants_onnx_mlir(args) else None)
     model = onnx.load(str(training), load_external_data=False)
     extra: dict = {}
     children: list[subprocess.Popen] = []
     try:
-        step_fns = steppers(bench, source, training, args, notes, extra, children)
+        step_fns = steppers(bench, training, args, notes, extra, children)
         summary = summarise(measure(step_fns, args.rounds, args.warmup, args.burst, args.settle))
     finally:
         for child in children:

@@ -50,6 +50,21 @@ def test_the_generator_writes_its_section_from_one_run(tmp_path, monkeypatch, ca
     assert bench.BEGIN in capsys.readouterr().out
 
 
+def test_the_conversion_child_also_writes_the_onnx_mlir_graph(tmp_path):
+    """The onnx-mlir column compiles the graph the conversion child converted with ``target="onnx-mlir"``: the graph
+    bridge converts for onnx-mlir, not the default one (its Convs as MatMuls)."""
+    import bridge
+
+    source = MODELS["small_cnn"]().export(tmp_path / "small_cnn.onnx")
+    training = tmp_path / "small_cnn.train.onnx"
+    figures = bench.fastest_conversion(source, training, 1, bench.onnx_mlir_graph(training))
+    assert figures["convert_s"] > 0
+    written = onnx.load(str(bench.onnx_mlir_graph(training))).SerializeToString()
+    assert written == bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": bench.LR},
+                                              target="onnx-mlir").model.SerializeToString()
+    assert written != onnx.load(str(training)).SerializeToString()
+
+
 def test_refuses_a_busy_machine(capsys, monkeypatch):
     monkeypatch.setattr(bench.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
     assert bench.main(["--models", "mlp", "--max-load", "1.0"]) == 2

@@ -167,7 +167,8 @@ _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fake mode -
 def replayed(fn: Callable[..., object], *args) -> object:
     """``fn(*args)``, traced once per ``(fn, key of every argument)`` in the running trace and replayed after
     that (``Replay``); ``fn``'s result must depend on nothing but its arguments (and on a tensor argument only
-    through what ``key`` keys). An argument ``key`` does not know, or a tensor of symbolic size: ``fn`` is traced.
+    through what ``key`` keys). An argument ``key`` does not know, a symbolic size or a tensor of symbolic size:
+    ``fn`` is traced.
     Outside tracing, in a fake-tensor run (the conversion's example run, ``bridge.api._probe``), where a result
     is only its layout: ``fn`` runs once per key, later calls get fresh tensors of that layout (``_fake_run``).
 
@@ -212,6 +213,9 @@ def _fake_run(layouts: dict, signature: object, args: tuple, fn: Callable[[], ob
 
 
 def _symbolic(value) -> bool:
+    """A symbolic size (``SymInt``, ``SymFloat``, ``SymBool``), or a tensor with one among its sizes or strides."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
     return isinstance(value, torch.Tensor) and any(isinstance(size, torch.SymInt)
                                                    for size in (*value.shape, *value.stride()))
 

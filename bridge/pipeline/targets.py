@@ -105,6 +105,16 @@ def conv_forward_form(groups: int, kernel: Sequence[int], outputs: Sequence[int]
     return "gemm" if tiny and enabled("conv_forward_gemm") else "conv"
 
 
+def _backward_form_before_shapes(groups: int) -> str | None:
+    """The form of a Conv's input or weight gradient that no shape changes: ``gemm`` for an ungrouped Conv under
+    ``dense_conv_as_matmul``, ``conv`` for a grouped one or without ``conv_backward_gemm``; None: the shape decides."""
+    if groups == 1 and enabled("dense_conv_as_matmul"):
+        return "gemm"
+    if groups != 1 or not enabled("conv_backward_gemm"):
+        return "conv"
+    return None
+
+
 def conv_input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
                          stride: Sequence[int], sizes: Sequence[int]) -> str:
     """``conv``, ``gemm`` or ``gemm_select`` for a Conv's input gradient (lowering/conv.py).
@@ -113,10 +123,8 @@ def conv_input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], 
     ``gemm`` pays a per-offset scatter of input size. ``gemm`` wins once the weight dominates
     (``Cout >= 16 * O``) or the Conv is strided; ``gemm_select`` does its scatter as one MatMul
     while the input plane is small (``select_is_cheap``). ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
-    if groups == 1 and enabled("dense_conv_as_matmul"):
-        return "gemm"
-    if groups != 1 or not enabled("conv_backward_gemm"):
-        return "conv"
+    if (form := _backward_form_before_shapes(groups)) is not None:
+        return form
     if out_channels >= 16 * math.prod(outputs) or max(stride) > 1:
         return "gemm_select" if select_is_cheap(out_channels, sizes) else "gemm"
     return "conv"
@@ -130,10 +138,8 @@ def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kern
     stem): ``gemm_channel_first`` at stride 1, else ``conv``. A 1x1 kernel: ``gemm`` (its one window is a
     strided slice). Else ``gather``: the columns by one Gather of whole channel rows, one MatMul.
     Grouped Convs keep ``conv``. ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
-    if groups == 1 and enabled("dense_conv_as_matmul"):
-        return "gemm"
-    if groups != 1 or not enabled("conv_backward_gemm"):
-        return "conv"
+    if (form := _backward_form_before_shapes(groups)) is not None:
+        return form
     if math.prod(kernel) == 1:
         return "gemm"
     if in_channels < 16:

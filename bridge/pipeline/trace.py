@@ -179,12 +179,7 @@ def trace_training_step(example: StepExample, optimizer: Optimizer, signature: S
     With ``max_grad_norm`` the gradients are clipped by global norm before the update
     (the ``grad_*`` outputs stay the unclipped gradients of the loss).
     """
-    data, dim_names, bounds = _data_args(example, signature)
-    tags = _LayerTags(dim_names)
-
-    def train_step(*flat):
-        args = signature.unflatten(flat)
-        tags.watch([args[name] for name in signature.data_names()])
+    def train_step(args: dict[str, torch.Tensor], tags: _LayerTags) -> dict[str, torch.Tensor]:
         weights = {name: args[name] for name in signature.weights}
         loss_value, outputs, updated_buffers = _forward_loss(example, signature, args, tags)
         grads = _backward(loss_value, list(weights.values()), tags, args.get(LOSS_SCALE))
@@ -193,9 +188,24 @@ def trace_training_step(example: StepExample, optimizer: Optimizer, signature: S
                                          example.precision.grad_scaler))
         results.update({updated_name(name): updated_buffers.get(name, args[name]) for name in signature.buffers})
         results.update(_extra_outputs(example.program, signature, outputs))
-        return tuple(signature.flatten(results, outputs=True))
+        return results
 
-    return _trace(train_step, _state_args(signature, example.tensors), data, dim_names, bounds)
+    return _trace_step(example, signature, train_step)
+
+
+def _trace_step(example: StepExample, signature: StepSignature,
+                body: Callable[[dict[str, torch.Tensor], _LayerTags], dict[str, torch.Tensor]]) -> torch.fx.GraphModule:
+    """Trace ``body(args, tags)``, a step from its arguments by name to its results by name, as a function of
+    ``signature``'s flat arguments and results; ``tags`` watch the data arguments (``_LayerTags``)."""
+    data, dim_names, bounds = _data_args(example, signature)
+    tags = _LayerTags(dim_names)
+
+    def step(*flat):
+        args = signature.unflatten(flat)
+        tags.watch([args[name] for name in signature.data_names()])
+        return tuple(signature.flatten(body(args, tags), outputs=True))
+
+    return _trace(step, _state_args(signature, example.tensors), data, dim_names, bounds)
 
 
 def _state_args(signature: StepSignature, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -387,16 +397,11 @@ def trace_eval_step(example: StepExample, signature: StepSignature) -> torch.fx.
     """Trace the eval step (``signature.training`` is False): the forward in inference mode
     (BatchNorm with its running statistics, Dropout off) and the loss; returns the loss and
     the model outputs named in ``signature.outputs``."""
-    data, dim_names, bounds = _data_args(example, signature)
-    tags = _LayerTags(dim_names)
-
-    def eval_step(*flat):
-        args = signature.unflatten(flat)
-        tags.watch([args[name] for name in signature.data_names()])
+    def eval_step(args: dict[str, torch.Tensor], tags: _LayerTags) -> dict[str, torch.Tensor]:
         loss_value, outputs, _ = _forward_loss(example, signature, args, tags)
-        return tuple(signature.flatten({LOSS: loss_value, **_extra_outputs(example.program, signature, outputs)}, outputs=True))
+        return {LOSS: loss_value, **_extra_outputs(example.program, signature, outputs)}
 
-    return _trace(eval_step, _state_args(signature, example.tensors), data, dim_names, bounds)
+    return _trace_step(example, signature, eval_step)
 
 
 def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_names: dict[sympy.Symbol, str],

@@ -8,21 +8,19 @@ buffers stay with each client.
 """
 from __future__ import annotations
 
-import json
 import os
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from ..atomic import atomic_writer
 from ..contract import ROLE, Role, props
 from ..errors import BridgeError, InvalidOptionError
+from .checkpoint import read_archive, write_archive
 
 FORMAT = "bridge.training.delta/1"
-_HEADER = "meta"
+_DELTA = "delta/"
 
 
 class DeltaError(BridgeError):
@@ -38,29 +36,15 @@ def write_delta(path: str | os.PathLike, delta: Mapping[str, np.ndarray], sample
     """Write ``delta`` (weight name -> difference) and the number of samples it was trained on, atomically."""
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
         raise InvalidOptionError(f"samples={samples!r}: give the number of training samples behind the delta (>= 1)")
-    path = Path(path)
-    arrays = {f"delta/{name}": np.asarray(value, np.float64) for name, value in delta.items()}
-    arrays[_HEADER] = np.asarray(json.dumps({"format": FORMAT, "samples": int(samples)}))
-    with atomic_writer() as writer, open(writer.path(path, "delta path"), "xb") as file:
-        np.savez(file, **arrays)
-    return path
+    arrays = {name: np.asarray(value, np.float64) for name, value in delta.items()}
+    return write_archive(path, arrays, _DELTA, {"format": FORMAT, "samples": int(samples)}, "delta path")
 
 
 def read_delta(path: str | os.PathLike, shapes: Mapping[str, tuple[int, ...]] | None = None
                ) -> tuple[dict[str, np.ndarray], int]:
     """The delta and sample count ``write_delta`` wrote; with ``shapes`` (weight -> shape), checked to hold
     exactly those weights in those shapes."""
-    path = Path(path)
-    if not path.is_file():
-        raise DeltaError(f"no delta at {path}")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            header = json.loads(str(data[_HEADER]))
-            delta = {key.removeprefix("delta/"): data[key] for key in data.files if key.startswith("delta/")}
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise DeltaError(f"{path} is not a bridge delta ({exc}); write it with Trainer.export_delta") from exc
-    if header.get("format") != FORMAT:
-        raise DeltaError(f"{path} is not a bridge delta (format {header.get('format')!r})")
+    delta, header = read_archive(path, _DELTA, FORMAT, DeltaError, "delta", "; write it with Trainer.export_delta")
     if shapes is not None:
         if set(delta) != set(shapes):
             raise DeltaError(f"{path} holds weights {sorted(set(delta) ^ set(shapes))} that this training graph does "

@@ -36,7 +36,7 @@ from ..contract import (
     strip_prefix,
     updated_name,
 )
-from ..errors import BridgeError, InvalidOptionError, positive_int
+from ..errors import BridgeError, InvalidOptionError, ModelLoadError, positive_int
 from ..onnx_file import external_copy, is_large, model_digest, read_model
 from .feed_checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
 
@@ -212,6 +212,26 @@ class StepSession(ABC):
 def graph_hash(model: onnx.ModelProto | bytes) -> str:
     """The identity of a training graph: sha256 of its serialized ONNX model."""
     return model_digest(model) if isinstance(model, onnx.ModelProto) else hashlib.sha256(model).hexdigest()
+
+
+def compiled_module(module: bytes | str | os.PathLike, kind: str) -> tuple[bytes, str]:
+    """A compiled module given as bytes or as the path of its file: its bytes and where they came from (the
+    file's resolved path, or ``the <kind>``); ``ModelLoadError`` naming ``kind`` and the path where there is no file."""
+    if isinstance(module, bytes):
+        return module, f"the {kind}"
+    path = Path(module).resolve()
+    if not path.is_file():
+        raise ModelLoadError(f"no such {kind}: {path}")
+    return path.read_bytes(), str(path)
+
+
+def compiled_identity(module: bytes, training_model: onnx.ModelProto | None) -> dict[str, Any]:
+    """``StepSession``'s ``checks`` and ``graph_hash`` for a session of the compiled ``module``: those of
+    ``training_model``, the ONNX graph it was compiled from (checkpoints then interchange with the other
+    backends' sessions of that graph), else no batch checks and the module's own hash."""
+    if training_model is None:
+        return {"checks": None, "graph_hash": graph_hash(module)}
+    return {"checks": StepChecks.from_model(training_model), "graph_hash": graph_hash(training_model)}
 
 
 def unchecked_run(session) -> Callable:

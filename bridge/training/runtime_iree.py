@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,8 +15,7 @@ import onnx
 
 from ..contract import INPUT_SPECS, INPUTS, OUTPUTS, decode_random_inputs
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
-from .feed_checks import StepChecks
-from .runtime import SessionGraph, StepSession, graph_hash
+from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
     from ..tools.compile import CompiledModel
@@ -48,15 +46,9 @@ class IreeTrainingSession(StepSession):
 
         if not isinstance(module, (bytes, str, os.PathLike)):
             module = module.vmfb  # a bridge.tools.compile.CompiledModel
-        if not isinstance(module, bytes):
-            path = Path(module)
-            if not path.is_file():
-                raise ModelLoadError(f"no such compiled module: {path}")
-            module = path.read_bytes()
-        checks = None if training_model is None else StepChecks.from_model(training_model)
-        super().__init__(state, seed, checks=checks, on_nonfinite=on_nonfinite,
-                         graph_hash=graph_hash(module if training_model is None else training_model),
-                         eval_model=eval_model)
+        module, _ = compiled_module(module, "compiled module")
+        super().__init__(state, seed, on_nonfinite=on_nonfinite, eval_model=eval_model,
+                         **compiled_identity(module, training_model))
         self._config = rt.Config(driver)
         try:
             vm_module = rt.VmModule.copy_buffer(self._config.vm_instance, module)

@@ -29,8 +29,8 @@ import onnx
 
 from ..contract import DIM_BOUNDS, decode_random_inputs, props
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
-from .feed_checks import StepChecks, covered_outputs
-from .runtime import SessionGraph, StepSession, graph_hash
+from .feed_checks import covered_outputs
+from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
     from ..tools.compile import CompiledModel
@@ -125,23 +125,15 @@ class OnnxMlirTrainingSession(StepSession):
         (``eval_model`` compiled by onnx-mlir) when given, else in onnxruntime."""
         training_model = getattr(library, "graph", None) if training_model is None else training_model
         library = getattr(library, "module", library)  # a bridge.tools.compile.CompiledModel
-        source = "the library"
-        if not isinstance(library, bytes):
-            path = Path(library).resolve()
-            source = str(path)
-            if not path.is_file():
-                raise ModelLoadError(f"no such compiled model library: {path}")
-            library = path.read_bytes()
-        checks = None if training_model is None else StepChecks.from_model(training_model)
-        super().__init__(state, seed, checks=checks, on_nonfinite=on_nonfinite,
-                         graph_hash=graph_hash(library if training_model is None else training_model),
-                         eval_model=eval_model)
+        library, source = compiled_module(library, "compiled model library")
+        super().__init__(state, seed, on_nonfinite=on_nonfinite, eval_model=eval_model,
+                         **compiled_identity(library, training_model))
         self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
         self._pieces, self.input_names, self.output_names = _load_pieces(library, Path(self._folder.name), source)
         if training_model is not None:
             meta = props(training_model.metadata_props)
             for name in decode_random_inputs(meta):
-                shape, dtype = checks.specs[name]
+                shape, dtype = self.checks.specs[name]
                 self.random_inputs[name] = ([None if d == "?" else d for d in shape], dtype)
             self.dim_bounds = json.loads(meta.get(DIM_BOUNDS, "{}"))
             self.covered_outputs = covered_outputs(training_model)

@@ -21,12 +21,9 @@ reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current ta
     ``[Cin/g, g*N, L]``, is convolved with ``grad_output`` as a weight ``[g*Cout/g, N, O]``
     (groups ``g``, stride = forward dilation, dilation = forward stride), then sliced to the
     kernel size (a GEMM whose inner dimension is the batch).
-  - ``gemm`` / ``gemm_offset_major`` (groups 1, im2col): the input channels-last, one strided
-    slice per kernel offset (``window_slices``) stacked into columns ``[N*O, Cin*K]``, one
-    MatMul ``grad_output [Cout, N*O] @ columns``; stacked channel-major the product is the
-    weight's layout, stacked offset-major (a cheaper Concat) it needs a transpose.
-  - ``taps`` (groups 1): one MatMul ``grad_output [Cout, N*O] @ window [N*O, Cin]`` per kernel
-    offset, the ``K`` products stacked: no columns Concat.
+  - ``gemm`` (groups 1, im2col): the input channels-last, one strided slice per kernel offset
+    (``window_slices``) stacked channel-major into columns ``[N*O, Cin*K]``, one MatMul
+    ``grad_output [Cout, N*O] @ columns``: the weight's layout.
   - ``gemm_channel_first`` (groups 1): the windows of the batch-transposed input ``[Cin, N, L...]``
     stacked channel-major into columns ``[Cin*K, N*O]``, one Gemm ``grad_output @ columns^T``.
   - ``gather`` (groups 1): the padded channels-last input ``[N, Lp, Cin]`` gathered at every window's
@@ -361,19 +358,17 @@ def scatter_matrix(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence
 def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None) -> torch.Tensor:
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: the current target's,
-    ``targets.conv_weight_grad_form``) is ``conv``, ``gather``, ``taps``, ``gemm``, ``gemm_offset_major`` or
-    ``gemm_channel_first`` (see the module docstring)."""
+    ``targets.conv_weight_grad_form``) is ``conv``, ``gather``, ``gemm`` or ``gemm_channel_first`` (see the
+    module docstring)."""
     kernel = list(weight_size[2:])
     form = form or targets.conv_weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output), stride)
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
     if form == "gemm_channel_first":
         return _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation)
-    if form == "taps":
-        return _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation)
     if form == "gather":
         return _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation)
-    return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, form == "gemm_offset_major")
+    return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation)
 
 
 def _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups) -> torch.Tensor:
@@ -397,18 +392,16 @@ def _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, gr
     return aten.permute.default(fit_spatial(full, weight_size[2:]), [1, 0] + list(range(2, 2 + rank)))
 
 
-def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation, offset_major: bool) -> torch.Tensor:
-    """im2col (groups 1): columns ``[N*O, Cin*K]`` from channels-last windows, one MatMul."""
-    rank, in_channels, out_channels = x.dim() - 2, x.shape[1], grad_output.shape[1]
+def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+    """im2col (groups 1): columns ``[N*O, Cin*K]`` from channels-last windows stacked channel-major, one MatMul."""
+    rank, in_channels = x.dim() - 2, x.shape[1]
     kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
     count = math.prod(kernel)
     windows = window_slices(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
-    axis = rank + 1 if offset_major else rank + 2  # stack before Cin (offset-major) or after it
+    axis = rank + 2  # stacked after Cin: channel-major
     cols = windows[0] if count == 1 else aten.cat.default([aten.unsqueeze.default(w, axis) for w in windows], axis)
     cols = aten.reshape.default(cols, [-1, in_channels * count])
-    product = aten.mm.default(_channel_rows(grad_output), cols)  # [Cout, K*Cin] offset-major, [Cout, Cin*K] channel-major
-    if offset_major and count > 1:
-        product = aten.permute.default(aten.reshape.default(product, [out_channels, count, in_channels]), [0, 2, 1])
+    product = aten.mm.default(_channel_rows(grad_output), cols)  # [Cout, Cin*K]
     return aten.reshape.default(product, list(weight_size))
 
 
@@ -449,16 +442,6 @@ def _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation) 
     product = aten.mm.default(_channel_rows(grad_output), cols)  # [Cout, K*Cin]
     product = aten.reshape.default(product, [out_channels] + kernel + [in_channels])
     return aten.permute.default(product, [0, len(kernel) + 1] + list(range(1, len(kernel) + 1)))
-
-
-def _weight_grad_taps(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
-    """Per kernel offset (groups 1): ``grad_output [Cout, N*O] @ window [N*O, Cin]``, the ``K``
-    products ``[Cout, Cin]`` stacked into the weight's layout; no ``[N*O, Cin*K]`` columns."""
-    in_channels, kernel, outputs = x.shape[1], list(weight_size[2:]), _spatial(grad_output)
-    gs = _channel_rows(grad_output)
-    windows = window_slices(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
-    products = [aten.unsqueeze.default(aten.mm.default(gs, aten.reshape.default(w, [-1, in_channels])), 2) for w in windows]
-    return aten.reshape.default(aten.cat.default(products, 2), list(weight_size))
 
 
 def transposed_output_size(

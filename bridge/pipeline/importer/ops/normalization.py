@@ -60,8 +60,7 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
         )
     y, batch_mean, batch_var = _BatchNormTraining.apply(x, scale, bias, epsilon)
     statistics = (running_mean, running_var, batch_mean, batch_var, momentum, count, ctx.training)
-    new_mean, new_var, spec_var = (replayed(_running_statistics, *statistics) if isinstance(count, int)
-                                   else _running_statistics(*statistics))
+    new_mean, new_var, spec_var = replayed(_running_statistics, *statistics)
     if ctx.training:
         ctx.update_buffer(3, new_mean)
         ctx.update_buffer(4, new_var)
@@ -77,7 +76,7 @@ def _running_statistics(running_mean: torch.Tensor, running_var: torch.Tensor, b
                         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """BatchNorm's new running mean, the new running variance bridge trains with (from the unbiased batch
     variance; None unless ``training``) and the node's own running-variance output (from the biased one).
-    Traced once per shape (``bridge.pipeline.replay.replayed``)."""
+    Traced once per shape (``bridge.pipeline.replay.replayed``); a symbolic ``count`` is traced every time."""
     new_mean = momentum * running_mean + (1 - momentum) * batch_mean
     if not training:
         new_var = None
