@@ -185,20 +185,19 @@ def onnx_mlir_available() -> bool:
 
 def compiled_stepper(bench: BenchModel, source: Path, training: Path, state: dict, backend: str, name: str,
                      notes: list[str], extra: dict) -> Step | None:
-    """The step of ``training`` compiled by ``backend`` (``bridge.compile``, no ``grad_*`` outputs, as
+    """The step of ``source`` compiled by ``backend`` (``bridge.compile``, no ``grad_*`` outputs, as
     ``bridge.Trainer`` compiles), its compile time in ``extra[name + "_compile_s"]``; None with a note if it fails.
-    onnx-mlir compiles the graph converted for it (``target="onnx-mlir"``, what docs/onnx-mlir.md tells a user to
-    convert), from the same ``source`` and state, for this machine's CPU (``target_cpu="native"``) as IREE does
-    by default and as onnxruntime picks its kernels: at its default CPU onnx-mlir emits no AVX.
-    The compiled module is saved beside ``training`` for the step-memory section."""
+    Each backend compiles the graph converted for it (``target=backend``, the forms measured faster there), from
+    the same ``source``, starting from ``training``'s state; onnx-mlir for this machine's CPU
+    (``target_cpu="native"``) as IREE does by default and as onnxruntime picks its kernels: at its default CPU
+    onnx-mlir emits no AVX. The compiled module is saved beside ``training`` for the step-memory section."""
     import bridge
 
     try:
         options: dict[str, str] = {}
-        graph: Path | onnx.ModelProto = training
+        graph = bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": LR},
+                                        target=backend).model
         if backend == "onnx-mlir":
-            graph = bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": LR},
-                                            target=backend).model
             options["target_cpu"] = "native"
         start = time.perf_counter()
         compiled = bridge.compile(graph, backend=backend, gradients=False, **options)
@@ -537,7 +536,7 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "A fresh process per conversion. **import s**: `import torch` + `import bridge.api` there; "
                   "**convert s**: `to_training_onnx` after them (with the modules torch imports on first use). Peak "
                   "RSS of that process, its RSS after `import bridge` (lazy: no torch) in brackets. Compile: "
-                  "`bridge.compile(..., gradients=False)` of the saved graph (onnx-mlir: of the graph converted with `target=\"onnx-mlir\"`, `target_cpu=\"native\"`), wall time.", "",
+                  "`bridge.compile(..., gradients=False)` of the graph converted for that backend (`target=\"iree\"`, `target=\"onnx-mlir\"`; onnx-mlir with `target_cpu=\"native\"`), wall time.", "",
                   "| model | weights MB | import s | convert s | peak RSS MB | nodes: forward / loss / backward / "
                   "optimizer | " + ("onnxsim's nodes | " if onnxsim else "") + " | ".join(label for _, label in compilers)
                   + (" |" if compilers else ""), "|---" * (6 + onnxsim + len(compilers)) + "|"]
