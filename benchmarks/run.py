@@ -52,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -86,19 +86,18 @@ def reference(backend: str) -> str:
     return "torch@1" if backend in ONE_THREAD else "torch"
 
 
-def convert_in_child(source: Path, out: Path, onnx_mlir_out: Path | None = None) -> dict:
+def convert_in_child(source: Path, out: Path, compiled_targets: Sequence[str] = ()) -> dict:
     """Convert ``source`` in a fresh process: the time of ``import torch`` + ``import bridge.api`` there
     (``import_s``, what any torch user's process pays once), the time of ``to_training_onnx`` after them
     (``convert_s``, with the imports torch itself makes on first use, such as ``torch._dynamo``; ``convert_cpu_s``:
     its CPU time, all threads, which a loaded machine moves less), the RSS after
     ``import bridge`` (lazy: no torch yet) and the peak RSS from there (Linux's VmHWM, reset after that import;
-    ``ru_maxrss`` would carry the parent's peak across exec). With ``onnx_mlir_out``, the same process then converts
-    ``source`` for onnx-mlir (``target="onnx-mlir"``, untimed) and saves that training graph there."""
-    onnx_mlir = "" if onnx_mlir_out is None else f"""
-import onnx
+    ``ru_maxrss`` would carry the parent's peak across exec). The same process then converts ``source`` for each
+    of ``compiled_targets`` (untimed) and saves that training graph at ``target_graph(out, target)``."""
+    targets = "".join(f"""
 onnx.save(bridge.to_training_onnx({str(source)!r}, loss="ce", optim="adam", optim_options={{"lr": {LR}}},
-                                  target="onnx-mlir").model, {str(onnx_mlir_out)!r})
-"""
+                                  target={target!r}).model, {str(target_graph(out, target))!r})
+""" for target in compiled_targets)
     code = f"""
 import json, time
 import bridge
@@ -117,7 +116,8 @@ peak = status("VmHWM")
 import numpy as np
 tm.save({str(out)!r})
 np.savez({str(out) + '.state.npz'!r}, **tm.initial_state())
-{onnx_mlir}
+import onnx
+{targets}
 print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "convert_cpu_s": done_cpu - imported_cpu,
                   "peak_rss_mb": peak,
                   "import_rss_mb": base}}))
@@ -128,10 +128,10 @@ print(json.dumps({{"import_s": imported - start, "convert_s": done - imported, "
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def fastest_conversion(source: Path, out: Path, runs: int, onnx_mlir_out: Path | None = None) -> dict:
+def fastest_conversion(source: Path, out: Path, runs: int, compiled_targets: Sequence[str] = ()) -> dict:
     """``convert_in_child``'s figures of the fastest of ``runs`` conversions, each in a fresh process; the first
-    also writes the graph converted for onnx-mlir to ``onnx_mlir_out``, where given."""
-    return min((convert_in_child(source, out, onnx_mlir_out if run == 0 else None) for run in range(runs)),
+    also writes the graphs converted for ``compiled_targets``."""
+    return min((convert_in_child(source, out, compiled_targets if run == 0 else ()) for run in range(runs)),
                key=lambda figures: figures["convert_s"])
 
 
@@ -192,26 +192,25 @@ def onnx_mlir_available() -> bool:
     return "onnx-mlir" in compile_tool.BACKENDS
 
 
-def onnx_mlir_graph(training: Path) -> Path:
-    """Where the conversion child saves the graph converted for onnx-mlir, beside ``training``."""
-    return training.with_name(training.name.replace(".train.onnx", ".onnx-mlir.train.onnx"))
+def target_graph(training: Path, target: str) -> Path:
+    """Where the conversion child saves the graph converted for ``target``, beside ``training``."""
+    return training.with_name(training.name.replace(".train.onnx", f".{target}.train.onnx"))
 
 
 def compiled_stepper(bench: BenchModel, training: Path, state: dict, backend: str, name: str,
                      notes: list[str], extra: dict) -> Step | None:
     """The step of ``training`` compiled by ``backend`` (``bridge.compile``, no ``grad_*`` outputs, as
     ``bridge.Trainer`` compiles), its compile time in ``extra[name + "_compile_s"]``; None with a note if it fails.
-    onnx-mlir compiles the graph converted for it (``target="onnx-mlir"``, what docs/onnx-mlir.md tells a user to
-    convert: ``onnx_mlir_graph``, from the same source and with the same state), for this machine's CPU
+    Each backend compiles the graph converted for it (``target=backend``, what docs/onnx-mlir.md tells a user to
+    convert: ``target_graph``, from the same source and with the same state); onnx-mlir for this machine's CPU
     (``target_cpu="native"``) as IREE does by default and as onnxruntime picks its kernels: at its default CPU
     onnx-mlir emits no AVX. The compiled module is saved beside ``training`` for the step-memory section."""
     import bridge
 
     try:
         options: dict[str, str] = {}
-        graph = training
+        graph = target_graph(training, backend)
         if backend == "onnx-mlir":
-            graph = onnx_mlir_graph(training)
             options["target_cpu"] = "native"
         start = time.perf_counter()
         compiled = bridge.compile(graph, backend=backend, gradients=False, **options)
@@ -222,6 +221,12 @@ def compiled_stepper(bench: BenchModel, training: Path, state: dict, backend: st
         notes.append(f"{bench.name}: bridge-{backend} skipped: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}")
         return None
     return lambda: session.step(bench.inputs, bench.target)
+
+
+def compiled_targets(args: argparse.Namespace) -> list[str]:
+    """The targets whose graphs the compiled step columns compile."""
+    return [target for name, target in (("bridge-iree", "iree"), ("bridge-onnx-mlir", "onnx-mlir"))
+            if name in args.backends and (target == "iree" or wants_onnx_mlir(args))]
 
 
 def wants_onnx_mlir(args: argparse.Namespace) -> bool:
@@ -337,8 +342,7 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[
     bench = MODELS[name]()
     source = bench.export(workdir / f"{name}.onnx")
     training = workdir / f"{name}.train.onnx"
-    conversion = fastest_conversion(source, training, args.convert_runs,
-                                    onnx_mlir_graph(training) if wants_onnx_mlir(args) else None)
+    conversion = fastest_conversion(source, training, args.convert_runs, compiled_targets(args))
     model = onnx.load(str(training), load_external_data=False)
     extra: dict = {}
     children: list[subprocess.Popen] = []
@@ -556,7 +560,7 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "A fresh process per conversion. **import s**: `import torch` + `import bridge.api` there; "
                   "**convert s**: `to_training_onnx` after them (with the modules torch imports on first use). Peak "
                   "RSS of that process, its RSS after `import bridge` (lazy: no torch) in brackets. Compile: "
-                  "`bridge.compile(..., gradients=False)` of the saved graph (onnx-mlir: of the graph converted with `target=\"onnx-mlir\"`, `target_cpu=\"native\"`), wall time.", "",
+                  "`bridge.compile(..., gradients=False)` of the graph converted for that backend (`target=\"iree\"`, `target=\"onnx-mlir\"`; onnx-mlir with `target_cpu=\"native\"`), wall time.", "",
                   "| model | weights MB | import s | convert s | peak RSS MB | nodes: forward / loss / backward / "
                   "optimizer | " + ("onnxsim's nodes | " if onnxsim else "") + " | ".join(label for _, label in compilers)
                   + (" |" if compilers else ""), "|---" * (6 + onnxsim + len(compilers)) + "|"]

@@ -1,5 +1,6 @@
 """The benchmark generator (benchmarks/run.py) measures what it says, and rewrites only its own
-section of benchmarks/RESULTS.md; the profiler (benchmarks/profile_step.py) sets bridge's step beside torch's."""
+section of benchmarks/RESULTS.md; the profiler (benchmarks/profile_step.py) sets bridge's step beside torch's;
+benchmarks/profile_iree.py reads IREE's dispatch profile per step."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 import graph_size  # noqa: E402
+import profile_iree  # noqa: E402
 import profile_step  # noqa: E402
 import run as bench  # noqa: E402
 from models import MODELS  # noqa: E402
@@ -50,19 +52,20 @@ def test_the_generator_writes_its_section_from_one_run(tmp_path, monkeypatch, ca
     assert bench.BEGIN in capsys.readouterr().out
 
 
-def test_the_conversion_child_also_writes_the_onnx_mlir_graph(tmp_path):
-    """The onnx-mlir column compiles the graph the conversion child converted with ``target="onnx-mlir"``: the graph
-    bridge converts for onnx-mlir, not the default one (its Convs as MatMuls)."""
+def test_the_conversion_child_also_writes_the_compiled_targets_graphs(tmp_path):
+    """The compiled columns compile the graphs the conversion child converted with ``target="iree"`` and
+    ``target="onnx-mlir"``: the graphs bridge converts for them, not the default one (their Convs as MatMuls)."""
     import bridge
 
     source = MODELS["small_cnn"]().export(tmp_path / "small_cnn.onnx")
     training = tmp_path / "small_cnn.train.onnx"
-    figures = bench.fastest_conversion(source, training, 1, bench.onnx_mlir_graph(training))
+    figures = bench.fastest_conversion(source, training, 1, ["iree", "onnx-mlir"])
     assert figures["convert_s"] > 0
-    written = onnx.load(str(bench.onnx_mlir_graph(training))).SerializeToString()
-    assert written == bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": bench.LR},
-                                              target="onnx-mlir").model.SerializeToString()
-    assert written != onnx.load(str(training)).SerializeToString()
+    for target in ("iree", "onnx-mlir"):
+        written = onnx.load(str(bench.target_graph(training, target))).SerializeToString()
+        assert written == bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": bench.LR},
+                                                  target=target).model.SerializeToString()
+        assert written != onnx.load(str(training)).SerializeToString()
 
 
 def test_refuses_a_busy_machine(capsys, monkeypatch):
@@ -247,6 +250,40 @@ def test_side_by_side_with_torch(capsys):
         bridge_ms, torch_ms, _ = rows[row]
         assert float(bridge_ms) > 0 and float(torch_ms) > 0, row
     assert "conv" not in " ".join(rows)  # an MLP has no convolution on either side
+
+
+def test_iree_dispatch_kinds_drop_number_shape_and_types():
+    step = "bridge_training_step$async_"
+    assert profile_iree.kind(step + "dispatch_441_matmul_512x4608x32_f32") == "matmul"
+    assert profile_iree.kind(step + "dispatch_7_elementwise_transpose_8x64x16x16_f32xi1xf32") == "elementwise_transpose"
+    assert profile_iree.kind(step + "dispatch_36_slow_memcpy") == "slow_memcpy"
+    assert profile_iree.kind(step + "_encoding_22_encode_512x4608xf32_to_512x4608xf32") == "_encoding"
+
+
+def test_iree_profile_tables_are_per_step():
+    """Two profiled steps (the first dispatch ran twice): each dispatch's tile time and calls halved."""
+    def group(key: str, count: int, ns: int) -> dict:
+        return {"key": f"bridge_training_step$async_{key}", "count": count, "total_tile_duration_sum_ns": ns}
+
+    groups = [group("dispatch_0_slow_memcpy", 2, 2_000_000), group("dispatch_1_matmul_8x8x8_f32", 4, 12_000_000),
+              group("dispatch_2_matmul_4x4x4_f32", 2, 4_000_000), group("dispatch_3_elementwise_64_f32", 6, 2_000_000)]
+    lines = profile_iree.tables(groups, top=2).splitlines()
+    assert lines[0].startswith("tile time 10.0 ms per step, 7 dispatches per step")
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:] if line.strip()}
+    assert rows["matmul"] == ["8.00", "80.0%", "3"]
+    assert rows["elementwise"] == ["1.00", "10.0%", "3"]
+    assert rows["dispatch_1_matmul_8x8x8_f32"] == ["6.00", "60.0%", "2"]
+    assert "dispatch_3_elementwise_64_f32" not in rows  # beyond top=2
+
+
+@pytest.mark.iree
+def test_iree_profile_of_a_compiled_step(capsys):
+    assert profile_iree.main(["mlp", "--threads", "1", "--steps", "2", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "process_time" in out  # iree-benchmark-module's timing line
+    kinds = out[out.index("by kind"):out.index("\ndispatches")].splitlines()[1:]
+    shares = [float(line.split()[2].rstrip("%")) for line in kinds if line.strip()]
+    assert "matmul" in " ".join(kinds) and abs(sum(shares) - 100) < 1
 
 
 def test_graph_size_counts_every_node_once_per_phase_and_op(tmp_path):

@@ -178,6 +178,24 @@ def test_lr_change_reaches_compiled_step(compiled):
         np.testing.assert_array_equal(session.state[w], before[w], err_msg=w)
 
 
+def test_state_edits_between_steps_reach_compiled_step(compiled):
+    """The state carried between steps is the state the next step reads: a weight scaled in place, another
+    replaced by a new array and an optimizer slot zeroed in place give the same next step as in onnxruntime."""
+    iree = compiled.compiled.session(seed=0)
+    ort = bridge.TrainingSession(compiled.tm.model, compiled.tm.initial_state(), seed=0)
+    (inputs, target), *_ = compiled.batches
+    first, second = sorted(compiled.tm.weights)[:2]
+    slot = next(name for name in sorted(iree.state) if name.startswith(first + "."))
+    got, want = [iree.step(inputs, target)], [ort.step(inputs, target)]
+    for session in (iree, ort):
+        session.state[first] *= 0.5
+        session.state[second] = session.state[second] + 1.0
+        session.state[slot][...] = 0.0
+    got.append(iree.step(inputs, target))
+    want.append(ort.step(inputs, target))
+    assert_steps_match(got, want)
+
+
 def test_cli_compile_and_mlir_make_a_self_describing_module(tmp_path):
     torch.manual_seed(0)
     source = tmp_path / "mlp.onnx"

@@ -2,6 +2,11 @@
 
 ``IreeTrainingSession`` has the interface of the onnxruntime ``TrainingSession`` (same inputs,
 ``updated_*`` fed back, ``.state``, ``.lr``), so one training loop can use either backend.
+
+The state stays resident between steps: each ``updated_*`` output is a host-mapped view of IREE's result
+buffer, and while ``.state`` still holds that very array the next step passes the buffer itself instead of
+copying the array into a new one (weights and optimizer slots are most of a step's inputs). Writes into the
+array are writes into the buffer; an array put in its place is copied as any input is.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ..contract import INPUT_SPECS, INPUTS, OUTPUTS, decode_random_inputs
+from ..contract import INPUT_SPECS, INPUTS, OUTPUTS, UPDATED_PREFIX, decode_random_inputs, strip_prefix
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
@@ -63,15 +68,25 @@ class IreeTrainingSession(StepSession):
             shape, dtype = specs[name]
             self.random_inputs[name] = (shape, np.dtype(dtype))
         self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
+        self._resident: dict[str, tuple[np.ndarray, object]] = {}  # state name -> (host view, its device array)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [name for name in self.input_names if name not in feed]
         if missing:
             raise InvalidOptionError(f"missing inputs {missing}; the module takes {self.input_names}")
-        results = self._function(*(np.asarray(feed[name], order="C") for name in self.input_names))
+        arguments = []
+        for name in self.input_names:
+            value, resident = feed[name], self._resident.get(name)
+            arguments.append(resident[1] if resident is not None and resident[0] is value else np.asarray(value, order="C"))
+        results = self._function(*arguments)
         if len(self.output_names) == 1:
             results = (results,)
-        return {name: value.to_host() for name, value in zip(self.output_names, results, strict=True)}
+        outputs, self._resident = {}, {}
+        for name, value in zip(self.output_names, results, strict=True):
+            outputs[name] = value.to_host()
+            if name.startswith(UPDATED_PREFIX) and getattr(value, "_is_mappable", lambda: False)():
+                self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], value)  # a view, not a copy
+        return outputs
 
 
 def _entry_function(vm_module) -> str:
