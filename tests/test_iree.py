@@ -154,6 +154,22 @@ def test_compiled_steps_match_onnxruntime(compiled):
     assert_steps_match(got, want)
 
 
+def test_state_changed_between_steps_reaches_the_compiled_step(compiled):
+    """The state a step returns goes into the next step as the IREE buffer it maps, not a copy: a weight
+    edited in place, and one replaced by a new array, are what the next steps read, as in onnxruntime."""
+    iree = compiled.compiled.session(seed=0)
+    ort = bridge.TrainingSession(compiled.tm.model, compiled.tm.initial_state(), seed=0)
+    edited, replaced = compiled.tm.weights[0], compiled.tm.weights[-1]
+    for index, (inputs, target) in enumerate(compiled.batches):
+        if index == 1:
+            iree.state[edited] *= 0.5  # the array the last step returned, edited where it lies
+            ort.state[edited] = ort.state[edited] * 0.5
+        if index == 2:
+            iree.state[replaced] = np.full_like(ort.state[replaced], 0.25)
+            ort.state[replaced] = np.full_like(ort.state[replaced], 0.25)
+        assert_steps_match([iree.step(inputs, target)], [ort.step(inputs, target)])
+
+
 def test_emitted_graph_avoids_known_iree_defects(compiled):
     """No ConvTranspose with asymmetric pads/output_shape, MaxPool Indices, Gelu(tanh), Dropout; onnx-mlir check clean."""
     for node in compiled.tm.model.graph.node:

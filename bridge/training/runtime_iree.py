@@ -71,15 +71,30 @@ class IreeTrainingSession(StepSession):
             shape, dtype = specs[name]
             self.random_inputs[name] = (shape, np.dtype(dtype))
         self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
+        # id of a host array a step returned -> (that array, its IREE buffer), so that the array fed back as
+        # the next step's input goes in as the buffer it views instead of being copied into a new one
+        self._device_values: dict[int, tuple[np.ndarray, object]] = {}
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [name for name in self.input_names if name not in feed]
         if missing:
             raise InvalidOptionError(f"missing inputs {missing}; the module takes {self.input_names}")
-        results = self._function(*(np.asarray(feed[name], order="C") for name in self.input_names))
+        results = self._function(*(self._argument(feed[name]) for name in self.input_names))
         if len(self.output_names) == 1:
             results = (results,)
-        return {name: value.to_host() for name, value in zip(self.output_names, results, strict=True)}
+        host = {name: value.to_host() for name, value in zip(self.output_names, results, strict=True)}
+        # only a mapped buffer (host memory, the local drivers') is the host array: a copy could be edited apart
+        self._device_values = {id(array): (array, value) for array, value in zip(host.values(), results, strict=True)
+                               if value._is_mappable()}
+        return host
+
+    def _argument(self, value):
+        """``value`` as the module's argument: the IREE buffer it maps when the last step returned it
+        (the host array is a view of that buffer, so both hold the same numbers), else a C-ordered array."""
+        returned = self._device_values.get(id(value))
+        if returned is not None and returned[0] is value:
+            return returned[1]
+        return np.asarray(value, order="C")
 
 
 def _entry_function(vm_module) -> str:
