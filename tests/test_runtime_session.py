@@ -177,6 +177,27 @@ def test_swapped_buffers_keep_a_replaced_state_a_skipped_step_and_a_checkpoint(t
     _assert_same_state(swapped, resumed)
 
 
+def test_swapped_buffers_follow_a_changing_batch():
+    """A graph with a symbolic batch fed batches of changing sizes: the model's output takes each step's batch
+    size and the results match a session that allocates them, while the state keeps going into its two
+    buffers."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    tm = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=torch.randn(5, 6), dynamic_batch=True,
+                                 extra_outputs=True)
+    plain = bridge.TrainingSession(tm.model, tm.initial_state(), gradients=False)
+    swapped = bridge.TrainingSession(tm.model, tm.initial_state(), gradients=False, swap_buffers=True)
+    rng = np.random.default_rng(0)
+    for size in (3, 7, 2, 7):
+        inputs = {name: rng.standard_normal((size, 6)).astype(np.float32) for name in tm.data_inputs}
+        target = rng.integers(0, 3, size)
+        want, got = plain.step(inputs, target), swapped.step(inputs, target)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+        assert [value.shape[0] for name, value in got.items() if name.startswith("output_")] == [size]
+    _assert_same_state(swapped, plain)
+
+
 def test_bad_swap_buffers_is_refused_by_name():
     tm = _batchnorm_mlp()
     with pytest.raises(bridge.InvalidOptionError, match="swap_buffers='yes'"):

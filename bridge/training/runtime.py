@@ -17,6 +17,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -312,6 +313,7 @@ class OrtGraph:
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
         self._run = unchecked_run(self.session)
+        self._bindings: dict[tuple[int, ...], _Binding] = {}  # run_into's, by the ids of its output arrays
 
     def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {name: feed[name] for name in self.input_names}
@@ -320,20 +322,43 @@ class OrtGraph:
     def run_into(self, feed: Mapping[str, np.ndarray], into: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Like calling the graph, but every output named in ``into`` is written into that (C-contiguous)
         array, of the output's shape and dtype, instead of a buffer allocated by the step; the results hold
-        those arrays. The inputs are bound without copies (onnxruntime's IOBinding)."""
+        those arrays. The inputs are bound without copies (onnxruntime's IOBinding). The bindings of the
+        last two sets of ``into`` arrays are kept, and an input is bound again only when its array changed."""
         import onnxruntime as ort
 
-        binding = self.session.io_binding()
+        key = tuple(id(value) for value in into.values())
+        if key not in self._bindings:
+            if len(self._bindings) >= 2:
+                self._bindings.clear()
+            binding = self.session.io_binding()
+            for name in self.output_names:  # get_outputs returns them in the order they were first bound
+                if name in into:
+                    binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(into[name]))
+                else:
+                    binding.bind_output(name)
+            self._bindings[key] = _Binding(binding, dict(into))
+        bound = self._bindings[key]
         for name in self.input_names:
-            binding.bind_cpu_input(name, np.ascontiguousarray(feed[name]))
+            value = feed[name]
+            if bound.inputs.get(name) is not value or not value.flags.c_contiguous:
+                bound.binding.bind_cpu_input(name, np.ascontiguousarray(value))
+                bound.inputs[name] = value
         for name in self.output_names:
-            if name in into:
-                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(into[name]))
-            else:
-                binding.bind_output(name)
-        self.session.run_with_iobinding(binding)
+            if name not in into:  # allocated by onnxruntime each step: its shape may follow the batch
+                bound.binding.bind_output(name)
+        self.session.run_with_iobinding(bound.binding)
         return {name: into[name] if name in into else value.numpy()
-                for name, value in zip(self.output_names, binding.get_outputs(), strict=True)}
+                for name, value in zip(self.output_names, bound.binding.get_outputs(), strict=True)}
+
+
+@dataclass
+class _Binding:
+    """An onnxruntime IOBinding with its output arrays (held, so that their ids stay theirs) and the arrays
+    its inputs are bound to (held: onnxruntime reads their memory)."""
+
+    binding: Any
+    outputs: dict[str, np.ndarray]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class SessionGraph:
@@ -439,8 +464,11 @@ class StateBuffers:
     allocated once (like the state given) and owned here; a state value replaced from outside (a loaded
     checkpoint, a new lr) is read as it is and written into whichever buffer does not share its memory."""
 
-    def __init__(self, state: Mapping[str, np.ndarray], names: list[str]):
+    def __init__(self, state: dict[str, np.ndarray], names: list[str]):
+        """Pairs for the ``names`` in ``state``; ``state`` then holds the second buffer of each (a copy), so
+        that the caller's arrays are not held."""
         self._pairs = {name: self._pair(state[name]) for name in names if name in state}
+        state.update({name: pair[1] for name, pair in self._pairs.items()})
 
     @staticmethod
     def _pair(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
