@@ -9,8 +9,8 @@ Each measurement then runs in a fresh child process: it builds the session, runs
 the process's peak RSS (``/proc/self/clear_refs`` with ``5`` resets ``VmHWM``), reads its RSS (the
 baseline: weights, optimizer state, the runtime and everything the warm-up left), runs one step and
 reports ``VmHWM`` minus that baseline: what the step itself adds at its peak. Beside it, the footprint: the
-peak RSS of that step above the RSS before the session (or torch's module and optimizer) was built, after the
-runtime's imports: the state, what the session keeps between steps, and the step's peak together, so that
+peak RSS of that step above the RSS before the session (or torch's copy of the module and its optimizer) was
+built, after the runtime's imports: the state, what the session keeps between steps, and the step's peak together, so that
 memory moved out of the step into the session shows.
 
 The children run with glibc's mmap threshold fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``): every larger
@@ -143,9 +143,12 @@ def child(args: argparse.Namespace) -> None:
     data = np.load(args.data)
     inputs = {name: data[name] for name in data.files if name != "target"}
     import_runtime(args.backend)
+    # the model's builder is seeded: the same weights as the converted graph's; built (its libraries imported)
+    # before the footprint's start, from which torch's step copies the module as bridge's session loads its state
+    bench = MODELS[args.model]() if args.backend == "torch" else None
     before_session = _status_mib("VmRSS")
-    if args.backend == "torch":  # the model's builder is seeded: the same weights as the converted graph's
-        step = torch_step(MODELS[args.model](), args.threads)
+    if bench is not None:
+        step = torch_step(bench, args.threads)
     else:
         step = bridge_step(args.backend, Path(args.graph), inputs, data["target"], args.threads)
     if args.backend == "bridge-ort-arena":  # the arena keeps what the steps used: measure the first steps
