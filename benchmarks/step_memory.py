@@ -8,7 +8,10 @@ with each ``--memory`` setting of ``to_training_onnx``, and the compiled backend
 Each measurement then runs in a fresh child process: it builds the session, runs one warm-up step, resets
 the process's peak RSS (``/proc/self/clear_refs`` with ``5`` resets ``VmHWM``), reads its RSS (the
 baseline: weights, optimizer state, the runtime and everything the warm-up left), runs one step and
-reports ``VmHWM`` minus that baseline: what the step itself adds at its peak.
+reports ``VmHWM`` minus that baseline: what the step itself adds at its peak. Beside it, the footprint: the
+peak RSS of that step above the RSS before the session (or torch's copy of the module and its optimizer) was
+built, after the runtime's imports: the state, what the session keeps between steps, and the step's peak together, so that
+memory moved out of the step into the session shows.
 
 The children run with glibc's mmap threshold fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``): every larger
 block is mapped on allocation and unmapped on free, so RSS follows the live memory. With glibc's default
@@ -21,7 +24,7 @@ in bridge's sessions (bridge/training/runtime.py), so both rows are that.
 
 Backends: ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam``, then the gradients set to None:
 they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime, as ``bridge.Trainer`` runs it: no ``grad_*``
-outputs), ``bridge-ort-arena``, ``bridge-iree`` and ``bridge-onnx-mlir`` (``bridge.compile``, present
+outputs, the updated state written into the session's second set of state buffers), ``bridge-ort-arena``, ``bridge-iree`` and ``bridge-onnx-mlir`` (``bridge.compile``, present
 when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
 """
 from __future__ import annotations
@@ -76,6 +79,20 @@ def measure_step(step) -> dict[str, float]:
     return {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "step_s": seconds}
 
 
+def import_runtime(backend: str) -> None:
+    """Import what ``backend``'s session loads, so that the RSS read after it leaves the libraries out."""
+    if backend == "torch":
+        import torch  # noqa: F401
+    elif backend in COMPILED:
+        import bridge.tools.compile  # noqa: F401
+        if backend == "bridge-iree":
+            import iree.runtime  # noqa: F401
+    else:
+        import onnxruntime  # noqa: F401
+
+        import bridge.training.runtime  # noqa: F401
+
+
 def torch_step(bench: BenchModel, threads: int):
     """Eager torch's step on ``bench``: forward, loss, backward, ``torch.optim.Adam`` (gradients to None first)."""
     import torch
@@ -117,7 +134,7 @@ def bridge_step(backend: str, graph: Path, inputs: dict[str, np.ndarray], target
 
         if backend == "bridge-ort":
             runtime.session_options = without_arena
-        session = runtime.TrainingSession(graph, state, threads=threads, gradients=False)
+        session = runtime.TrainingSession(graph, state, threads=threads, gradients=False, swap_buffers=True)
     return lambda: session.step(inputs, target)
 
 
@@ -125,8 +142,13 @@ def child(args: argparse.Namespace) -> None:
     """One measurement in this (fresh) process; prints it as JSON."""
     data = np.load(args.data)
     inputs = {name: data[name] for name in data.files if name != "target"}
-    if args.backend == "torch":  # the model's builder is seeded: the same weights as the converted graph's
-        step = torch_step(MODELS[args.model](), args.threads)
+    import_runtime(args.backend)
+    # the model's builder is seeded: the same weights as the converted graph's; built (its libraries imported)
+    # before the footprint's start, from which torch's step copies the module as bridge's session loads its state
+    bench = MODELS[args.model]() if args.backend == "torch" else None
+    before_session = _status_mib("VmRSS")
+    if bench is not None:
+        step = torch_step(bench, args.threads)
     else:
         step = bridge_step(args.backend, Path(args.graph), inputs, data["target"], args.threads)
     if args.backend == "bridge-ort-arena":  # the arena keeps what the steps used: measure the first steps
@@ -140,6 +162,7 @@ def child(args: argparse.Namespace) -> None:
                    "step_s": time.perf_counter() - start}
     else:
         figures = measure_step(step)
+    figures["footprint_mib"] = figures["baseline_mib"] + figures["peak_mib"] - before_session
     print(json.dumps(figures))
 
 
@@ -208,14 +231,20 @@ def measure_model(name: str, backends: list[str], memory_settings: list[str], th
 
 
 def table(rows: list[dict]) -> list[str]:
-    """Markdown rows: peak step memory per model and backend, and its ratio to eager torch's."""
-    torch_peak = {r["model"]: r["peak_mib"] for r in rows if r["backend"] == "torch"}
-    lines = ["| model | backend | memory= | peak MiB above baseline | / torch | baseline RSS MiB | step s |",
-             "|---|---|---|---|---|---|---|"]
+    """Markdown rows: peak step memory and footprint per model and backend, and their ratios to eager torch's."""
+    torch_rows = {r["model"]: r for r in rows if r["backend"] == "torch"}
+
+    def ratio(row: dict, key: str) -> str:
+        torch_row = torch_rows.get(row["model"])
+        return f"{row[key] / torch_row[key]:.2f}" if torch_row and torch_row[key] > 0 else "-"
+
+    lines = ["| model | backend | memory= | peak MiB above baseline | / torch | footprint MiB | / torch | "
+             "baseline RSS MiB | step s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ratio = f"{r['peak_mib'] / torch_peak[r['model']]:.2f}" if torch_peak.get(r["model"]) else "-"
-        lines.append(f"| {r['model']} | {r['backend']} | {r['memory']} | {r['peak_mib']:.1f} | {ratio} | "
-                     f"{r['baseline_mib']:.0f} | {r['step_s']:.3f} |")
+        lines.append(f"| {r['model']} | {r['backend']} | {r['memory']} | {r['peak_mib']:.1f} | {ratio(r, 'peak_mib')} | "
+                     f"{r['footprint_mib']:.1f} | {ratio(r, 'footprint_mib')} | {r['baseline_mib']:.0f} | "
+                     f"{r['step_s']:.3f} |")
     return lines
 
 

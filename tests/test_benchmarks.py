@@ -174,7 +174,7 @@ def test_the_top_table_has_a_row_per_model_with_ratios_to_torch_and_onnxsim():
               {"model": "resnet18", "backend": "bridge-ort", "memory": "min", "peak_mib": 20.0},
               {"model": "resnet18", "backend": "bridge-onnx-mlir", "memory": "default", "peak_mib": 30.0}]
     for row in memory:
-        row.update(baseline_mib=500.0, step_s=0.1)
+        row.update(baseline_mib=500.0, footprint_mib=600.0, step_s=0.1)
     info = {"date": "d", "cores": 2, "cpu": "x", "memory_gib": 8, "threads": 2, "versions": {"torch": "t"},
             "load_before": (0.5, 0.4, 0.3), "load_after": (0.5, 0.4, 0.3), "command": "c", "wall_s": 90,
             "convert_runs": 3}

@@ -112,16 +112,20 @@ def test_memory_option_is_checked():
         bridge.to_training_onnx(module, example_inputs=x, memory="low")
 
 
-def _mlp_graph(tmp_path: Path, batch: int) -> list[str]:
-    """A small mlp's training graph at ``batch`` saved for benchmarks/step_memory.py; its child arguments."""
+def _mlp_graph(tmp_path: Path, batch: int, hidden: int = 1) -> list[str]:
+    """An mlp's training graph (``hidden`` 512x512 layers) at ``batch`` saved for benchmarks/step_memory.py; its
+    child arguments."""
     torch.manual_seed(2)
-    module = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    layers = [torch.nn.Linear(64, 512), torch.nn.ReLU()]
+    for _ in range(hidden - 1):
+        layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
+    module = torch.nn.Sequential(*layers, torch.nn.Linear(512, 10))
     tm = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=torch.randn(batch, 64))
-    graph = tmp_path / f"mlp{batch}.onnx"
+    graph = tmp_path / f"mlp{batch}x{hidden}.onnx"
     tm.save(graph)
     np.savez(str(graph) + ".state.npz", **tm.initial_state())
     inputs, target = random_batches(tm, 1, classes=10)[0]
-    data = tmp_path / f"mlp{batch}.data.npz"
+    data = tmp_path / f"mlp{batch}x{hidden}.data.npz"
     np.savez(data, **inputs, target=target)
     return ["--model", "mlp", "--data", str(data), "--threads", "1", "--graph", str(graph)]
 
@@ -134,6 +138,19 @@ def test_step_memory_grows_with_the_batch(tmp_path):
                     for batch in (8, 4096))
     assert 0 < small["peak_mib"] < large["peak_mib"]
     assert large["peak_mib"] - small["peak_mib"] > 8  # at least one [4096, 512] float32 activation more
+
+
+@pytest.mark.slow
+def test_a_step_of_a_swapped_session_allocates_no_state(tmp_path):
+    """bridge-ort, as bridge.Trainer runs it (the updated state written into the session's second set of
+    buffers): a step whose state (weights and Adam's two moments, 3 x 9 MiB) dwarfs its batch adds far less
+    than that state at its peak; a new copy of the state would add all of it."""
+    arguments = _mlp_graph(tmp_path, 8, hidden=10)
+    state_mib = sum(value.nbytes for value in np.load(arguments[-1] + ".state.npz").values()) / 2**20
+    figures = step_memory.run_child([*arguments, "--backend", "bridge-ort"])
+    assert state_mib > 25
+    assert 0 < figures["peak_mib"] < state_mib / 2
+    assert figures["footprint_mib"] > 2 * state_mib  # the state and its second set of buffers, resident
 
 
 def test_cli_memory_flag(tmp_path):

@@ -7,6 +7,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
+from helpers.reference import random_batches
 from helpers.single_op import one_node_model
 from onnx import TensorProto, helper
 
@@ -107,3 +109,96 @@ def test_bad_threads_or_spinning_are_refused_by_name(options):
     name before onnxruntime sees it (it took -1 silently and raised a pybind TypeError for "2")."""
     with pytest.raises(bridge.InvalidOptionError, match=next(iter(options))):
         session_options(**options)
+
+
+def _batchnorm_mlp() -> bridge.TrainingModel:
+    """Linear-BatchNorm-ReLU-Linear with Adam: weights, BatchNorm buffers, moments and the step counter."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                 torch.nn.Linear(16, 3))
+    return bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=torch.randn(5, 6))
+
+
+def _assert_same_state(got: bridge.TrainingSession, want: bridge.TrainingSession) -> None:
+    assert set(got.state) == set(want.state)
+    for name, value in want.state.items():
+        np.testing.assert_array_equal(got.state[name], value, err_msg=name)
+
+
+def test_swapped_buffers_step_the_same_and_alternate_between_two_buffers():
+    """``swap_buffers=True``: the same outputs and state bit for bit as a session that allocates them; each
+    updated value lands in one of two buffers per state value, the one the step did not read, and the
+    caller's initial state is never written."""
+    tm = _batchnorm_mlp()
+    initial = tm.initial_state()
+    kept = {name: value.copy() for name, value in initial.items()}
+    plain = bridge.TrainingSession(tm.model, tm.initial_state(), gradients=False)
+    swapped = bridge.TrainingSession(tm.model, initial, gradients=False, swap_buffers=True)
+    updated = [name for name in swapped.output_names if name.startswith("updated_")]
+    written = []
+    for inputs, target in random_batches(tm, 4, classes=3):
+        want, got = plain.step(inputs, target), swapped.step(inputs, target)
+        assert set(got) == set(want)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+        written.append({name: got[name] for name in updated})
+    _assert_same_state(swapped, plain)
+    for name in updated:  # steps 1 and 3 wrote one buffer, 2 and 4 the other
+        assert np.shares_memory(written[0][name], written[2][name]) and np.shares_memory(written[1][name], written[3][name])
+        assert not np.shares_memory(written[2][name], written[3][name])
+    for name, value in kept.items():
+        np.testing.assert_array_equal(initial[name], value, err_msg=name)
+
+
+def test_swapped_buffers_keep_a_replaced_state_a_skipped_step_and_a_checkpoint(tmp_path):
+    """State set from outside between steps (a new lr, a loaded checkpoint) is what the next step reads; a
+    step skipped for a non-finite update leaves the state as it was, as without swapped buffers."""
+    tm = _batchnorm_mlp()
+    batches = random_batches(tm, 6, classes=3)
+    plain = bridge.TrainingSession(tm.model, tm.initial_state(), on_nonfinite="skip")
+    swapped = bridge.TrainingSession(tm.model, tm.initial_state(), on_nonfinite="skip", swap_buffers=True)
+    for session in (plain, swapped):
+        session.step(*batches[0])
+        session.step(*batches[1])
+    checkpoint = swapped.save_checkpoint(tmp_path / "after2.npz")
+    for session in (plain, swapped):
+        session.lr = float("inf")  # every weight's update is not finite: skipped
+        session.step(*batches[2])
+        assert session.skipped_steps == 1
+        session.lr = 1e-2
+        session.step(*batches[3])
+    _assert_same_state(swapped, plain)
+    swapped.load_checkpoint(checkpoint)
+    resumed = bridge.TrainingSession(tm.model, tm.initial_state())
+    resumed.load_checkpoint(checkpoint)
+    for batch in batches[4:]:
+        want, got = resumed.step(*batch), swapped.step(*batch)
+        np.testing.assert_array_equal(got["loss"], want["loss"])
+    _assert_same_state(swapped, resumed)
+
+
+def test_swapped_buffers_follow_a_changing_batch():
+    """A graph with a symbolic batch fed batches of changing sizes: the model's output takes each step's batch
+    size and the results match a session that allocates them, while the state keeps going into its two
+    buffers."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    tm = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=torch.randn(5, 6), dynamic_batch=True,
+                                 extra_outputs=True)
+    plain = bridge.TrainingSession(tm.model, tm.initial_state(), gradients=False)
+    swapped = bridge.TrainingSession(tm.model, tm.initial_state(), gradients=False, swap_buffers=True)
+    rng = np.random.default_rng(0)
+    for size in (3, 7, 2, 7):
+        inputs = {name: rng.standard_normal((size, 6)).astype(np.float32) for name in tm.data_inputs}
+        target = rng.integers(0, 3, size)
+        want, got = plain.step(inputs, target), swapped.step(inputs, target)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+        assert [value.shape[0] for name, value in got.items() if name.startswith("output_")] == [size]
+    _assert_same_state(swapped, plain)
+
+
+def test_bad_swap_buffers_is_refused_by_name():
+    tm = _batchnorm_mlp()
+    with pytest.raises(bridge.InvalidOptionError, match="swap_buffers='yes'"):
+        bridge.TrainingSession(tm.model, tm.initial_state(), swap_buffers="yes")

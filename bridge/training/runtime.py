@@ -17,6 +17,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -332,10 +333,52 @@ class OrtGraph:
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
         self._run = unchecked_run(self.session)
+        self._bindings: dict[tuple[int, ...], _Binding] = {}  # run_into's, by the ids of its output arrays
 
     def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {name: feed[name] for name in self.input_names}
         return dict(zip(self.output_names, self._run(self.output_names, feed, None), strict=True))
+
+    def run_into(self, feed: Mapping[str, np.ndarray], into: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Like calling the graph, but every output named in ``into`` is written into that (C-contiguous)
+        array, of the output's shape and dtype, instead of a buffer allocated by the step; the results hold
+        those arrays. The inputs are bound without copies (onnxruntime's IOBinding). The bindings of the
+        last two sets of ``into`` arrays are kept, and an input is bound again only when its array changed."""
+        import onnxruntime as ort
+
+        key = tuple(id(value) for value in into.values())
+        if key not in self._bindings:
+            if len(self._bindings) >= 2:
+                self._bindings.clear()
+            binding = self.session.io_binding()
+            for name in self.output_names:  # get_outputs returns them in the order they were first bound
+                if name in into:
+                    binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(into[name]))
+                else:
+                    binding.bind_output(name)
+            self._bindings[key] = _Binding(binding, dict(into))
+        bound = self._bindings[key]
+        for name in self.input_names:
+            value = feed[name]
+            if bound.inputs.get(name) is not value or not value.flags.c_contiguous:
+                bound.binding.bind_cpu_input(name, np.ascontiguousarray(value))
+                bound.inputs[name] = value
+        for name in self.output_names:
+            if name not in into:  # allocated by onnxruntime each step: its shape may follow the batch
+                bound.binding.bind_output(name)
+        self.session.run_with_iobinding(bound.binding)
+        return {name: into[name] if name in into else value.numpy()
+                for name, value in zip(self.output_names, bound.binding.get_outputs(), strict=True)}
+
+
+@dataclass
+class _Binding:
+    """An onnxruntime IOBinding with its output arrays (held, so that their ids stay theirs) and the arrays
+    its inputs are bound to (held: onnxruntime reads their memory)."""
+
+    binding: Any
+    outputs: dict[str, np.ndarray]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class SessionGraph:
@@ -404,13 +447,19 @@ class TrainingSession(StepSession):
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike, state: Mapping[str, np.ndarray], providers=None,
                  seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise",
-                 threads: int | None = None, spinning: bool = True, gradients: bool = True):
+                 threads: int | None = None, spinning: bool = True, gradients: bool = True,
+                 swap_buffers: bool = False):
         """``threads``, ``spinning``: onnxruntime's intra-op thread count (default: its own, one per
         physical core) and whether they spin between parallel ops (``session_options``).
         ``gradients=False``: ``step`` does not return the ``grad_*`` outputs, so onnxruntime need not
-        keep them past the update (it reuses their buffers in place); the step computes the same."""
-        if not isinstance(gradients, bool):
-            raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
+        keep them past the update (it reuses their buffers in place); the step computes the same.
+        ``swap_buffers=True``: the updated state is written into a second set of state buffers, allocated
+        once with the session, and the two sets swap roles each step, so a step allocates no state of its
+        own (``StateBuffers``). The state arrays and the ``updated_*`` a step returns are then reused two
+        steps later: copy what must outlive that."""
+        for option, value in (("gradients", gradients), ("swap_buffers", swap_buffers)):
+            if not isinstance(value, bool):
+                raise InvalidOptionError(f"{option}={value!r} is not valid; give True or False")
         model = read_model(model)
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
                          graph_hash=graph_hash(model), eval_model=eval_model)
@@ -420,9 +469,43 @@ class TrainingSession(StepSession):
         self.random_inputs.update(random_inputs(model, self._graph))
         self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
         self.covered_outputs = covered_outputs(model)
+        updated = [strip_prefix(name, UPDATED_PREFIX) for name in self.output_names if name.startswith(UPDATED_PREFIX)]
+        self._buffers = StateBuffers(self.state, updated) if swap_buffers else None
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._graph(feed)
+        if self._buffers is None:
+            return self._graph(feed)
+        return self._graph.run_into(feed, self._buffers.targets(self.state))
+
+
+class StateBuffers:
+    """Two sets of buffers for the updated state: a step reads the state from one set and writes
+    ``updated_<x>`` into the other, which becomes the state when the step is committed. The buffers are
+    allocated once (like the state given) and owned here; a state value replaced from outside (a loaded
+    checkpoint, a new lr) is read as it is and written into whichever buffer does not share its memory."""
+
+    def __init__(self, state: dict[str, np.ndarray], names: list[str]):
+        """Pairs for the ``names`` in ``state``; ``state`` then holds the second buffer of each (a copy), so
+        that the caller's arrays are not held."""
+        self._pairs = {name: self._pair(state[name]) for name in names if name in state}
+        state.update({name: pair[1] for name, pair in self._pairs.items()})
+
+    @staticmethod
+    def _pair(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Two C-contiguous copies of ``value``: written now, so that their pages are resident from the start
+        (a fresh ``np.empty`` is mapped lazily, and a step's first write to it would allocate)."""
+        return np.array(value, order="C"), np.array(value, order="C")
+
+    def targets(self, state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The buffer each ``updated_<x>`` output is written into this step: the one of ``x``'s pair that
+        the current value of ``x`` does not share memory with (pairs reallocated if ``x`` changed shape)."""
+        targets = {}
+        for name, pair in self._pairs.items():
+            value = state[name]
+            if pair[0].shape != value.shape or pair[0].dtype != value.dtype:
+                pair = self._pairs[name] = self._pair(value)
+            targets[updated_name(name)] = pair[1] if np.may_share_memory(value, pair[0]) else pair[0]
+        return targets
 
 
 def _size(dim, sizes: Mapping, noise: str) -> int:

@@ -443,7 +443,7 @@ def _session(backend: str, graph: onnx.ModelProto, evaluation: onnx.ModelProto |
              spinning: bool) -> StepSession:
     if backend == "onnxruntime":
         return TrainingSession(graph, state, seed=seed, eval_model=evaluation, on_nonfinite=on_nonfinite,
-                               threads=threads, spinning=spinning, gradients=False)
+                               threads=threads, spinning=spinning, gradients=False, swap_buffers=True)
     from ..tools.compile import compile as compile_model
 
     compiled = compile_model(graph, backend=backend, gradients=False)
