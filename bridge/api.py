@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+import torch._dynamo  # noqa: F401 - every conversion imports it (make_fx, torch.optim): paid here, at import
+import torch._inductor.compiler_bisector  # noqa: F401 - as torch._dynamo: make_fx imports it on first use
+import torch._inductor.fx_passes.dedupe_symint_uses  # noqa: F401 - as torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import __version__
