@@ -246,11 +246,10 @@ def steppers(bench: BenchModel, training: Path, args: argparse.Namespace, notes:
         if name in backends:  # as bridge.Trainer runs it
             session = TrainingSession(training, state, threads=count, gradients=False)
             result[name] = lambda session=session: session.step(bench.inputs, bench.target)
-    for name, backend in (("bridge-iree", "iree"), ("bridge-onnx-mlir", "onnx-mlir")):
-        if name in backends and (backend == "iree" or wants_onnx_mlir(args)):
-            step = compiled_stepper(bench, training, state, backend, backend.replace("-", "_"), notes, extra)
-            if step is not None:
-                result[name] = step
+    for backend in compiled_targets(args):
+        step = compiled_stepper(bench, training, state, backend, backend.replace("-", "_"), notes, extra)
+        if step is not None:
+            result[f"bridge-{backend}"] = step
     for name, count in (("torch", threads), ("torch@1", 1)):
         if name in backends:
             result[name] = torch_stepper(copy.deepcopy(bench.module).train(), bench, count)
