@@ -12,6 +12,7 @@ the pieces in that order, each fed the graph inputs and earlier pieces' outputs 
 """
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import os
@@ -46,6 +47,11 @@ INSTALL_HINT = (
 
 
 _MANIFEST = "pieces.json"
+# glibc mallopt parameters: blocks up to the largest mmap threshold glibc accepts come from the heap, and the
+# heap is never trimmed (both constants are glibc's <malloc.h> values)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_HEAP_BLOCKS_UP_TO = 32 * 2**20
+_NEVER_TRIM = 2**31 - 1  # mallopt takes a C int
 
 
 def pack_pieces(libraries: list[bytes], inputs: list[str], outputs: list[str]) -> bytes:
@@ -99,6 +105,23 @@ def find_onnx_mlir(compiling: bool = True) -> OnnxMlir:
     return OnnxMlir(compiler, lib)
 
 
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed blocks for reuse (no ``mmap`` per block up to 32 MiB, no heap trimming);
+    False where the C library has no ``mallopt`` (not glibc).
+
+    An onnx-mlir library mallocs each op's result and frees it within the step. Under glibc's defaults a
+    large block is a fresh ``mmap``, and a freed heap top is returned to the kernel, so every step
+    page-faults its buffers anew and the kernel zeroes them: im2col copies (Slice, Concat) then take
+    several times their copying time. Kept, the next step reuses the same pages. The setting is per
+    process; the process keeps its high-water mark of freed memory."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _HEAP_BLOCKS_UP_TO)) and bool(mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM))
+
+
 def _execution_session_class():
     """``PyRuntime.OMExecutionSession`` of the install that ``find_onnx_mlir`` finds."""
     lib = str(find_onnx_mlir(compiling=False).lib)
@@ -129,6 +152,7 @@ class OnnxMlirTrainingSession(StepSession):
         super().__init__(state, seed, on_nonfinite=on_nonfinite, eval_model=eval_model,
                          **compiled_identity(library, training_model))
         self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
+        keep_freed_memory()
         self._pieces, self.input_names, self.output_names = _load_pieces(library, Path(self._folder.name), source)
         if training_model is not None:
             meta = props(training_model.metadata_props)

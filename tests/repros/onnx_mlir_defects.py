@@ -26,9 +26,9 @@ NODE_DEFECTS: dict[str, NodeCause] = {
 }
 
 
-def compile_as_is(model, folder: str) -> str:
-    """``model`` compiled by ``onnx-mlir --EmitLib -O3`` without bridge.compile's rewrites (which avoid the
-    defects shown here): the path of the library written in ``folder``."""
+def compile_as_is(model, folder: str, flags: tuple[str, ...] = ()) -> str:
+    """``model`` compiled by ``onnx-mlir --EmitLib -O3`` (and further ``flags``) without bridge.compile's rewrites
+    (which avoid the defects shown here): the path of the library written in ``folder``."""
     import os
     import subprocess
 
@@ -38,6 +38,6 @@ def compile_as_is(model, folder: str) -> str:
 
     source = os.path.join(folder, "model.onnx")
     onnx.save(model, source)
-    subprocess.run([str(find_onnx_mlir().compiler), "--EmitLib", "-O3", source, "-o", os.path.join(folder, "model")],
+    subprocess.run([str(find_onnx_mlir().compiler), "--EmitLib", "-O3", *flags, source, "-o", os.path.join(folder, "model")],
                    check=True, capture_output=True)
     return os.path.join(folder, "model.so")

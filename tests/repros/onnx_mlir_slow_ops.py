@@ -61,9 +61,9 @@ def fastest_ms(call) -> float:
     return 1e3 * min(times)
 
 
-def compare(model: onnx.ModelProto, folder: str) -> tuple[float, float, float]:
-    """onnx-mlir's and onnxruntime's time of ``model`` (ms) and the largest difference of their outputs
-    relative to onnxruntime's largest magnitude."""
+def compare(model: onnx.ModelProto, folder: str, flags: tuple[str, ...] = ()) -> tuple[float, float, float]:
+    """onnx-mlir's (compiled with further ``flags``) and onnxruntime's time of ``model`` (ms) and the largest
+    difference of their outputs relative to onnxruntime's largest magnitude."""
     import onnxruntime as ort
 
     from bridge.training.runtime_onnx_mlir import _execution_session_class
@@ -72,7 +72,7 @@ def compare(model: onnx.ModelProto, folder: str) -> tuple[float, float, float]:
     rng = np.random.default_rng(0)
     inputs = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
               for i in model.graph.input}
-    compiled = _execution_session_class()(compile_as_is(model, folder), tag="NONE")
+    compiled = _execution_session_class()(compile_as_is(model, folder, flags), tag="NONE")
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
