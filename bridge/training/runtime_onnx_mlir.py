@@ -113,7 +113,12 @@ def keep_freed_memory() -> bool:
     large block is a fresh ``mmap``, and a freed heap top is returned to the kernel, so every step
     page-faults its buffers anew and the kernel zeroes them: im2col copies (Slice, Concat) then take
     several times their copying time. Kept, the next step reuses the same pages. The setting is per
-    process; the process keeps its high-water mark of freed memory."""
+    process; the process keeps its high-water mark of freed memory. A process that tunes malloc through
+    the environment (``MALLOC_*_`` variables, ``glibc.malloc`` tunables: benchmarks/step_memory.py does,
+    so that RSS follows live memory) keeps its own settings: False, nothing set."""
+    if any(name.startswith("MALLOC_") and name.endswith("_") for name in os.environ) or \
+            "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError):
