@@ -6,7 +6,7 @@ builds one-op graphs at the shapes of small_cnn's second Conv (benchmarks/models
 channels, 3x3 at 16x16) and of resnet18's layer1 and layer3 Convs (batch 8, 3x64x64 input: 64 channels at
 16x16, 256 at 4x4), compiles each with ``onnx-mlir --EmitLib -O3 --mcpu=native`` (as benchmarks/run.py does)
 and times it against onnxruntime at one thread (``onnx_mlir_slow_ops.compare``: CPU time, the least of
-``REPEATS`` calls). For each Conv:
+``REPEATS`` calls, malloc keeping freed memory as bridge's session has it). For each Conv:
 
 - ``[Cout, K] @ [K, N*H*W]``: the forward im2col product as the ``onnx-mlir`` target emits it
   (``dense_conv_as_matmul``: weight rows, patch columns);
@@ -62,8 +62,10 @@ def onnxruntime_conv_ms(batch: int, in_channels: int, side: int, out_channels: i
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # repros.* when run as a script
+    from bridge.training.runtime_onnx_mlir import keep_freed_memory
     from repros.onnx_mlir_slow_ops import build, compare
 
+    keep_freed_memory()  # as bridge's onnx-mlir session runs
     keep = sys.argv[1] if len(sys.argv) > 1 else None
     for conv, shape in CONVS.items():
         batch, in_channels, side, out_channels = shape
