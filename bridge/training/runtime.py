@@ -251,12 +251,11 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
     cores of one's own; on cores shared with other busy processes a spinning worker holds its core
     for the whole step, so pass ``spinning=False`` there.
 
-    The nodes run in the file's order (onnxruntime's priority-based order, which with equal priorities is
-    the file's topological order; its default walks back from the outputs depth first), the order bridge
-    emits and torch's autograd runs. Without the memory pattern, each intermediate value is allocated
-    when it is computed and freed after its last reader; the pattern instead lays every value of the step
-    out in one block planned from its first run, which can hold more than the values alive at once. Neither
-    changes what a node computes."""
+    Without onnxruntime's memory pattern, each intermediate value is allocated when it is computed and
+    freed after its last reader; the pattern instead lays every value of the step out in one block planned
+    from its first run, which can hold more than the values alive at once. The nodes keep onnxruntime's
+    default order (depth first back from the outputs), which runs a weight's update soon after its gradient:
+    the file's order (torch's) keeps every gradient alive until the optimizer at its end."""
     import onnxruntime as ort
 
     threads = positive_int(threads, "threads", "onnxruntime's default (one per physical core)")
@@ -264,7 +263,6 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
         raise InvalidOptionError(f"spinning={spinning!r} is not valid; give True or False")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     options.enable_mem_pattern = False
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
