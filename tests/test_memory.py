@@ -157,3 +157,29 @@ def test_cli_memory_flag(tmp_path):
     out = tmp_path / "train.onnx"
     assert main(["convert", "examples/models/mlp.onnx", "--loss", "ce", "--memory", "min", "-o", str(out)]) == 0
     assert props(onnx.load(out).metadata_props)[MEMORY] == "min"  # what bridge's sessions read
+
+
+@pytest.mark.parametrize("build", [_cnn, _mlp], ids=["cnn", "mlp"])
+def test_steps_without_memory_pattern_are_bit_identical(build, monkeypatch):
+    """bridge's sessions run without onnxruntime's memory pattern (``session_options``): the same steps, bit
+    for bit, as with it."""
+    from bridge.training import runtime
+
+    module, x = build()
+    tm = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x)
+    assert not runtime.session_options().enable_mem_pattern
+    ours = runtime.TrainingSession(tm.model, tm.initial_state(), seed=0)
+    bridge_options = runtime.session_options
+
+    def with_pattern(*args, **kwargs):
+        options = bridge_options(*args, **kwargs)
+        options.enable_mem_pattern = True
+        return options
+
+    monkeypatch.setattr(runtime, "session_options", with_pattern)
+    theirs = runtime.TrainingSession(tm.model, tm.initial_state(), seed=0)
+    for inputs, target in random_batches(tm, 3, classes=5):
+        want, got = theirs.step(inputs, target), ours.step(inputs, target)
+        assert sorted(got) == sorted(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)

@@ -249,7 +249,13 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
     (default: onnxruntime's own, one per physical core); ``spinning=False``: they block instead of
     spinning between the parallel parts of a step. Spinning (onnxruntime's default) is faster on
     cores of one's own; on cores shared with other busy processes a spinning worker holds its core
-    for the whole step, so pass ``spinning=False`` there."""
+    for the whole step, so pass ``spinning=False`` there.
+
+    Without onnxruntime's memory pattern, each intermediate value is allocated when it is computed and
+    freed after its last reader; the pattern instead lays every value of the step out in one block planned
+    from its first run, which can hold more than the values alive at once. The nodes keep onnxruntime's
+    default order (depth first back from the outputs), which runs a weight's update soon after its gradient:
+    the file's order (torch's) keeps every gradient alive until the optimizer at its end."""
     import onnxruntime as ort
 
     threads = positive_int(threads, "threads", "onnxruntime's default (one per physical core)")
@@ -257,6 +263,7 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
         raise InvalidOptionError(f"spinning={spinning!r} is not valid; give True or False")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.enable_mem_pattern = False
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads is not None:
@@ -299,10 +306,8 @@ def _low_memory(options: onnxruntime.SessionOptions) -> list[str]:
     recomputes forward values in its backward: onnxruntime's common subexpression elimination would merge those
     nodes back into the forward's and keep the values alive. Without the CPU arena, freed values go back to
     the system instead of staying reserved (the arena also holds two copies of the state across steps: the
-    one fed in and the one returned); without the memory pattern, a step does not allocate one block for
-    all of its intermediate values at once."""
+    one fed in and the one returned)."""
     options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
     return ["CommonSubexpressionElimination"]
 
 
