@@ -1,0 +1,89 @@
+"""Stage 2, import: the repeated blocks of an ONNX graph, for whole-block replay while tracing.
+
+A cut is a place in the node list where exactly one value produced before it is read after it (or is a graph
+output), not counting the values that do not depend on the graph's inputs (constants, weights and what is computed
+from them alone); a segment is the run of nodes between two neighbouring cuts: a function of that one value, graph
+inputs, initializers and such constant values, with one value out. Two segments are alike when their nodes are the same ops with the same attributes,
+wired the same way to each other and to the segment's arguments (``Segment.signature``); the values of the arguments
+are not part of it: the tracer keys them at run time (``bridge.pipeline.replay.BlockReplay``, with the importer's key of
+values known before the model runs). Only segments with a twin in the graph are returned.
+"""
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+
+from ...onnx_file import node_reads
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Nodes ``start``..``end - 1`` of a graph, reading ``args`` (names from outside, in order of first read) and
+    giving ``output``; ``signature``: its structure (ops, attributes, wiring), ``layers``: its node names."""
+
+    start: int
+    end: int
+    args: tuple[str, ...]
+    output: str
+    signature: tuple
+    layers: tuple[str, ...]
+
+
+def repeated_segments(graph: onnx.GraphProto, replayable: Callable[[onnx.NodeProto], bool]) -> dict[int, Segment]:
+    """The segments of ``graph`` (module docstring) whose signature occurs at least twice, by start index; only
+    segments of ``replayable`` nodes without subgraphs, of two nodes or more."""
+    nodes = list(graph.node)
+    free = {init.name for init in graph.initializer}  # values that do not depend on the graph's inputs
+    for node in nodes:
+        if node_reads(node) <= free:
+            free.update(node.output)
+    produced = {name: index for index, node in enumerate(nodes) for name in node.output if name and name not in free}
+    last_read: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for name in node_reads(node):
+            last_read[name] = index
+    for output in graph.output:
+        last_read[output.name] = len(nodes)
+    crossing = [0] * (len(nodes) + 2)  # crossing[i]: values produced before node i and read from node i on
+    for name, index in produced.items():
+        if last_read.get(name, index) > index:
+            crossing[index + 1] += 1
+            crossing[last_read[name] + 1] -= 1
+    cuts, count = [], 0
+    for index in range(1, len(nodes)):
+        count += crossing[index]
+        if count == 1:
+            cuts.append(index)
+    segments = []
+    for start, end in zip(cuts, cuts[1:], strict=False):
+        segment = _segment(nodes, start, end, free, last_read, replayable)
+        if segment is not None:
+            segments.append(segment)
+    twins = collections.Counter(segment.signature for segment in segments)
+    return {segment.start: segment for segment in segments if twins[segment.signature] > 1}
+
+
+def _segment(nodes: list[onnx.NodeProto], start: int, end: int, free: set[str], last_read: dict[str, int],
+             replayable: Callable[[onnx.NodeProto], bool]) -> Segment | None:
+    part = nodes[start:end]
+    if len(part) < 2 or not all(replayable(node) for node in part):
+        return None
+    outputs = [name for node in part for name in node.output if name and last_read.get(name, -1) >= end]
+    if len(outputs) != 1 or outputs[0] in free:
+        return None
+    local: dict[str, tuple[int, int]] = {}
+    args: dict[str, int] = {}
+    signature = []
+    for position, node in enumerate(part):
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return None
+        wiring = tuple(None if not name else ("node", *local[name]) if name in local
+                       else ("arg", args.setdefault(name, len(args))) for name in node.input)
+        attributes = tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
+        signature.append((node.domain, node.op_type, attributes, wiring, tuple(bool(name) for name in node.output)))
+        local.update({name: (position, index) for index, name in enumerate(node.output) if name})
+    signature.append(local[outputs[0]])
+    return Segment(start, end, tuple(args), outputs[0], tuple(signature), tuple(node.name for node in part))
