@@ -1,7 +1,7 @@
 """Stage 2, import: the repeated blocks of an ONNX graph, for whole-block replay while tracing.
 
 A cut is a place in the node list where exactly one value produced before it is read after it (or is a graph
-output), not counting the values that do not depend on the graph's inputs (constants, weights and what is computed
+output) or the start or end of the graph, not counting the values that do not depend on the graph's inputs (constants, weights and what is computed
 from them alone); a segment is the run of nodes between two neighbouring cuts: a function of that one value, graph
 inputs, initializers and such constant values, with one value out. Two segments are alike when their nodes are the same ops with the same attributes,
 wired the same way to each other and to the segment's arguments (``Segment.signature``); the values of the arguments
@@ -40,7 +40,8 @@ def repeated_segments(graph: onnx.GraphProto, replayable: Callable[[onnx.NodePro
     for node in nodes:
         if node_reads(node) <= free:
             free.update(node.output)
-    produced = {name: index for index, node in enumerate(nodes) for name in node.output if name and name not in free}
+    produced = {value.name: -1 for value in graph.input if value.name not in free}  # graph inputs: before node 0
+    produced.update({name: index for index, node in enumerate(nodes) for name in node.output if name and name not in free})
     last_read: dict[str, int] = {}
     for index, node in enumerate(nodes):
         for name in node_reads(node):
@@ -52,13 +53,16 @@ def repeated_segments(graph: onnx.GraphProto, replayable: Callable[[onnx.NodePro
         if last_read.get(name, index) > index:
             crossing[index + 1] += 1
             crossing[last_read[name] + 1] -= 1
-    cuts, count = [], 0
+    cuts, count = [0], crossing[0]
     for index in range(1, len(nodes)):
         count += crossing[index]
         if count == 1:
             cuts.append(index)
+    cuts.append(len(nodes))
     segments = []
     for start, end in zip(cuts, cuts[1:], strict=False):
+        while start < end and all(name in free for name in nodes[start].output):
+            start += 1  # a constant before the block (an exporter's Constant nodes) runs as it is, the block reads it
         segment = _segment(nodes, start, end, free, last_read, replayable)
         if segment is not None:
             segments.append(segment)
