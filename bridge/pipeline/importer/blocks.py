@@ -1,12 +1,13 @@
 """Stage 2, import: the repeated blocks of an ONNX graph, for whole-block replay while tracing.
 
-A cut is a place in the node list where exactly one value produced before it is read after it (or is a graph
-output) or the start or end of the graph, not counting the values that do not depend on the graph's inputs (constants, weights and what is computed
-from them alone); a segment is the run of nodes between two neighbouring cuts: a function of that one value, graph
-inputs, initializers and such constant values, with one value out. Two segments are alike when their nodes are the same ops with the same attributes,
-wired the same way to each other and to the segment's arguments (``Segment.signature``); the values of the arguments
-are not part of it: the tracer keys them at run time (``bridge.pipeline.replay.BlockReplay``, with the importer's key of
-values known before the model runs). Only segments with a twin in the graph are returned.
+A cut is the start or end of the node list, or a place in it where exactly one value computed before it (a graph
+input counts as computed before the first node) is read after it or is a graph output. Values that do not depend on
+the graph's inputs (initializers, Constant nodes and what is computed from them alone) are not counted: a block reads
+them as arguments. A segment is the run of nodes between two neighbouring cuts, without the constants at its start.
+Two segments are alike when their nodes are the same ops with the same attributes, wired the same way to each other
+and to the segment's arguments (``Segment.signature``). The values of the arguments are not part of it: the importer
+keys the constant ones and ``bridge.pipeline.replay.BlockReplay`` the tensors, at run time. Only segments with a
+twin in the graph are returned.
 """
 from __future__ import annotations
 
