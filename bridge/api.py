@@ -43,13 +43,15 @@ from .pipeline.annotate import annotate_model
 from .pipeline.broadcast import match_scalar_ranks
 from .pipeline.cleanup import clean_up
 from .pipeline.export import export_step
+from .pipeline.export.builder import import_all_emitters
 from .pipeline.from_torch import is_torch_source, load_torch_source
 from .pipeline.importer.program import OnnxProgram, drop_unimportable_outputs
-from .pipeline.importer.registry import buffer_inputs
+from .pipeline.importer.registry import buffer_inputs, import_all_converters
 from .pipeline.importer.weights import example_run, select_trainable
 from .pipeline.load import load_pinned, pin_inputs
 from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.low_precision import widen_unsupported
+from .pipeline.lowering import decomposition_table
 from .pipeline.mixed_precision import make_precision
 from .pipeline.optimizers import Optimizer, check_max_norm, make_optimizer
 from .pipeline.progress import phase
@@ -58,6 +60,13 @@ from .pipeline.source_checks import check_export
 from .pipeline.targets import DEFAULT_TARGET, check_target, enabled, using
 from .pipeline.trace import StepExample, split_step, trace_eval_step, trace_training_step
 from .training.training_model import TrainingModel
+
+# what every conversion needs once per process, paid here, at import: the converter, lowering and emitter
+# modules (registries filled on first use) and torch's core-ATen decomposition table, which torch builds by
+# walking every op namespace
+import_all_converters()
+import_all_emitters()
+decomposition_table()
 
 
 def _cyclic_gc_paused(convert: Callable[..., TrainingModel]) -> Callable[..., TrainingModel]:

@@ -20,6 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, get_proxy_slot, track_tensor_tree
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..errors import LoweringError
+
 
 class Replay:
     """Regions of a ``make_fx`` trace recorded once per key and replayed for later calls with that key (module
@@ -243,3 +245,236 @@ def key(value) -> tuple:
     if type(value) in _VALUE_TYPES:
         return (type(value).__name__, value)
     raise Unkeyable(type(value).__name__)
+
+
+
+class BlockReplay:
+    """Whole blocks of the forward (a run of ONNX nodes, e.g. a transformer layer) traced once per key and replayed,
+    forward and backward, for later blocks with that key (the same nodes, attributes and constants, tensors of the
+    same layout and ``requires_grad``; other weights).
+
+    Each block is one custom autograd function (``_BlockFunction``). The first block of a key is traced as usual, on
+    stand-ins of its input tensors that are the same graph values but start a separate autograd graph, and its
+    forward nodes are recorded; its backward is that graph's ``torch.autograd.grad``, traced when the step's backward
+    reaches it. When a second block with that key comes, the first block's backward is traced ahead, into a scratch
+    graph outside the step: a template, with placeholders for the gradients of its outputs. From then on a block's
+    forward copies the recorded forward nodes and its backward copies the template's, under the block's own inputs
+    and layer names: the nodes tracing the block would give, without dispatching one op. ``hook`` tags the backward
+    nodes with their layer (the tracer's pre-hook of one autograd node). Outside tracing, without grad mode, at
+    symbolic sizes or for an input at a storage offset, ``fn`` simply runs."""
+
+    def __init__(self, hook: Callable[[object], None]):
+        self._hook = hook
+        self._blocks: dict[object, _Block] = {}
+
+    def run(self, key: object, tensors: Sequence[torch.Tensor], layers: Sequence[str],
+            fn: Callable[[list[torch.Tensor]], list]) -> list:
+        """``fn(tensors)``, the block (a function of ``tensors`` and of values that ``key`` holds), whose nodes are
+        named ``layers``: a list of its outputs."""
+        mode = get_proxy_mode()
+        if (mode is None or not torch.is_grad_enabled()
+                or any(_symbolic(t) or t.storage_offset() or not t.is_floating_point() and t.requires_grad
+                       for t in tensors)):
+            return fn(list(tensors))
+        inputs = [_node_of(t, mode.tracer) for t in tensors]
+        if None in inputs or len(set(inputs)) < len(inputs):
+            return fn(list(tensors))
+        full_key = (key, tuple((*_shape_key(t), t.requires_grad) for t in tensors))
+        block = self._blocks.get(full_key)
+        if block is not None and block.nodes is not None and not block.template(mode.tracer, self._hook):
+            block.nodes = None  # cannot be replayed: each block of this key is traced
+        call = _BlockCall(block if block is not None and block.nodes is not None else None, mode.tracer, inputs,
+                          layers, fn, self._hook)
+        outputs = list(_BlockFunction.apply(call, *tensors))
+        if block is None:
+            self._blocks[full_key] = call.block
+        return outputs
+
+
+class _Block:
+    """The first block of a key: its input nodes, layer names, forward nodes (None: not replayable) and outputs,
+    the stand-ins of its inputs and its results on them (held until the template is made); the template of its
+    backward (``template``)."""
+
+    def __init__(self, inputs, layers, nodes, outputs, stand_ins, results):
+        self.inputs: list[torch.fx.Node] = inputs
+        self.layers: list[str] = list(layers)
+        self.nodes: list[torch.fx.Node] | None = nodes
+        self.outputs: list[torch.fx.Node] = outputs
+        self.stand_ins: list[torch.Tensor] = stand_ins
+        self.results: list = results
+        self.differentiable = [isinstance(r, torch.Tensor) and r.requires_grad for r in results]
+        self.backward: list[torch.fx.Node] | None = None  # the template: nodes of a scratch graph
+        self.grad_outputs: list[torch.fx.Node] = []  # its placeholders: the gradients of the differentiable outputs
+        self.grad_inputs: list[torch.fx.Node | None] = []  # its results: the gradient of each input (None: none)
+
+    def template(self, tracer, hook: Callable[[object], None]) -> bool:
+        """Make the backward template once (``BlockReplay``); whether the block can be replayed."""
+        if self.backward is not None:
+            return True
+        scratch, graph = torch.fx.Graph(), tracer.graph
+        meta = dict(fx_traceback.current_meta)  # the pre-hooks set its tags: restored after
+        tracer.graph = scratch
+        try:
+            grads = []
+            for index, result in enumerate(r for r, d in zip(self.results, self.differentiable, strict=True) if d):
+                placeholder = scratch.placeholder(f"grad_{index}")
+                with disable_proxy_modes_tracing():
+                    grad = torch.empty_like(result)
+                track_tensor_tree(grad, torch.fx.Proxy(placeholder, tracer), constant=None, tracer=tracer)
+                grads.append(grad)
+                self.grad_outputs.append(placeholder)
+            computed = _local_grads(self.results, self.differentiable, self.stand_ins, grads, retain_graph=True)
+        finally:
+            tracer.graph = graph
+            fx_traceback.current_meta.clear()
+            fx_traceback.current_meta.update(meta)
+        self.grad_inputs = [None if g is None else _node_of(g, tracer) for g in computed]
+        backward = [n for n in scratch.nodes if n.op != "placeholder"]
+        known = set(scratch.nodes) | set(self.nodes or ()) | set(self.inputs)
+        if (not _closed(backward, known) or any(n.op not in ("call_function", "get_attr") for n in backward)
+                or any(g is not None and g not in known for g in self.grad_inputs)):
+            return False
+        self.backward = backward
+        self.stand_ins, self.results = [], []  # the first block's backward is the template's copy too
+        return True
+
+
+def _local_grads(results: list, differentiable: list[bool], stand_ins: list[torch.Tensor], grads: Sequence,
+                 retain_graph: bool = False) -> list[torch.Tensor | None]:
+    """The gradient of each stand-in (None where it needs none) for ``grads`` of the differentiable results."""
+    roots = [r for r, d in zip(results, differentiable, strict=True) if d]
+    wanted = [i for i, t in enumerate(stand_ins) if t.requires_grad]
+    if not roots or not wanted:
+        return [None] * len(stand_ins)
+    computed = torch.autograd.grad(roots, [stand_ins[i] for i in wanted], list(grads), retain_graph=retain_graph,
+                                   allow_unused=True)
+    by_input = dict(zip(wanted, computed, strict=True))
+    return [by_input.get(i) for i in range(len(stand_ins))]
+
+
+def _closed(nodes: list[torch.fx.Node], known: set[torch.fx.Node]) -> bool:
+    """Whether ``nodes`` read no node but ``known`` ones."""
+    return all(arg in known for n in nodes for arg in n.all_input_nodes)
+
+
+def _autograd_nodes(roots: Sequence) -> list:
+    """The autograd nodes of the graph behind the tensors among ``roots``."""
+    seen, stack, found = set(), [r.grad_fn for r in roots if isinstance(r, torch.Tensor)], []
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        found.append(fn)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return found
+
+
+class _BlockCall:
+    """One block run by ``_BlockFunction``: its ``_Block`` (None: the first of its key, traced and recorded), the
+    tracer, the call's input nodes and layer names, and the copy of each recorded node made for it."""
+
+    def __init__(self, block: _Block | None, tracer, inputs: list[torch.fx.Node], layers: Sequence[str],
+                 fn: Callable[[list[torch.Tensor]], list], hook: Callable[[object], None]):
+        self.block, self.tracer, self.inputs, self.layers, self.fn, self.hook = block, tracer, inputs, layers, fn, hook
+        self.env: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.rename: dict[str, str] = {}
+
+    def trace(self, tensors: Sequence[torch.Tensor]) -> list:
+        """Run ``fn`` on stand-ins of ``tensors`` (the same graph values, a separate autograd graph) and record the
+        block (``self.block``); its results."""
+        tracer, graph = self.tracer, self.tracer.graph
+        stand_ins = []
+        for tensor, node in zip(tensors, self.inputs, strict=True):
+            meta = dict(node.meta)
+            with disable_proxy_modes_tracing():
+                stand_in = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+            stand_in.requires_grad_(tensor.requires_grad)
+            track_tensor_tree(stand_in, torch.fx.Proxy(node, tracer), constant=None, tracer=tracer)
+            node.meta = meta  # the value's own metadata, not the stand-in's
+            stand_ins.append(stand_in)
+        last = graph._root.prev
+        with torch.enable_grad():
+            results = self.fn(stand_ins)
+        nodes, node = [], last.next
+        while node is not graph._root:
+            nodes.append(node)
+            node = node.next
+        outputs = [_node_of(r, tracer) if isinstance(r, torch.Tensor) else None for r in results]
+        inside = set(nodes)
+        replayable = (all(out in inside for out in outputs) and _closed(nodes, inside | set(self.inputs))
+                      and all(n.op in ("call_function", "get_attr") for n in nodes))
+        self.block = _Block(self.inputs, self.layers, nodes if replayable else None, outputs, stand_ins, results)
+        for fn in _autograd_nodes(results):
+            self.hook(fn)
+        return results
+
+    def copy(self, nodes: list[torch.fx.Node]) -> None:
+        """Copy ``nodes`` into the step's graph, reading ``env``'s copies, with the call's layer names."""
+        tracer, env, graph = self.tracer, self.env, self.tracer.graph
+        for node in nodes:
+            if node.op == "get_attr":  # the same value under a fresh attribute, as tracing the block again makes it
+                with unset_fake_temporarily(), disable_proxy_modes_tracing():
+                    value = getattr(tracer.root, node.target).detach()
+                env[node] = tracer.create_arg(value)
+                continue
+            name = getattr(getattr(node.target, "overloadpacket", None), "__name__", None) or node.name
+            copy = graph.create_node(node.op, node.target, *torch.fx.node.map_arg((node.args, node.kwargs),
+                                                                                 lambda n: env[n]),
+                                     name=graph._target_to_str(name))
+            copy.meta = dict(node.meta)
+            custom = node.meta.get("custom")
+            if custom and custom.get("layer") in self.rename:
+                copy.meta["custom"] = {**custom, "layer": self.rename[custom["layer"]]}
+            env[node] = copy
+
+    def tensor(self, node: torch.fx.Node) -> torch.Tensor:
+        """A fresh tensor tracked as the value of ``env``'s copy of ``node``."""
+        with disable_proxy_modes_tracing():
+            result = torch.empty_like(node.meta["val"])
+        track_tensor_tree(result, torch.fx.Proxy(self.env.get(node, node), self.tracer), constant=None,
+                          tracer=self.tracer)
+        return result
+
+
+class _BlockFunction(torch.autograd.Function):
+    """A block as one autograd node: traced and recorded (the first of its key) or the recorded forward copied;
+    its backward the template copied, or (before there is one) its own autograd graph's."""
+
+    @staticmethod
+    def forward(ctx, call: _BlockCall, *tensors: torch.Tensor):
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        if call.block is None:
+            results = call.trace(tensors)
+            outputs = [call.tensor(node) if node is not None else result
+                       for node, result in zip(call.block.outputs, results, strict=True)]
+        else:
+            block = call.block
+            call.env = dict(zip(block.inputs, call.inputs, strict=True))
+            call.rename = dict(zip(block.layers, call.layers, strict=True))
+            call.copy(block.nodes)
+            outputs = [call.tensor(node) for node in block.outputs]
+        ctx.mark_non_differentiable(*(o for o, d in zip(outputs, call.block.differentiable, strict=True)
+                                      if isinstance(o, torch.Tensor) and not d))
+        ctx.outputs = [o for o, d in zip(outputs, call.block.differentiable, strict=True) if d]
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None):
+        call: _BlockCall = ctx.call
+        block = call.block
+        given = [g for g, d in zip(grads, block.differentiable, strict=True) if d]
+        if all(g is None for g in given):  # no gradient reaches the block's outputs: none leaves its inputs
+            return (None,) * (1 + len(block.inputs))
+        given = [torch.zeros_like(o) if g is None else g for g, o in zip(given, ctx.outputs, strict=True)]
+        if block.backward is None:  # the first block of its key, with no template (yet)
+            return (None, *_local_grads(block.results, block.differentiable, block.stand_ins, given))
+        if any(_node_of(g, call.tracer) is None for g in given):
+            raise LoweringError("a replayed block got a gradient that is not traced (a bridge bug: please report it)")
+        if not call.env:  # the first block of its key: its own forward nodes
+            call.env = {node: node for node in (*block.inputs, *(block.nodes or ()))}
+        call.env.update({p: _node_of(g, call.tracer) for p, g in zip(block.grad_outputs, given, strict=True)})
+        call.copy(block.backward)
+        return (None, *(None if node is None else call.tensor(node) for node in block.grad_inputs))

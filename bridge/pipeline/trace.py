@@ -56,7 +56,7 @@ from .losses import Loss
 from .lowering import LOWERINGS, decomposition_table
 from .mixed_precision import Precision, autocast, found_nonfinite, keep_if, unscale, update_scale
 from .optimizers import Optimizer, clip_grad_norm
-from .replay import Replay, Unkeyable
+from .replay import BlockReplay, Replay, Unkeyable
 from .replay import key as replay_key
 
 
@@ -123,8 +123,12 @@ class _LayerTags:
     def hook_backward(self, root: torch.Tensor) -> None:
         """Register pre-hooks so nodes traced while a grad_fn runs carry its forward layer."""
         for fn in autograd_nodes(root):
-            layer, kind = self._layer_of(fn._sequence_nr())
-            fn.register_prehook(self._enter(layer, kind))
+            self.hook(fn)
+
+    def hook(self, fn) -> None:
+        """Register the pre-hook of one autograd node (``hook_backward``)."""
+        layer, kind = self._layer_of(fn._sequence_nr())
+        fn.register_prehook(self._enter(layer, kind))
 
     def _enter(self, layer: str, kind: str):
         def prehook(grad_outputs):
@@ -220,13 +224,16 @@ def _forward_loss(example: StepExample, signature: StepSignature, args: dict[str
     """Pass 1: the ONNX program on the step's arguments (forward phase, each op tagged with its
     ONNX node; in inference mode for the eval signature), then the loss of output ``example.output_index``
     (loss phase), both under torch's autocast for mixed precision (``example.precision``). Returns the loss, the
-    model outputs and the buffers the forward updated (BatchNorm statistics in training mode)."""
+    model outputs and the buffers the forward updated (BatchNorm statistics in training mode). The training step
+    at static sizes in float32 traces each repeated block of the model once (``BlockReplay``)."""
+    replay = signature.training and not example.dims and example.precision.dtype is None
     with autocast(example.precision):
         outputs, updated_buffers = example.program.run(
             {name: args[name] for name in signature.inputs},
             {name: args[name] for name in signature.weights + signature.buffers},
             training=signature.training, node_scope=tags.forward,
             random={name: args[name] for name in signature.random}, evaluation=not signature.training,
+            blocks=BlockReplay(tags.hook) if replay else None,
         )
         with tags.scope(Phase.LOSS, LOSS_LAYER, example.loss.name):
             loss_value = _float32(example.loss(outputs[example.output_index], args[TARGET]))

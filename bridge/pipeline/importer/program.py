@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import warnings
 from collections import ChainMap
 from collections.abc import Callable, Iterable, MutableMapping
@@ -34,6 +35,8 @@ from ...errors import BridgeWarning, ShapeError, UnsupportedOpError
 from ...onnx_file import all_nodes, node_reads, skeleton
 from .. import targets
 from ..load import ML_OPS_HINT, default_opset
+from ..replay import BlockReplay, Unkeyable
+from .blocks import Segment, repeated_segments
 from .registry import CONVERTERS, NodeContext, import_all_converters, op_key
 from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
 
@@ -221,6 +224,7 @@ class OnnxProgram:
         self.output_names = [o.name for o in self.graph.output]
         self.buffer_names = self._buffer_initializers()
         self._pooled_first: dict[int, tuple[onnx.GraphProto, dict]] = {}  # relus_pooled_first per graph
+        self._segments: dict[bool, dict[int, Segment]] = {}  # repeated_segments, by whether Relus pool first
 
     def _check_supported(self) -> None:
         unsupported: dict[str, list[str]] = {}
@@ -265,6 +269,7 @@ class OnnxProgram:
         node_scope: NodeScope = _named_errors,
         random: dict[str, torch.Tensor] | None = None,
         evaluation: bool = False,
+        blocks: BlockReplay | None = None,
     ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """Evaluate the graph.
 
@@ -273,44 +278,104 @@ class OnnxProgram:
         constants). ``random`` holds the noise inputs of random ops by name (``<node>.noise``);
         a missing one is drawn and added to it. ``evaluation`` (bridge's eval graph) runs the
         model as torch's ``eval()`` would, also where a node asks for training behaviour
-        (BatchNormalization ``training_mode=1`` from a train-mode export). Returns the graph
-        outputs and the updated buffers (training mode).
+        (BatchNormalization ``training_mode=1`` from a train-mode export). ``blocks``: the tracer's
+        replay of repeated blocks (``repeated_segments``), given while tracing a training step. Returns
+        the graph outputs and the updated buffers (training mode).
         """
         random = {} if random is None else random
         env: dict[str, object] = dict(self.initializers)
         env.update(tensors)
         env.update({name: _widened(value) for name, value in inputs.items()})
         updated: dict[str, torch.Tensor] = {}
-        outputs = self._evaluate(self.graph, env, (training, updated, random, evaluation, node_scope))
+        outputs = self._evaluate(self.graph, env, (training, updated, random, evaluation, node_scope), blocks)
         return [_as_output(value, _declared_dtype(o)) for value, o in zip(outputs, self.graph.output, strict=True)], updated
 
-    def _evaluate(self, graph: onnx.GraphProto, env: MutableMapping[str, object], run: tuple) -> list:
+    def _evaluate(self, graph: onnx.GraphProto, env: MutableMapping[str, object], run: tuple,
+                  blocks: BlockReplay | None = None) -> list:
         """Run the nodes of ``graph`` (the main graph or a subgraph) over ``env``; its outputs.
 
         Subgraphs: a converter of an op with subgraph attributes (If, Loop, Scan) calls
         ``ctx.run_graph(graph, bindings)``, which evaluates the subgraph here with its inputs bound
         to ``bindings`` over a view of the enclosing scope (``ChainMap``: outer values are visible,
         the subgraph's own values do not leak out). A loop is thus unrolled into straight-line code.
+        With ``blocks`` (the main graph only), each repeated segment runs through it (``_run_segment``).
         """
-        node_scope = run[-1]
         cached = self._pooled_first.get(id(graph))
         if cached is None or cached[0] is not graph:  # once per graph: a Loop body is evaluated per iteration
             cached = self._pooled_first[id(graph)] = (graph, relus_pooled_first(graph))  # (the graph held: ids stay)
         pooled_first = cached[1] if targets.enabled("relu_after_maxpool") else {}
-        for node in graph.node:
-            if node.op_type == "Relu" and node.output[0] in pooled_first:
-                continue  # runs after its MaxPool, below
-            relu = pooled_first.get(node.input[0]) if node.op_type == "MaxPool" else None
-            inputs = env if relu is None else ChainMap({relu.output[0]: env[relu.input[0]]}, env)  # the Relu's input
-            with node_scope(node):
-                outputs = self._run_node(node, inputs, run)
-            if relu is not None:
-                with node_scope(relu):
-                    outputs = self._run_node(relu, ChainMap({relu.input[0]: outputs[0]}, env), run)
-            for name, value in zip(node.output, outputs, strict=False):
-                if name:
-                    env[name] = value
+        segments = {} if blocks is None else self._repeated_segments(pooled_first)
+        index = 0
+        while index < len(graph.node):
+            segment = segments.get(index)
+            if segment is not None and blocks is not None:
+                self._run_segment(segment, env, run, blocks)
+                index = segment.end
+                continue
+            self._run_step(graph.node[index], env, run, pooled_first)
+            index += 1
         return [env[o.name] for o in graph.output]
+
+    def _run_step(self, node: onnx.NodeProto, env: MutableMapping[str, object], run: tuple,
+                  pooled_first: dict[str, onnx.NodeProto]) -> None:
+        """Run ``node`` (a MaxPool with the Relu of ``pooled_first`` it reads after it), its outputs into ``env``."""
+        node_scope = run[-1]
+        if node.op_type == "Relu" and node.output[0] in pooled_first:
+            return  # runs after its MaxPool, below
+        relu = pooled_first.get(node.input[0]) if node.op_type == "MaxPool" else None
+        inputs = env if relu is None else ChainMap({relu.output[0]: env[relu.input[0]]}, env)  # the Relu's input
+        with node_scope(node):
+            outputs = self._run_node(node, inputs, run)
+        if relu is not None:
+            with node_scope(relu):
+                outputs = self._run_node(relu, ChainMap({relu.input[0]: outputs[0]}, env), run)
+        for name, value in zip(node.output, outputs, strict=False):
+            if name:
+                env[name] = value
+
+    def _repeated_segments(self, pooled_first: dict[str, onnx.NodeProto]) -> dict[int, Segment]:
+        """``repeated_segments`` of the main graph, without the nodes that random ops, control flow and the
+        Relu-after-MaxPool order run differently."""
+        key = bool(pooled_first)
+        if key not in self._segments:
+            pooled = {relu.input[0] for relu in pooled_first.values()} | set(pooled_first)
+
+            def replayable(node: onnx.NodeProto) -> bool:
+                conv = CONVERTERS[op_key(node.domain, node.op_type)]
+                return not conv.raw and node.op_type not in _NOT_FOLDABLE and not pooled & {*node.input, *node.output}
+
+            self._segments[key] = repeated_segments(self.graph, replayable)
+        return self._segments[key]
+
+    def _run_segment(self, segment: Segment, env: MutableMapping[str, object], run: tuple,
+                     blocks: BlockReplay) -> None:
+        """Run a repeated segment through ``blocks``, keyed by its signature, the mode of the run and the values of
+        its arguments known before the model runs (its tensors ``blocks`` keys); its output and the buffers it
+        updates into ``env`` and the run's updated buffers."""
+        training, updated, random, evaluation, node_scope = run
+        nodes = self.graph.node[segment.start:segment.end]
+        values = [env[name] for name in segment.args]
+        buffers = {node.input[i] for node in nodes
+                   for i in CONVERTERS[op_key(node.domain, node.op_type)].buffers if i < len(node.input)}
+        buffer_args = [name for name in segment.args if name in buffers]
+
+        tensor_args = [name for name, value in zip(segment.args, values, strict=True) if isinstance(value, torch.Tensor)]
+
+        def block(tensors: list[torch.Tensor]) -> list:
+            scope: MutableMapping[str, object] = ChainMap(dict(zip(tensor_args, tensors, strict=True)), env)
+            updated_here: dict[str, torch.Tensor] = {}
+            for node in nodes:
+                self._run_step(node, scope, (training, updated_here, random, evaluation, node_scope), {})
+            return [scope[segment.output], *(updated_here.get(name) for name in buffer_args)]
+
+        try:
+            key = (segment.signature, training, evaluation, tuple(_constant_key(value) for value in values))
+        except Unkeyable:
+            outputs = block([env[name] for name in tensor_args])
+        else:
+            outputs = blocks.run(key, [env[name] for name in tensor_args], segment.layers, block)
+        env[segment.output] = outputs[0]
+        updated.update({name: value for name, value in zip(buffer_args, outputs[1:], strict=True) if value is not None})
 
     def _run_node(self, node: onnx.NodeProto, env: MutableMapping, run: tuple) -> list:
         conv = CONVERTERS[op_key(node.domain, node.op_type)]
@@ -360,6 +425,18 @@ class OnnxProgram:
             for i, a in enumerate(args)
         ]
         return _as_list(fn(ctx, *tensor_args))
+
+
+def _constant_key(value: object) -> tuple | None:
+    """A segment argument's part of the segment's key: a tensor's place (``BlockReplay`` keys its layout), None,
+    or an array known before the model runs by its type, shape and data; anything else raises ``Unkeyable``."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return ("tensor",)
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return ("array", value.dtype.str, value.shape, hashlib.blake2b(np.ascontiguousarray(value).tobytes()).digest())
+    raise Unkeyable(type(value).__name__)
 
 
 def _as_list(out) -> list:
