@@ -97,20 +97,12 @@ class Replay:
         resize = shape is not None and shape != recorded_shape
         env = dict(zip(template_inputs, inputs, strict=True))
         custom = dict(fx_traceback.current_meta.get("custom") or {})
-        graph = tracer.graph
         resized: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # a value of the call's shape per dtype
         # and device, shared by the copies (as the copies of a region replayed at its own shape share its values)
         for node in nodes:
-            if node.op == "get_attr":  # the same value under a fresh attribute, as tracing the region again makes it
-                with unset_fake_temporarily(), disable_proxy_modes_tracing():
-                    value = getattr(tracer.root, node.target).detach()
-                env[node] = tracer.create_arg(value)
+            copy = env[node] = _copy_node(tracer, node, lambda n: env.get(n, n))
+            if node.op == "get_attr":
                 continue
-            target = node.target
-            name = getattr(getattr(target, "overloadpacket", None), "__name__", None) or node.name
-            copy = graph.create_node(node.op, target, *torch.fx.node.map_arg((node.args, node.kwargs),
-                                                                            lambda n: env.get(n, n)),
-                                     name=graph._target_to_str(name))
             copy.meta = {**node.meta, "custom": custom}
             if resize and node.meta["val"].dim():
                 layout = (node.meta["val"].dtype, node.meta["val"].device)
@@ -119,7 +111,6 @@ class Replay:
                         resized[layout] = torch.empty(shape, dtype=layout[0], device=layout[1])
                 copy.meta["val"] = resized[layout]
                 copy.meta.pop("tensor_meta", None)
-            env[node] = copy
         results = []
         for out in outputs:
             if out is None or out in template_inputs:
@@ -130,6 +121,19 @@ class Replay:
             track_tensor_tree(result, torch.fx.Proxy(env[out], tracer), constant=None, tracer=tracer)
             results.append(result)
         return pytree.tree_unflatten(results, spec)
+
+
+def _copy_node(tracer, node: torch.fx.Node, read: Callable[[torch.fx.Node], object]) -> torch.fx.Node:
+    """A copy of recorded ``node`` in ``tracer``'s graph, its node arguments mapped by ``read``, without meta (the
+    caller sets it); a ``get_attr`` is its value under a fresh attribute, as tracing the region again makes it."""
+    if node.op == "get_attr":
+        with unset_fake_temporarily(), disable_proxy_modes_tracing():
+            value = getattr(tracer.root, node.target).detach()
+        return tracer.create_arg(value)
+    graph = tracer.graph
+    name = getattr(getattr(node.target, "overloadpacket", None), "__name__", None) or node.name
+    return graph.create_node(node.op, node.target, *torch.fx.node.map_arg((node.args, node.kwargs), read),
+                             name=graph._target_to_str(name))
 
 
 def _shape_key(tensor: torch.Tensor) -> tuple:
@@ -412,22 +416,15 @@ class _BlockCall:
 
     def copy(self, nodes: list[torch.fx.Node]) -> None:
         """Copy ``nodes`` into the step's graph, reading ``env``'s copies, with the call's layer names."""
-        tracer, env, graph = self.tracer, self.env, self.tracer.graph
+        env = self.env
         for node in nodes:
-            if node.op == "get_attr":  # the same value under a fresh attribute, as tracing the block again makes it
-                with unset_fake_temporarily(), disable_proxy_modes_tracing():
-                    value = getattr(tracer.root, node.target).detach()
-                env[node] = tracer.create_arg(value)
+            copy = env[node] = _copy_node(self.tracer, node, env.__getitem__)
+            if node.op == "get_attr":
                 continue
-            name = getattr(getattr(node.target, "overloadpacket", None), "__name__", None) or node.name
-            copy = graph.create_node(node.op, node.target, *torch.fx.node.map_arg((node.args, node.kwargs),
-                                                                                 lambda n: env[n]),
-                                     name=graph._target_to_str(name))
             copy.meta = dict(node.meta)
             custom = node.meta.get("custom")
             if custom and custom.get("layer") in self.rename:
                 copy.meta["custom"] = {**custom, "layer": self.rename[custom["layer"]]}
-            env[node] = copy
 
     def tensor(self, node: torch.fx.Node) -> torch.Tensor:
         """A fresh tensor tracked as the value of ``env``'s copy of ``node``."""
