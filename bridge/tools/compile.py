@@ -181,36 +181,32 @@ def in_place_state(model: onnx.ModelProto) -> list[str]:
     reads after its own update is computable (``dX = dY @ W`` is no ancestor of ``W``'s update) is left out:
     IREE orders dispatches by data only, and would let the update overwrite ``W`` before that read."""
     graph = model.graph
-    producer = {output: node for node in graph.node for output in node.output}
-    readers: dict[str, list[int]] = {}
+    producer = {output: index for index, node in enumerate(graph.node) for output in node.output}
+    readers: dict[str, set[int]] = {}
     for index, node in enumerate(graph.node):
-        for name in set(node.input):
-            readers.setdefault(name, []).append(index)
-    index_of = {id(node): index for index, node in enumerate(graph.node)}
+        for name in node.input:
+            readers.setdefault(name, set()).add(index)
     output_names = [v.name for v in graph.output]
     types = {v.name: v.type for v in [*graph.input, *graph.output]}
     chosen = []
     for value in graph.input:
         updated = updated_name(value.name)
-        node = producer.get(updated)
-        if (node is None or updated not in output_names or value.name in output_names
+        if (updated not in producer or updated not in output_names or value.name in output_names
                 or types[updated] != types[value.name]):
             continue
-        ancestors = _ancestors(node, producer, index_of)
-        if all(reader in ancestors for reader in readers.get(value.name, [])):
+        if readers.get(value.name, set()) <= _ancestors(producer[updated], graph.node, producer):
             chosen.append(value.name)
     return chosen
 
 
-def _ancestors(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto], index_of: dict[int, int]) -> set[int]:
-    """The indices of ``node`` and of every node it depends on."""
-    seen, stack = set(), [node]
+def _ancestors(index: int, nodes, producer: dict[str, int]) -> set[int]:
+    """The indices of node ``index`` of ``nodes`` and of every node it depends on (``producer``: value -> node)."""
+    seen, stack = set(), [index]
     while stack:
         current = stack.pop()
-        if index_of[id(current)] in seen:
-            continue
-        seen.add(index_of[id(current)])
-        stack.extend(producer[name] for name in current.input if name in producer)
+        if current not in seen:
+            seen.add(current)
+            stack.extend(producer[name] for name in nodes[current].input if name in producer)
     return seen
 
 
@@ -226,7 +222,7 @@ def _overwrite_arguments(ir, function, inputs: list[str], outputs: list[str], in
         argument = block.arguments[inputs.index(state)]
         value_type = argument.type
         argument.set_type(ir.Type.parse(str(value_type).replace("!torch.vtensor", "!torch.tensor", 1)))
-        with ir.InsertionPoint(first), argument.location if hasattr(argument, "location") else ir.Location.unknown():
+        with ir.InsertionPoint(first), function.location:
             value = ir.Operation.create("torch.copy.to_vtensor", results=[value_type], operands=[argument])
         argument.replace_all_uses_except(value.result, value)
         with ir.InsertionPoint(returned), returned.location:
