@@ -136,6 +136,7 @@ PADDING_IDX = "bridge.padding_idx"  # on a Gather (axis 0) of an embedding table
 INPUTS = "bridge.inputs"  # JSON list of input names, in argument order
 OUTPUTS = "bridge.outputs"  # JSON list of output names, in result order
 INPUT_SPECS = "bridge.input_specs"  # JSON {name: [shape (an int, or None: symbolic), numpy dtype name]}
+IN_PLACE = "bridge.in_place"  # JSON list of the state inputs the step overwrites with their updated_* value
 
 
 def encode_random_inputs(names: Iterable[str]) -> str:
@@ -219,6 +220,8 @@ KEY_DOCS: dict[str, tuple[str, str]] = {  # key -> (where, the value)
     INPUTS: ("IREE reflection", "JSON list of the graph input names, in argument order"),
     OUTPUTS: ("IREE reflection", "JSON list of the graph output names, in result order"),
     INPUT_SPECS: ("IREE reflection", "JSON {input name: [shape (a symbolic dim: null), numpy dtype name]}"),
+    IN_PLACE: ("IREE reflection (`bridge.compile(in_place=True)`)", "JSON list of the state inputs whose "
+               "`updated_*` value the step writes into the input's own buffer (not among the results)"),
     PADDING_IDX: ("source model: a `Gather` (axis 0) of a 2-D table", "the row that gets no gradient (torch's "
                   "`nn.Embedding(padding_idx=...)`; `export_for_training` writes it, bridge reads it)"),
 }

@@ -159,6 +159,19 @@ def test_a_cnn_in_pieces_steps_like_onnxruntime_and_like_one_piece(dynamic, tmp_
                 np.testing.assert_array_equal(step[name], value, err_msg=name)
 
 
+def test_a_step_in_pieces_drops_each_value_after_its_last_reader():
+    """A value a piece computes is dropped once the last piece that reads it has run (one no piece reads:
+    at once); the graph's outputs and inputs are kept."""
+    from types import SimpleNamespace
+
+    from bridge.training.runtime_onnx_mlir import _released_after
+
+    pieces = [SimpleNamespace(input_names=["x", "w"], output_names=["a", "b", "unread", "loss"]),
+              SimpleNamespace(input_names=["a", "w"], output_names=["c"]),
+              SimpleNamespace(input_names=["b", "c", "w"], output_names=["updated_w"])]
+    assert _released_after(pieces, ["loss", "updated_w"]) == [["unread"], ["a"], ["b", "c"]]
+
+
 @pytest.mark.parametrize("count", [2, 3, 5])
 def test_pieces_run_in_sequence_compute_the_whole_graph(count):
     """A training graph cut into pieces (``bridge.tools.pieces.split``), each run in onnxruntime on the graph

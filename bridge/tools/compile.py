@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ..contract import INPUT_SPECS, INPUTS, LAYER, OUTPUTS, RANDOM_INPUTS, encode_random_inputs, props
+from ..contract import (
+    IN_PLACE,
+    INPUT_SPECS,
+    INPUTS,
+    LAYER,
+    OUTPUTS,
+    RANDOM_INPUTS,
+    encode_random_inputs,
+    props,
+    updated_name,
+)
 from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import external_copy, is_large, model_digest, read_model
 from ..training.runtime import StepSession, is_gradient, outputs_dropped
@@ -123,8 +133,12 @@ class CompiledModel:
                                    eval_model=eval_model, on_nonfinite=on_nonfinite)
 
 
-def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
-    """The model as MLIR in torch-mlir's ONNX form (``iree-import-onnx``), node names as locations."""
+def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike, in_place: Sequence[str] = ()) -> str:
+    """The model as MLIR in torch-mlir's ONNX form (``iree-import-onnx``), node names as locations.
+
+    ``in_place``: state inputs (``in_place_state``) that the function overwrites with their ``updated_*``
+    value (torch's mutable-tensor form: IREE writes the new value into the argument's buffer) instead of
+    returning it; the reflection lists them under ``IN_PLACE`` and leaves their outputs out of ``OUTPUTS``."""
     require_iree()
     from iree.compiler import ir
     from iree.compiler.extras import onnx_importer
@@ -143,16 +157,84 @@ def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike) -> str:
     except onnx_importer.OnnxImportError as exc:
         raise CompileError(f"the ONNX importer (torch-mlir) rejected graph '{proto.graph.name}': {exc}") from exc
     function = module.regions[0].blocks[0].operations[0]
+    outputs = [v.name for v in proto.graph.output]
     with context:
+        if in_place:
+            _overwrite_arguments(ir, function, [v.name for v in proto.graph.input], outputs, in_place)
+            outputs = [name for name in outputs if name not in {updated_name(state) for state in in_place}]
         function.attributes["iree.reflection"] = ir.DictAttr.get({
+            **({IN_PLACE: ir.StringAttr.get(json.dumps(list(in_place)))} if in_place else {}),
             INPUTS: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.input])),
-            OUTPUTS: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.output])),
+            OUTPUTS: ir.StringAttr.get(json.dumps(outputs)),
             INPUT_SPECS: ir.StringAttr.get(json.dumps(_input_specs(proto))),
             # the same payload as the model metadata's
             RANDOM_INPUTS: ir.StringAttr.get(props(proto.metadata_props).get(RANDOM_INPUTS, encode_random_inputs([]))),
         })
     module.verify()
     return module.get_asm(enable_debug_info=True)
+
+
+def in_place_state(model: onnx.ModelProto) -> list[str]:
+    """The state inputs whose ``updated_*`` output a step can write into the input's own buffer: those whose
+    every reader is computed before the update (an ancestor of the node that computes ``updated_<x>``, or
+    that node), so that no read of the old value can follow the write. A weight that the backward still
+    reads after its own update is computable (``dX = dY @ W`` is no ancestor of ``W``'s update) is left out:
+    IREE orders dispatches by data only, and would let the update overwrite ``W`` before that read."""
+    graph = model.graph
+    producer = {output: index for index, node in enumerate(graph.node) for output in node.output}
+    readers: dict[str, set[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            readers.setdefault(name, set()).add(index)
+    output_names = [v.name for v in graph.output]
+    types = {v.name: v.type for v in [*graph.input, *graph.output]}
+    chosen = []
+    for value in graph.input:
+        updated = updated_name(value.name)
+        if (updated not in producer or updated not in output_names or value.name in output_names
+                or types[updated] != types[value.name]):
+            continue
+        if readers.get(value.name, set()) <= _ancestors(producer[updated], graph.node, producer):
+            chosen.append(value.name)
+    return chosen
+
+
+def _ancestors(index: int, nodes, producer: dict[str, int]) -> set[int]:
+    """The indices of node ``index`` of ``nodes`` and of every node it depends on (``producer``: value -> node)."""
+    seen, stack = set(), [index]
+    while stack:
+        current = stack.pop()
+        if current not in seen:
+            seen.add(current)
+            stack.extend(producer[name] for name in nodes[current].input if name in producer)
+    return seen
+
+
+def _overwrite_arguments(ir, function, inputs: list[str], outputs: list[str], in_place: Sequence[str]) -> None:
+    """Rewrite the imported ``function`` so that each state in ``in_place`` is a mutable tensor argument
+    (``!torch.tensor``): read once as a value (``torch.copy.to_vtensor``), overwritten with its
+    ``updated_*`` result (``torch.overwrite.tensor.contents``), and that result no longer returned."""
+    block = function.regions[0].blocks[0]
+    returned = block.operations[len(block.operations) - 1]
+    results = list(returned.operands)
+    first = block.operations[0]
+    for state in in_place:
+        argument = block.arguments[inputs.index(state)]
+        value_type = argument.type
+        argument.set_type(ir.Type.parse(str(value_type).replace("!torch.vtensor", "!torch.tensor", 1)))
+        with ir.InsertionPoint(first), function.location:
+            value = ir.Operation.create("torch.copy.to_vtensor", results=[value_type], operands=[argument])
+        argument.replace_all_uses_except(value.result, value)
+        with ir.InsertionPoint(returned), returned.location:
+            ir.Operation.create("torch.overwrite.tensor.contents",
+                                operands=[results[outputs.index(updated_name(state))], argument])
+    dropped = {outputs.index(updated_name(state)) for state in in_place}
+    kept = [result for index, result in enumerate(results) if index not in dropped]
+    with ir.InsertionPoint(returned), returned.location:
+        ir.Operation.create("func.return", operands=kept)
+    returned.erase()
+    function.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get([argument.type for argument in block.arguments], [result.type for result in kept]))
 
 
 def compile(  # noqa: A001 - bridge.compile is the public name
@@ -166,6 +248,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     gradients: bool = True,
     timeout: float | None = None,
     pieces: int | str = "auto",
+    in_place: bool = False,
 ) -> CompiledModel:
     """Compile a training ONNX model for the CPU; returns the module (also written to ``output``).
 
@@ -186,11 +269,20 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         pieces: onnx-mlir: how many pieces of contiguous nodes the graph is compiled in (compiled in parallel
             on the machine's cores, run in sequence; ``module`` is then a zip of their libraries);
             ``"auto"``: pieces of about ``NODES_PER_PIECE`` nodes, one for a smaller graph. IREE: 1 or ``"auto"``.
+        in_place: IREE: the step writes the updated state into the state's own buffers where no later read
+            needs the old value (``in_place_state``: optimizer moments, biases, the first layer's weights),
+            so it allocates no new buffers for them. The session's state then holds the step's values even
+            when the step is not finite: ``on_nonfinite="skip"`` is refused, ``"raise"`` says so.
     """
     if backend not in BACKENDS:
         raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
     if not isinstance(gradients, bool):
         raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
+    if not isinstance(in_place, bool):
+        raise InvalidOptionError(f"in_place={in_place!r} is not valid; give True or False")
+    if in_place and backend != "iree":
+        raise InvalidOptionError(f"in_place=True is for backend='iree' only, not '{backend}' (onnx-mlir returns "
+                                 "every output in a buffer of its own)")
     if timeout is not None and backend != "onnx-mlir":
         raise InvalidOptionError(f"timeout= is for backend='onnx-mlir' only, not '{backend}' (IREE compiles in this process)")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9):
@@ -220,7 +312,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     import iree.compiler.tools as iree_tools
 
     report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
-    mlir = to_mlir(proto)
+    mlir = to_mlir(proto, in_place_state(proto) if in_place else ())
     report(f"import: done ({time.perf_counter() - start:.1f} s)")
     report(f"compile: iree-compile, llvm-cpu, target cpu {target_cpu}")
     try:

@@ -7,6 +7,11 @@ The state stays resident between steps: each ``updated_*`` output is a host-mapp
 buffer, and while ``.state`` still holds that very array the next step passes the buffer itself instead of
 copying the array into a new one (weights and optimizer slots are most of a step's inputs). Writes into the
 array are writes into the buffer; an array put in its place is copied as any input is.
+
+A module compiled with ``in_place=True`` lists under ``IN_PLACE`` the state that the step overwrites in its
+own buffer: for those, ``updated_*`` is a view of the argument's buffer (a copy of an array given from
+outside is made first, so the caller's array is never written), and a step's values replace the previous
+step's in the same memory: copy what must outlive the next step.
 """
 from __future__ import annotations
 
@@ -18,8 +23,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ..contract import INPUT_SPECS, INPUTS, OUTPUTS, UPDATED_PREFIX, decode_random_inputs, strip_prefix
+from ..contract import (
+    IN_PLACE,
+    INPUT_SPECS,
+    INPUTS,
+    OUTPUTS,
+    UPDATED_PREFIX,
+    decode_random_inputs,
+    strip_prefix,
+    updated_name,
+)
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
+from .feed_checks import NonFiniteError
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
@@ -63,30 +78,53 @@ class IreeTrainingSession(StepSession):
         reflection = vm_module.lookup_function(entry).reflection
         self.input_names = json.loads(reflection[INPUTS])
         self.output_names = json.loads(reflection[OUTPUTS])
+        self.in_place: list[str] = json.loads(reflection.get(IN_PLACE, "[]"))
+        if self.in_place and self.on_nonfinite == "skip":
+            raise InvalidOptionError("on_nonfinite='skip' cannot keep the state of this module: it updates "
+                                     f"{len(self.in_place)} state arrays in place (bridge.compile(in_place=True)); "
+                                     "compile without in_place, or use on_nonfinite='raise'")
         specs = json.loads(reflection.get(INPUT_SPECS, "{}"))
         for name in decode_random_inputs(reflection):
             shape, dtype = specs[name]
             self.random_inputs[name] = (shape, np.dtype(dtype))
         self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
+        self._rt = rt
         self._resident: dict[str, tuple[np.ndarray, object]] = {}  # state name -> (host view, its device array)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [name for name in self.input_names if name not in feed]
         if missing:
             raise InvalidOptionError(f"missing inputs {missing}; the module takes {self.input_names}")
-        arguments = []
+        arguments = {}
         for name in self.input_names:
             value, resident = feed[name], self._resident.get(name)
-            arguments.append(resident[1] if resident is not None and resident[0] is value else np.asarray(value, order="C"))
-        results = self._function(*arguments)
+            if resident is not None and resident[0] is value:
+                arguments[name] = resident[1]
+            elif name in self.in_place:  # the step writes into it: a device copy, never the caller's array
+                arguments[name] = self._rt.asdevicearray(self._config.device, np.array(value, order="C"))
+            else:
+                arguments[name] = np.asarray(value, order="C")
+        results = self._function(*arguments.values())
         if len(self.output_names) == 1:
             results = (results,)
         outputs, self._resident = {}, {}
-        for name, value in zip(self.output_names, results, strict=True):
+        returned = zip(self.output_names, results, strict=True)
+        overwritten = ((updated_name(name), arguments[name]) for name in self.in_place)
+        for name, value in [*returned, *overwritten]:
             outputs[name] = value.to_host()
             if name.startswith(UPDATED_PREFIX) and getattr(value, "_is_mappable", lambda: False)():
                 self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], value)  # a view, not a copy
         return outputs
+
+    def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return super()._commit(results)
+        except NonFiniteError as exc:
+            if not self.in_place:
+                raise
+            raise NonFiniteError(f"{exc}; except the state this module updates in place ({len(self.in_place)} "
+                                 "arrays, bridge.compile(in_place=True)), which holds this step's values: restore "
+                                 "it from a checkpoint") from None
 
 
 def _entry_function(vm_module) -> str:

@@ -159,6 +159,7 @@ class OnnxMlirTrainingSession(StepSession):
         self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
         keep_freed_memory()
         self._pieces, self.input_names, self.output_names = _load_pieces(library, Path(self._folder.name), source)
+        self._released = _released_after(self._pieces, self.output_names)
         if training_model is not None:
             meta = props(training_model.metadata_props)
             for name in decode_random_inputs(meta):
@@ -176,10 +177,23 @@ class OnnxMlirTrainingSession(StepSession):
             raise InvalidOptionError(f"missing inputs {missing}; the library takes {self.input_names}{hint}")
         # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
         values = dict(feed)
-        for piece in self._pieces:
+        for piece, released in zip(self._pieces, self._released, strict=True):
             results = piece.session.run([np.asarray(values[name], order="C") for name in piece.input_names])
             values.update(zip(piece.output_names, results, strict=True))
+            for name in released:
+                del values[name]
         return {name: values[name] for name in self.output_names}
+
+
+def _released_after(pieces: list[_LoadedPiece], outputs: list[str]) -> list[list[str]]:
+    """Per piece, the values pieces compute that no later piece reads and the graph does not return: dropped
+    once that piece has run, so that a step holds each piece's results only as long as it needs them."""
+    last_reader = {name: index for index, piece in enumerate(pieces) for name in [*piece.output_names, *piece.input_names]}
+    computed = {name for piece in pieces for name in piece.output_names} - set(outputs)
+    released: list[list[str]] = [[] for _ in pieces]
+    for name in sorted(computed):
+        released[last_reader[name]].append(name)
+    return released
 
 
 @dataclass(frozen=True)
