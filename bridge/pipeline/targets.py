@@ -41,6 +41,13 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
                             "MatMuls: onnx-mlir lowers a Conv to scalar loops, many times slower than its "
                             "tiled MatMul (tests/repros/onnx_mlir_conv_speed.py), and IREE's direct Conv "
                             "codegen does twice to three times the MatMuls' work; grouped Convs stay Convs",
+    "conv_forward_rows": "an ungrouped Conv's forward im2col product with the output positions as rows, "
+                         "columns [N*O, Cin*K] @ weight^T [Cin*K, Cout], where N*O is not small: onnx-mlir's and "
+                         "IREE's tiled MatMuls run the weight-rows product [Cout, Cin*K] @ [Cin*K, N*O] (few rows, "
+                         "many columns) several times slower",
+    "conv_forward_rows_gemm": "conv_forward_rows' product as a Gemm reading the weight transposed (transB) where "
+                              "Cin*K is long: onnx-mlir runs that Gemm faster than the MatMul of a transposed weight "
+                              "there, slower where Cin*K is short",
     "tanh_as_exp": "a float32 Tanh as 1 - 2 / (exp(2x) + 1), and as its Taylor polynomial where |x| < 0.55 (within "
                    "2 float32 rounding units of tanh): onnx-mlir calls the C library's tanhf element by element, "
                    "while its Exp and arithmetic are vectorized",
@@ -48,9 +55,10 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
 
 TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
     "plain": frozenset(),
-    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "tanh_as_exp"},  # its rules pick per shape
+    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "conv_forward_rows", "conv_forward_rows_gemm",
+                                       "tanh_as_exp"},  # its rules pick per shape
     "iree": frozenset({"dense_conv_as_matmul"}),
-    "onnx-mlir": frozenset({"dense_conv_as_matmul", "tanh_as_exp"}),
+    "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "conv_forward_rows_gemm", "tanh_as_exp"}),
 }
 
 DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise
@@ -103,6 +111,19 @@ def conv_forward_form(groups: int, kernel: Sequence[int], outputs: Sequence[int]
         return "gemm"
     tiny = groups == 1 and math.prod(kernel) > 1 and math.prod(outputs) <= 4
     return "gemm" if tiny and enabled("conv_forward_gemm") else "conv"
+
+
+ROWS_AT_LEAST = 64  # conv_forward_rows: fewer output positions (N*O) than this keep the weight rows
+LONG_INNER = 512  # conv_forward_rows_gemm: Cin*K from which the Gemm reads the weight transposed
+
+
+def conv_forward_product(positions: int, inner: int) -> str:
+    """How a ``gemm`` Conv forward multiplies ``N*O`` (``positions``) columns of ``Cin*K`` (``inner``) by the
+    weight: ``weight_rows`` (``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``), ``rows_matmul`` (``columns
+    [N*O, Cin*K] @`` the weight transposed once) or ``rows_gemm`` (the same as a Gemm with ``transB``)."""
+    if not enabled("conv_forward_rows") or positions < ROWS_AT_LEAST:
+        return "weight_rows"
+    return "rows_gemm" if inner >= LONG_INNER and enabled("conv_forward_rows_gemm") else "rows_matmul"
 
 
 def _backward_form_before_shapes(groups: int) -> str | None:
