@@ -492,7 +492,7 @@ def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor
     rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
     cheap_select = targets.select_is_cheap(out_channels, _spatial(x))
     batch = x.shape[0] if isinstance(x.shape[0], int) else 1  # a symbolic batch: at least one sample
-    product_form = targets.conv_forward_product(batch * math.prod(outputs), math.prod(weight.shape[1:]))
+    product_form = targets.conv_forward_product(batch * math.prod(outputs), math.prod(weight.shape[1:]), out_channels)
     if product_form != "weight_rows" and not cheap_select:
         return _forward_rows(x, weight, stride, padding, dilation, outputs, product_form)
     columns = _selected_columns if cheap_select else _channel_first_columns
