@@ -3,8 +3,8 @@
     python tests/repros/onnx_mlir_conv_matmul_orientation.py [--iree] [out_folder]
 
 builds one-op graphs at the shapes of small_cnn's second Conv (benchmarks/models.py: batch 16, 16 -> 32
-channels, 3x3 at 16x16) and of resnet18's layer1 and layer3 Convs (batch 8, 3x64x64 input: 64 channels at
-16x16, 256 at 4x4), compiles each with ``onnx-mlir --EmitLib -O3 --mcpu=native`` (as benchmarks/run.py does)
+channels, 3x3 at 16x16) and of resnet18's layer1, layer3 and layer4 Convs (batch 8, 3x64x64 input: 64 channels at
+16x16, 256 at 4x4, 512 at 2x2), compiles each with ``onnx-mlir --EmitLib -O3 --mcpu=native`` (as benchmarks/run.py does)
 and times it against onnxruntime at one thread (``onnx_mlir_slow_ops.compare``: CPU time, the least of
 ``REPEATS`` calls, malloc keeping freed memory as bridge's session has it). ``--iree`` times IREE instead
 (bridge.compile's flags, host CPU, one worker). ``K`` is ``Cin * 9``, ``N*O`` the batch's output positions.
@@ -16,10 +16,15 @@ Each of the Conv's three products comes in the orientations bridge can emit (the
   ``g [N*O, Cout] @ W [Cout, K]``;
 - weight gradient: ``g [Cout, N*O] @ cols [N*O, K]`` against its transposes.
 
-onnx-mlir's tiled MatMul runs a product with ``Cout`` rows and ``N*O`` columns at several times the time of
-the same product with ``N*O`` rows: the ``onnx-mlir`` target emits the forward the many-rows way
-(``conv_forward_rows``, bridge/pipeline/targets.py). Neither reaches onnxruntime's Conv (printed first), which
-needs no im2col copies in the graph.
+In onnx-mlir a product with ``Cout`` rows and ``N*O`` columns runs at several times the time of the same
+product with ``N*O`` rows, and one with a long inner dimension (``K``, or ``N*O`` in the weight gradient) runs
+faster as a ``Gemm`` than as a ``MatMul``, where the result has more than a few columns: the ``onnx-mlir``
+target emits the forward the many-rows way (``conv_forward_rows``) and such products as Gemms
+(``long_inner_gemm``, bridge/pipeline/targets.py). At ``N*O = 32`` (resnet18's layer4, 2x2 planes) the weight
+rows stay faster. The input gradient transposed (``g [N*O, Cout] @ W``) is faster at small_cnn's and layer1's
+shapes, slower at layer3's; it is not emitted (its col2im would move channels-last). In IREE the many-rows
+forward with the weight transposed once, and the transposed input gradient, are faster at small_cnn's and
+layer1's shapes. None reaches onnxruntime's Conv (printed first), which needs no im2col copies in the graph.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ CONVS = {  # name -> (batch, input channels, input side, output channels) of a 3
     "small_cnn conv 2": (16, 16, 16, 32),
     "resnet18 layer1": (8, 64, 16, 64),
     "resnet18 layer3": (8, 256, 4, 256),
+    "resnet18 layer4": (8, 512, 2, 512),
 }
 FLAGS = ("--mcpu=native",)
 
@@ -46,6 +52,7 @@ def cases(batch: int, in_channels: int, side: int, out_channels: int) -> dict[st
         "input grad W^T [K, Cout] @ g [Cout, N*O]": ("MatMul", {}, [[k, c], [c, n]], [k, n]),
         "input grad g [N*O, Cout] @ W [Cout, K]": ("MatMul", {}, [[n, c], [c, k]], [n, k]),
         "weight grad g [Cout, N*O] @ cols [N*O, K]": ("MatMul", {}, [[c, n], [n, k]], [c, k]),
+        "weight grad g [Cout, N*O] @ cols [N*O, K], Gemm": ("Gemm", {}, [[c, n], [n, k]], [c, k]),
         "weight grad g [Cout, N*O] @ cols [K, N*O], Gemm transB": ("Gemm", {"transB": 1}, [[c, n], [k, n]], [c, k]),
         "weight grad cols [N*O, K] @ g [N*O, Cout], Gemm transA": ("Gemm", {"transA": 1}, [[n, k], [n, c]], [k, c]),
         "weight grad cols [K, N*O] @ g [N*O, Cout]": ("MatMul", {}, [[k, n], [n, c]], [k, c]),
