@@ -80,12 +80,15 @@ def test_every_backward_form_matches_aten(rank, stride, padding, dilation, size,
             _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form=form), want_w)
 
 
+@pytest.mark.parametrize("product", ["weight_rows", "rows_matmul", "rows_gemm"])
 @pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
-def test_forward_gemm_matches_aten(rank, stride, padding, dilation, size, monkeypatch):
+def test_forward_gemm_matches_aten(rank, stride, padding, dilation, size, product, monkeypatch):
     """The forward's ``gemm`` form (one MatMul over the batch's columns) with bias, whatever the
-    rule would pick: floors, padding, dilation, an asymmetric kernel, a stride past the kernel; its
-    columns by strided slices (5 output channels) and, where ``8 * L <= Cout``, by a selection MatMul."""
+    rule would pick, in each orientation of its product: floors, padding, dilation, an asymmetric kernel,
+    a stride past the kernel; its columns by strided slices (5 output channels) and, where ``8 * L <= Cout``
+    (weight rows only), by a selection MatMul."""
     monkeypatch.setattr(targets, "conv_forward_form", lambda *args: "gemm")
+    monkeypatch.setattr(targets, "conv_forward_product", lambda *args: product)
     x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
     args = ([stride] * rank, [padding] * rank, [dilation] * rank, False, [0] * rank, 1)
     for out_channels in sorted({5, 8 * size ** rank if rank < 3 else 5}):

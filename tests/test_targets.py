@@ -75,7 +75,10 @@ MODELS = {  # name -> (module class, input shape, loss, torch loss)
 FORM_MODEL = {  # the model each form applies to
     "conv_forward_gemm": "cnn", "conv_backward_gemm": "cnn", "constant_matmul_moves": "cnn",
     "relu_after_maxpool": "cnn", "affine_as_batch_norm": "mlp", "scalar_ranks": "mlp", "dense_conv_as_matmul": "cnn",
-    "tanh_as_exp": "mlp",
+    "tanh_as_exp": "mlp", "conv_forward_rows": "cnn", "long_inner_gemm": "cnn",
+}
+REQUIRES = {  # form -> the forms without which it has nothing to apply to (its products are dense_conv_as_matmul's)
+    "conv_forward_rows": frozenset({"dense_conv_as_matmul"}), "long_inner_gemm": frozenset({"dense_conv_as_matmul"}),
 }
 OPTIONS = {"lr": 0.05, "momentum": 0.9}  # linear in the gradient (Adam's first step, g / (|g| + eps), is not)
 
@@ -159,11 +162,13 @@ def test_plain_graph_trains_like_torch(models):
 @pytest.mark.slow
 @pytest.mark.parametrize("form", sorted(targets.FORMS))
 def test_each_form_alone_changes_the_graph_not_the_steps(models, monkeypatch, form):
-    """The plain target plus ``form``: a different graph (the model exercises the form) with the same steps."""
-    name = FORM_MODEL[form]
-    monkeypatch.setitem(targets.TARGETS, "only", frozenset({form}))
+    """The plain target plus ``form`` (and the forms it ``REQUIRES``): a different graph than without it (the
+    model exercises the form) with the same steps."""
+    name, required = FORM_MODEL[form], REQUIRES.get(form, frozenset())
+    monkeypatch.setitem(targets.TARGETS, "only", required | {form})
+    monkeypatch.setitem(targets.TARGETS, "without", required)
     tm = _convert(models[name][1], name, "only")
-    plain = _convert(models[name][1], name, "plain")
+    plain = _convert(models[name][1], name, "without")
     assert _nodes(tm.model) != _nodes(plain.model), f"{form} does not apply to the {name} model"
     _check(models, name, tm, f"form {form}")
     if form in EXACT:

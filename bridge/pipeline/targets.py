@@ -41,6 +41,13 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
                             "MatMuls: onnx-mlir lowers a Conv to scalar loops, many times slower than its "
                             "tiled MatMul (tests/repros/onnx_mlir_conv_speed.py), and IREE's direct Conv "
                             "codegen does twice to three times the MatMuls' work; grouped Convs stay Convs",
+    "conv_forward_rows": "an ungrouped Conv's forward im2col product with the output positions as rows, "
+                         "columns [N*O, Cin*K] @ weight^T [Cin*K, Cout], where N*O is not small: onnx-mlir's and "
+                         "IREE's tiled MatMuls run the weight-rows product [Cout, Cin*K] @ [Cin*K, N*O] (few rows, "
+                         "many columns) several times slower",
+    "long_inner_gemm": "a 2-D float product with a long inner dimension and not few result columns as a Gemm, its "
+                       "operands as they are (conv_forward_rows: the weight read transposed, transB): onnx-mlir's Gemm "
+                       "runs such a product several times faster than its MatMul, and slower where either is short",
     "tanh_as_exp": "a float32 Tanh as 1 - 2 / (exp(2x) + 1), and as its Taylor polynomial where |x| < 0.55 (within "
                    "2 float32 rounding units of tanh): onnx-mlir calls the C library's tanhf element by element, "
                    "while its Exp and arithmetic are vectorized",
@@ -48,9 +55,10 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
 
 TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
     "plain": frozenset(),
-    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "tanh_as_exp"},  # its rules pick per shape
+    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm",
+                                       "tanh_as_exp"},  # its rules pick per shape
     "iree": frozenset({"dense_conv_as_matmul"}),
-    "onnx-mlir": frozenset({"dense_conv_as_matmul", "tanh_as_exp"}),
+    "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm", "tanh_as_exp"}),
 }
 
 DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise
@@ -103,6 +111,27 @@ def conv_forward_form(groups: int, kernel: Sequence[int], outputs: Sequence[int]
         return "gemm"
     tiny = groups == 1 and math.prod(kernel) > 1 and math.prod(outputs) <= 4
     return "gemm" if tiny and enabled("conv_forward_gemm") else "conv"
+
+
+ROWS_AT_LEAST = 64  # conv_forward_rows: fewer output positions (N*O) than this keep the weight rows
+LONG_INNER = 256  # long_inner_gemm: the inner dimension from which a product is a Gemm ...
+GEMM_COLUMNS = 64  # ... if its result has this many columns at least
+
+
+def product_is_gemm(inner: object, columns: object) -> bool:
+    """Whether a 2-D float product of inner dimension ``inner`` and ``columns`` result columns is a Gemm under
+    ``long_inner_gemm``; a symbolic size (not an int) keeps the MatMul."""
+    return (isinstance(inner, int) and isinstance(columns, int) and inner >= LONG_INNER and columns >= GEMM_COLUMNS
+            and enabled("long_inner_gemm"))
+
+
+def conv_forward_product(positions: int, inner: int, out_channels: int) -> str:
+    """How a ``gemm`` Conv forward multiplies ``N*O`` (``positions``) columns of ``Cin*K`` (``inner``) by the
+    weight: ``weight_rows`` (``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``), ``rows_matmul`` (``columns
+    [N*O, Cin*K] @`` the weight transposed once) or ``rows_gemm`` (the same as a Gemm with ``transB``)."""
+    if not enabled("conv_forward_rows") or positions < ROWS_AT_LEAST:
+        return "weight_rows"
+    return "rows_gemm" if product_is_gemm(inner, out_channels) else "rows_matmul"
 
 
 def _backward_form_before_shapes(groups: int) -> str | None:

@@ -10,7 +10,10 @@ call's CPU time, so that other processes on the machine do not count); ``out_fol
 - ``Gemm`` and ``MatMul`` (the Linear layers forward and backward, and the vocabulary's logits): onnx-mlir's
   tiled loops run at a quarter to a third of onnxruntime's MLAS kernels, whichever form the product takes
   (``transA``, ``transB``, a pre-transposed operand, ``MatMul`` + ``Add``): no form bridge can emit
-  reaches onnxruntime. They are most of these models' step time.
+  reaches onnxruntime. They are most of these models' step time. Of onnx-mlir's own forms, a product with a
+  long inner dimension runs faster as a ``Gemm`` than as a ``MatMul`` (the input gradient below, in both forms),
+  slower where the inner dimension is short: the ``onnx-mlir`` target emits the faster one (``long_inner_gemm``,
+  bridge/pipeline/targets.py).
 - ``Tanh`` (GPT-2's tanh GELU, which onnx-mlir recomposes into ``Gelu``) calls the C library's ``tanhf``
   element by element: tens of times onnxruntime's. bridge's ``onnx-mlir`` target avoids it
   (``tanh_as_exp``, bridge/pipeline/targets.py).
@@ -32,6 +35,7 @@ REPEATS = 30
 CASES = {  # name -> (op, attributes, input shapes, output shape)
     "Gemm transB (Linear forward, 256x128 @ 128x512)": ("Gemm", {"transB": 1}, [[256, 128], [512, 128]], [256, 512]),
     "MatMul (Linear input gradient, 256x512 @ 512x128)": ("MatMul", {}, [[256, 512], [512, 128]], [256, 128]),
+    "Gemm (the same, long_inner_gemm)": ("Gemm", {}, [[256, 512], [512, 128]], [256, 128]),
     "Gemm transA (Linear weight gradient, 512x256 @ 256x128)": ("Gemm", {"transA": 1}, [[256, 512], [256, 128]], [512, 128]),
     "Gemm transB (logits, 256x128 @ 128x1000)": ("Gemm", {"transB": 1}, [[256, 128], [1000, 128]], [256, 1000]),
     "Tanh [256, 512]": ("Tanh", {}, [[256, 512]], [256, 512]),

@@ -30,8 +30,9 @@ reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current ta
     offsets into columns ``[N*O, K*Cin]`` (one Gather copying whole ``Cin`` rows), one MatMul, the
     weight-sized product transposed to the weight's layout.
 * ``grad_bias``: a sum over batch and spatial dims.
-* the forward: an ONNX ``Conv``, or ``gemm`` (groups 1): the input's columns ``[Cin*K, N*O]`` times
-  the weight as it is, ``[Cout, Cin*K]``.
+* the forward: an ONNX ``Conv``, or ``gemm`` (groups 1): the weight as it is, ``[Cout, Cin*K]``, times the
+  input's columns ``[Cin*K, N*O]``, or (``targets.conv_forward_product``) the channels-last columns
+  ``[N*O, Cin*K]`` times the weight transposed.
 
 A Gemm reads a transposed operand as it is (``transA``/``transB``), so ``grad_output`` is only
 ever transposed batch for channel (whole planes move), never to channels-last.
@@ -394,13 +395,7 @@ def _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, gr
 
 def _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
     """im2col (groups 1): columns ``[N*O, Cin*K]`` from channels-last windows stacked channel-major, one MatMul."""
-    rank, in_channels = x.dim() - 2, x.shape[1]
-    kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
-    count = math.prod(kernel)
-    windows = window_slices(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
-    axis = rank + 2  # stacked after Cin: channel-major
-    cols = windows[0] if count == 1 else aten.cat.default([aten.unsqueeze.default(w, axis) for w in windows], axis)
-    cols = aten.reshape.default(cols, [-1, in_channels * count])
+    cols = _channels_last_columns(x, list(weight_size[2:]), stride, padding, dilation, _spatial(grad_output))
     product = aten.mm.default(_channel_rows(grad_output), cols)  # [Cout, Cin*K]
     return aten.reshape.default(product, list(weight_size))
 
@@ -457,6 +452,16 @@ def _bias_grad(grad_output: torch.Tensor) -> torch.Tensor:
     return aten.sum.dim_IntList(grad_output, [0] + list(range(2, grad_output.dim())))
 
 
+def _channels_last_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Tensor:
+    """im2col of ``x`` ``[N, Cin, L...]`` as ``[N*O, Cin*K]`` (channel-major: the weight's layout): the windows
+    of the channels-last input ``[N, L..., Cin]``, whose slices copy whole ``Cin`` rows."""
+    rank, count = x.dim() - 2, math.prod(kernel)
+    windows = window_slices(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
+    axis = rank + 2  # stacked after Cin: channel-major
+    cols = windows[0] if count == 1 else aten.cat.default([aten.unsqueeze.default(w, axis) for w in windows], axis)
+    return aten.reshape.default(cols, [-1, x.shape[1] * count])
+
+
 def _channel_first_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Tensor:
     """im2col of ``x`` ``[N, Cin, L...]`` as ``[Cin*K, N*O]`` (channel-major: the weight's layout): the
     windows of the batch-transposed input ``[Cin, N, L...]``, whose slices copy whole rows."""
@@ -482,13 +487,34 @@ def _selected_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Te
 def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor:
     """``conv(x, weight)`` (groups 1) as ``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``: the columns by
     a selection MatMul while the input plane is small against ``Cout`` (``targets.select_is_cheap``), else
-    the windows of the batch-transposed input stacked channel-major."""
+    the windows of the batch-transposed input stacked channel-major. Or, as ``targets.conv_forward_product``
+    picks, the transposed product ``columns [N*O, Cin*K] @ weight^T`` (``_forward_rows``)."""
     rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
-    columns = _selected_columns if targets.select_is_cheap(out_channels, _spatial(x)) else _channel_first_columns
+    cheap_select = targets.select_is_cheap(out_channels, _spatial(x))
+    batch = x.shape[0] if isinstance(x.shape[0], int) else 1  # a symbolic batch: at least one sample
+    product_form = targets.conv_forward_product(batch * math.prod(outputs), math.prod(weight.shape[1:]), out_channels)
+    if product_form != "weight_rows" and not cheap_select:
+        return _forward_rows(x, weight, stride, padding, dilation, outputs, product_form)
+    columns = _selected_columns if cheap_select else _channel_first_columns
     cols = columns(x, kernel, stride, padding, dilation, outputs)
     product = aten.mm.default(aten.reshape.default(weight, [out_channels, -1]), cols)  # [Cout, N*O]
     product = aten.reshape.default(product, [out_channels, -1] + outputs)
     return aten.permute.default(product, [1, 0] + list(range(2, 2 + rank)))
+
+
+def _forward_rows(x, weight, stride, padding, dilation, outputs, product_form: str) -> torch.Tensor:
+    """``conv(x, weight)`` (groups 1) as ``columns [N*O, Cin*K] @ weight^T [Cin*K, Cout]``, the columns from
+    the channels-last windows: ``rows_gemm`` one Gemm reading the weight as it is (``transB``), ``rows_matmul``
+    a MatMul of the weight transposed once (one Transpose of weight size). The product ``[N, O..., Cout]``
+    is moved channels-first."""
+    rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
+    cols = _channels_last_columns(x, kernel, stride, padding, dilation, outputs)
+    if product_form == "rows_gemm":
+        transposed = aten.t.default(aten.reshape.default(weight, [out_channels, -1]))  # read by a Gemm (transB)
+    else:
+        transposed = aten.reshape.default(aten.permute.default(weight, list(range(1, rank + 2)) + [0]), [-1, out_channels])
+    product = aten.reshape.default(aten.mm.default(cols, transposed), [-1] + list(outputs) + [out_channels])
+    return aten.permute.default(product, [0, rank + 1] + list(range(1, rank + 1)))
 
 
 @lowers(aten.convolution.default)

@@ -2,11 +2,13 @@
 
 A 2-D product one of whose operands is a transposed matrix is a ``Gemm`` reading that matrix as
 it is (``transA``/``transB``): no Transpose is run (onnxruntime's Gemm packs either layout), and
-``addmm`` adds its bias in the same Gemm."""
+``addmm`` adds its bias in the same Gemm. Under ``long_inner_gemm`` (bridge/pipeline/targets.py) a product
+of a long inner dimension is a Gemm too."""
 from __future__ import annotations
 
 import torch
 
+from ...targets import product_is_gemm
 from ..builder import emits
 
 aten = torch.ops.aten
@@ -16,7 +18,7 @@ aten = torch.ops.aten
 def mm(b, node, a, other):
     if node.meta["val"].dtype.is_floating_point:  # onnxruntime's Gemm: float types only
         (a_source, trans_a), (other_source, trans_b) = b.matrix(a), b.matrix(other)
-        if trans_a or trans_b:
+        if trans_a or trans_b or product_is_gemm(*node.args[1].meta["val"].shape):
             return b.op("Gemm", a_source, other_source, transA=trans_a or None, transB=trans_b or None)
     return b.op("MatMul", a, other)
 
