@@ -57,7 +57,7 @@ TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
     "plain": frozenset(),
     "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm",
                                        "tanh_as_exp"},  # its rules pick per shape
-    "iree": frozenset({"dense_conv_as_matmul"}),
+    "iree": frozenset({"dense_conv_as_matmul", "conv_forward_rows"}),
     "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm", "tanh_as_exp"}),
 }
 
