@@ -237,22 +237,26 @@ def test_replayed_in_a_fake_run_reuses_the_result_layout():
     assert calls.count("fn") == 3
 
 
-def _pointwise_graph(fn, replay: bool) -> tuple[list, int]:
-    """``fn(x, s)`` on two tensors of different shapes and a 0-d ``s``, traced by make_fx (through
-    ``Replay.run_pointwise`` when ``replay``): each node's op, arguments (by position) and value shape, and how many
-    times ``fn`` ran."""
+def _pointwise_graph(fn, replay: bool, grads: tuple | None = None) -> tuple[list, int]:
+    """``fn(x, g, s)`` on two weights ``x`` of different shapes, each with its gradient ``g`` (contiguous ones of
+    those shapes by default; any layout given in ``grads``), and a 0-d ``s``, traced by make_fx (through
+    ``Replay.run_pointwise`` when ``replay``): each node's op, arguments (by position), value shape and strides, and
+    how many times ``fn`` ran."""
     calls = []
 
-    def step(a, b, s):
+    def step(a, b, grad_a, grad_b, s):
         regions = bridge.pipeline.replay.Replay()
-        run = (lambda x: regions.run_pointwise("update", [x, s], lambda: calls.append(1) or fn(x, s))) if replay \
-            else (lambda x: fn(x, s))
-        return run(a), run(b)
+        run = (lambda x, g: regions.run_pointwise("update", [x, g, s], lambda: calls.append(1) or fn(x, g, s))) \
+            if replay else (lambda x, g: fn(x, g, s))
+        return run(a, grad_a), run(b, grad_b)
 
-    graph = make_fx(step, tracing_mode="fake")(torch.randn(3, 4), torch.randn(5), torch.tensor(0.5)).graph
+    grads = grads or (torch.randn(3, 4), torch.randn(5))
+    weights = [torch.randn(grad.shape) for grad in grads]
+    graph = make_fx(step, tracing_mode="fake")(*weights, *grads, torch.tensor(0.5)).graph
     index = {node: i for i, node in enumerate(graph.nodes)}
     nodes = [(node.op, str(node.target), torch.fx.node.map_arg(node.args, lambda n: index[n]),
-              tuple(node.meta["val"].shape) if isinstance(node.meta.get("val"), torch.Tensor) else None)
+              (tuple(node.meta["val"].shape), node.meta["val"].stride())
+              if isinstance(node.meta.get("val"), torch.Tensor) else None)
              for node in graph.nodes]
     return nodes, len(calls)
 
@@ -261,9 +265,24 @@ def test_pointwise_replay_resizes_elementwise_regions_and_keys_others_by_shape()
     """An elementwise region is traced once for tensors of every shape and replayed at the call's shape (every
     value of the copy has it); a region with a reduction is traced once per shape. Both give the graph that
     tracing every call gives."""
-    elementwise = lambda x, s: torch.sqrt(x * x + s) * (s * 2)  # noqa: E731
-    reduction = lambda x, s: x - torch.sum(x) * s  # noqa: E731
+    elementwise = lambda x, g, s: torch.sqrt(x * g + s) * (s * 2)  # noqa: E731
+    reduction = lambda x, g, s: x - torch.sum(g) * s  # noqa: E731
     for fn, traced in ((elementwise, 1), (reduction, 2)):
         replayed, calls = _pointwise_graph(fn, replay=True)
         assert calls == traced
         assert replayed == _pointwise_graph(fn, replay=False)[0]
+
+
+def test_pointwise_replay_resizes_permuted_gradients_with_their_layout():
+    """A gradient that is a permuted view (a Conv weight gradient's last Transpose): an elementwise region over it
+    is traced once for every shape without unit dims and replayed with each value in the order of dims tracing
+    gives it; with a unit dim (where strides do not fix that order) once per shape."""
+    def update(x, g, s):
+        m = g * s + x  # a permuted operand first: the result takes its order
+        return x - s * torch.sqrt(m * m + g), m
+
+    permuted = lambda *sizes: torch.randn(*reversed(sizes)).permute(*reversed(range(len(sizes))))  # noqa: E731
+    for grads, traced in (((permuted(2, 3, 4), permuted(5, 6, 7)), 1), ((permuted(2, 1, 4), permuted(5, 1, 7)), 2)):
+        replayed, calls = _pointwise_graph(update, replay=True, grads=grads)
+        assert calls == traced
+        assert replayed == _pointwise_graph(update, replay=False, grads=grads)[0]

@@ -69,9 +69,9 @@ def annotate_model(
     version: str,
 ) -> None:
     """Complete node tags, name boundary values, write roles and metadata (in place)."""
-    complete_node_tags(model.graph, signature, optimizer.name)
-    name_boundary_values(model.graph, source.graph)
-    annotate_values(model)
+    tags = complete_node_tags(model.graph, signature, optimizer.name)
+    name_boundary_values(model.graph, source.graph, tags)
+    annotate_values(model, tags)
     roles = {**signature.input_roles(), **signature.output_roles()}
     for value in list(model.graph.input) + list(model.graph.output):
         _set(value.metadata_props, ROLE, roles[value.name])
@@ -95,8 +95,9 @@ def _complete(tags: dict[str, str]) -> bool:
     return all(tags.get(key) for key in TAG_KEYS)
 
 
-def complete_node_tags(graph: onnx.GraphProto, signature: StepSignature, optimizer: str) -> None:
-    """Give every node a phase, layer and kind, and a name starting with ``<phase>_<kind>``.
+def complete_node_tags(graph: onnx.GraphProto, signature: StepSignature, optimizer: str) -> list[dict[str, str]]:
+    """Give every node a phase, layer and kind, and a name starting with ``<phase>_<kind>``; returns each node's
+    tags as written (its ``metadata_props``, for the passes after this one).
 
     A node the tracer left incomplete takes, in this order (one pass each): the state it updates
     (``_tags_from_state``); else the tags its producers, or else its consumers, agree on
@@ -109,6 +110,7 @@ def complete_node_tags(graph: onnx.GraphProto, signature: StepSignature, optimiz
     _tags_from_neighbours(nodes, tags)
     _tags_from_nearest(nodes, tags)
     _write_tags(nodes, tags)
+    return tags
 
 
 def _tags_from_state(nodes: list[onnx.NodeProto], tags: list[dict[str, str]], signature: StepSignature,
@@ -181,8 +183,9 @@ def _write_tags(nodes: list[onnx.NodeProto], tags: list[dict[str, str]]) -> None
             node.name = fresh_name(prefix + node.op_type, taken)
 
 
-def name_boundary_values(graph: onnx.GraphProto, source: onnx.GraphProto) -> None:
-    """Rename values that cross a layer boundary after what they are (in place).
+def name_boundary_values(graph: onnx.GraphProto, source: onnx.GraphProto, tags: list[dict[str, str]]) -> None:
+    """Rename values that cross a layer boundary after what they are (in place); ``tags``: each node's
+    (``complete_node_tags``).
 
     - The one value that forward layer ``L`` passes to the forward nodes of the layers that
       consume ``L``'s output (or to the loss) takes the name of that output in the source model
@@ -193,7 +196,7 @@ def name_boundary_values(graph: onnx.GraphProto, source: onnx.GraphProto) -> Non
       ``_gradient_names``.
     Anything ambiguous keeps its traced name; graph inputs and outputs are never renamed.
     """
-    crossings = _Crossings(graph)
+    crossings = _Crossings(graph, tags)
     edges = _SourceEdges(source)
     rename = _activation_names(source, edges, crossings)
     rename.update(_gradient_names(source, edges, crossings))
@@ -217,11 +220,10 @@ class _Crossings:
     """The values of the training graph passed from the nodes of one (phase, layer) to others,
     and the names still free for a value."""
 
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, tags: list[dict[str, str]]):
         self.produced_by: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.readers: dict[str, set[tuple[str, str]]] = defaultdict(set)
-        for node in graph.node:
-            t = props(node.metadata_props)
+        for node, t in zip(graph.node, tags, strict=True):
             for out in node.output:
                 self.produced_by[(t[PHASE], t[LAYER])].add(out)
             for name in node.input:
@@ -269,13 +271,12 @@ def _gradient_names(source: onnx.GraphProto, edges: _SourceEdges, crossings: _Cr
     return rename
 
 
-def annotate_values(model: onnx.ModelProto) -> None:
-    """value_info for every intermediate value, with ``bridge.role`` from its producer's phase."""
+def annotate_values(model: onnx.ModelProto, tags: list[dict[str, str]]) -> None:
+    """value_info for every intermediate value, with ``bridge.role`` from its producer's phase (``tags``: each
+    node's, ``complete_node_tags``)."""
     graph = model.graph
     boundary = {v.name for v in list(graph.input) + list(graph.output)}
-    phase_of = {
-        out: props(node.metadata_props)[PHASE] for node in graph.node for out in node.output if out
-    }
+    phase_of = {out: t[PHASE] for node, t in zip(graph.node, tags, strict=True) for out in node.output if out}
     inferred = inferred_values(model)
     del graph.value_info[:]
     for value in inferred:

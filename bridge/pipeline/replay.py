@@ -60,13 +60,12 @@ class Replay:
     def run_pointwise(self, key: object, tensors: Sequence[torch.Tensor], fn: Callable[[], object]) -> object:
         """``run`` for a region of elementwise arithmetic over tensors of one shape and 0-d scalars (an optimizer
         update), recorded once per ``key`` and layout whatever that shape is, and replayed at the shape of the
-        call: each copied value of the recorded shape gets the call's. ``key`` must not hold the shape; it is
-        added to the key (``run``) where the region, or a call, is anything else (a reduction, a view, a value of
-        a third shape, a non-contiguous tensor, a symbolic size)."""
+        call: each copied value of the recorded shape gets the call's, in the order of its dims in memory that it
+        had (``_order``: a weight gradient may be a permuted view). ``key`` must not hold the shape; it is added
+        to the key (``run``) where the region, or a call, is anything else (a reduction, a view, a value of a third
+        shape, a tensor neither contiguous nor a dense permutation of a shape without unit dims, a symbolic size)."""
         full = next((t.shape for t in tensors if t.dim()), None)
-        layout = tuple(None if t.dim() and (t.shape != full or not t.is_contiguous()) else (t.dim() > 0, t.dtype,
-                                                                                            t.device)
-                       for t in tensors)
+        layout = tuple(_pointwise_layout(t, full) for t in tensors)
         shaped = (key, tuple(_shape_key(t) for t in tensors))
         if full is None or None in layout or any(isinstance(size, torch.SymInt) for size in full):
             return self.run(shaped, tensors, fn)
@@ -97,18 +96,21 @@ class Replay:
         resize = shape is not None and shape != recorded_shape
         env = dict(zip(template_inputs, inputs, strict=True))
         custom = dict(fx_traceback.current_meta.get("custom") or {})
-        resized: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # a value of the call's shape per dtype
-        # and device, shared by the copies (as the copies of a region replayed at its own shape share its values)
+        resized: dict[tuple, torch.Tensor] = {}  # a value of the call's shape per dtype, device and order of dims
+        # in memory, shared by the copies (as the copies of a region replayed at its own shape share its values)
         for node in nodes:
             copy = env[node] = _copy_node(tracer, node, lambda n: env.get(n, n))
             if node.op == "get_attr":
                 continue
             copy.meta = {**node.meta, "custom": custom}
-            if resize and node.meta["val"].dim():
-                layout = (node.meta["val"].dtype, node.meta["val"].device)
+            value = node.meta["val"]
+            if resize and value.dim():
+                layout = (value.dtype, value.device, None if value.is_contiguous() else _order(value))
                 if layout not in resized:
                     with disable_proxy_modes_tracing():
-                        resized[layout] = torch.empty(shape, dtype=layout[0], device=layout[1])
+                        resized[layout] = (torch.empty(shape, dtype=value.dtype, device=value.device) if layout[2] is None
+                                           else torch.empty_permuted(shape, layout[2], dtype=value.dtype,
+                                                                     device=value.device))
                 copy.meta["val"] = resized[layout]
                 copy.meta.pop("tensor_meta", None)
         results = []
@@ -142,8 +144,8 @@ def _shape_key(tensor: torch.Tensor) -> tuple:
 
 
 def _elementwise(nodes: list[torch.fx.Node], shape: torch.Size) -> bool:
-    """Whether every node of a recorded region computes elementwise over ``shape`` (contiguous) or on 0-d
-    values only, so that a copy at another shape computes the same per element: a pointwise ATen op whose
+    """Whether every node of a recorded region computes elementwise over ``shape`` (its values and operands laid
+    out as ``_pointwise_layout`` keys) or on 0-d values only, so that a copy at another shape computes the same per element: a pointwise ATen op whose
     result has ``shape`` or is 0-d, or any ATen op whose tensor arguments and result are all 0-d."""
     for node in nodes:
         value = node.meta.get("val")
@@ -155,10 +157,43 @@ def _elementwise(nodes: list[torch.fx.Node], shape: torch.Size) -> bool:
             return False
         if value.dim() == 0 and all(a.dim() == 0 for a in arguments):
             continue
-        if (torch.Tag.pointwise not in node.target.tags or value.shape != shape or not value.is_contiguous()
-                or any(a.dim() and (a.shape != shape or not a.is_contiguous()) for a in arguments)):
+        if (torch.Tag.pointwise not in node.target.tags or not value.dim() or _pointwise_layout(value, shape) is None
+                or any(a.dim() and _pointwise_layout(a, shape) is None for a in arguments)):
             return False
     return True
+
+
+def _pointwise_layout(tensor: torch.Tensor, shape: torch.Size | None) -> tuple | None:
+    """A tensor's part of a pointwise region's key (``Replay.run_pointwise``): 0-d or of ``shape``, its dtype and
+    device, and for a non-contiguous one of ``shape``, its order of dims in memory; None for any other tensor.
+    Non-contiguous only as a dense permutation of a shape without unit dims: an elementwise op's result then
+    takes its order of dims from the order of its operands' (the comparisons of their strides), whatever the
+    sizes, so a region replayed at another shape of that kind gives each value the order tracing gives it."""
+    if not tensor.dim():
+        return (False, tensor.dtype, tensor.device)
+    if tensor.shape != shape:
+        return None
+    if tensor.is_contiguous():
+        return (True, tensor.dtype, tensor.device)
+    order = _order(tensor)
+    if 1 in shape or tensor.stride() != _dense_strides(shape, order):
+        return None
+    return (True, tensor.dtype, tensor.device, order)
+
+
+def _order(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The dims of a tensor from outermost to innermost in memory (``torch.empty_permuted``'s order) by its
+    strides, for a tensor without unit dims."""
+    return tuple(sorted(range(tensor.dim()), key=lambda dim: -tensor.stride()[dim]))
+
+
+def _dense_strides(shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a tensor of ``shape`` laid out densely in ``order`` (outermost dim first)."""
+    strides, step = [0] * len(shape), 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= shape[dim]
+    return tuple(strides)
 
 
 def _node_of(tensor: torch.Tensor, tracer) -> torch.fx.Node | None:

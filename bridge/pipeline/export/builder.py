@@ -15,6 +15,7 @@ layer of the FX node being emitted: the exporter runs each emitter inside
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,7 +24,7 @@ import numpy as np
 import onnx
 import sympy
 import torch
-from onnx import TensorProto, helper
+from onnx import StringStringEntryProto, TensorProto, helper
 
 from ...contract import node_prefix
 from ...dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY, TORCH_TO_ONNX  # noqa: F401 (TORCH_TO_ONNX: re-exported)
@@ -80,6 +81,16 @@ class EmitContext:
     tags: Mapping[str, str] = field(default_factory=dict)
     hint: str = "v"
 
+    @functools.cached_property
+    def prefix(self) -> str:
+        """The start of the name of each node made in this context (``node_prefix`` of its tags)."""
+        return node_prefix(self.tags)
+
+    @functools.cached_property
+    def entries(self) -> list[StringStringEntryProto]:
+        """The tags as the ``metadata_props`` entries each node made in this context gets a copy of."""
+        return [StringStringEntryProto(key=key, value=value) for key, value in self.tags.items()]
+
 
 class GraphBuilder:
     """Collects nodes and initializers; names and annotates every node it creates."""
@@ -90,6 +101,7 @@ class GraphBuilder:
         self._const_cache: dict[tuple, Value] = {}
         self._folded: dict[str, np.ndarray] = {}  # an unnamed constant's value -> its array (reshapes fold into it)
         self._names: set[str] = set()
+        self._next_suffix: dict[str, int] = {}  # hint -> the first suffix ``fresh`` has not tried for it
         self.context = EmitContext()
         self._symbol_sources: dict = {}
         self._symbol_values: dict = {}
@@ -117,11 +129,15 @@ class GraphBuilder:
         return (x, 0) if source is None else (source, 1)
 
     def fresh(self, hint: str) -> str:
-        name, k = hint, 0
+        """``hint``, or ``hint_<k>`` for the first ``k`` whose name is free; names are never freed, so the search
+        for a hint resumes after the suffix it last gave (thousands of ``const`` values in a large graph)."""
+        k = self._next_suffix.get(hint, 0)
+        name = f"{hint}_{k}" if k else hint
         while name in self._names:
             k += 1
             name = f"{hint}_{k}"
         self._names.add(name)
+        self._next_suffix[hint] = k + 1
         return name
 
     def reserve(self, name: str) -> None:
@@ -152,12 +168,10 @@ class GraphBuilder:
             op_type,
             ["" if i is None else str(i) for i in inputs],
             [str(n) for n in names],
-            name=self.fresh(node_prefix(self.context.tags) + op_type),
+            name=self.fresh(self.context.prefix + op_type),
             **{k: v for k, v in attrs.items() if v is not None},
         )
-        for key, value in self.context.tags.items():
-            entry = node.metadata_props.add()
-            entry.key, entry.value = key, value
+        node.metadata_props.extend(self.context.entries)
         self.nodes.append(node)
         return names[0] if outputs == 1 else tuple(names)
 
