@@ -145,8 +145,9 @@ def _shape_key(tensor: torch.Tensor) -> tuple:
 
 def _elementwise(nodes: list[torch.fx.Node], shape: torch.Size) -> bool:
     """Whether every node of a recorded region computes elementwise over ``shape`` (its values and operands laid
-    out as ``_pointwise_layout`` keys) or on 0-d values only, so that a copy at another shape computes the same per element: a pointwise ATen op whose
-    result has ``shape`` or is 0-d, or any ATen op whose tensor arguments and result are all 0-d."""
+    out as ``_pointwise_layout`` keys) or on 0-d values only, so that a copy at another shape computes the same
+    per element: a pointwise ATen op whose result has ``shape`` or is 0-d, or any ATen op whose tensor arguments
+    and result are all 0-d."""
     for node in nodes:
         value = node.meta.get("val")
         if (node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload)
