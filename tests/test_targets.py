@@ -7,6 +7,8 @@ output): a form reorders float32 sums at most, so it moves results by about that
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -195,6 +197,28 @@ def test_compiled_target_graph_steps_as_in_onnxruntime(models, name, target):
     batches = models[name][2]
     session = bridge.compile(tm, backend=target).session(seed=0)
     assert_steps_match([session.step(inputs, labels) for inputs, labels in batches], bridge_steps(tm, batches))
+
+
+# the largest growth of a kept Conv input by its padded border: the stem's 12x12 plane padded by 1
+PADDED_BORDER = (14 / 12) ** 2
+
+
+@pytest.mark.parametrize("target", ["iree", "onnx-mlir"])
+def test_compiled_target_keeps_no_more_for_the_backward_than_the_plain_graph(models, target):
+    """The bytes of forward values that the backward reads (alive from the forward to the backward) in the target's
+    graph are the plain graph's, up to a padded border: its im2col forms keep no columns (``K`` times a Conv's
+    input) from the forward's product for the weight gradient."""
+    def kept_bytes(model: onnx.ModelProto) -> int:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        sizes = {v.name: math.prod(d.dim_value for d in v.type.tensor_type.shape.dim)
+                 * helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).itemsize for v in inferred.graph.value_info}
+        producer = {output: node.name for node in model.graph.node for output in node.output}
+        kept = {name for node in model.graph.node if node.name.startswith("backward_") for name in node.input
+                if producer.get(name, "").startswith("forward_")}
+        return sum(sizes[name] for name in kept)
+
+    path = models["cnn"][1]
+    assert kept_bytes(_convert(path, "cnn", target).model) <= PADDED_BORDER * kept_bytes(_convert(path, "cnn", "plain").model)
 
 
 def test_tanh_as_exp_is_tanh_to_float32_rounding():

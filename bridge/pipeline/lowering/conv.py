@@ -28,7 +28,8 @@ reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current ta
     stacked channel-major into columns ``[Cin*K, N*O]``, one Gemm ``grad_output @ columns^T``.
   - ``gather`` (groups 1): the padded channels-last input ``[N, Lp, Cin]`` gathered at every window's
     offsets into columns ``[N*O, K*Cin]`` (one Gather copying whole ``Cin`` rows), one MatMul, the
-    weight-sized product transposed to the weight's layout.
+    weight-sized product transposed to the weight's layout. Also where ``gemm``'s columns would be the
+    forward product's own (``_forward_rows``): built apart, they need not stay alive from the forward.
 * ``grad_bias``: a sum over batch and spatial dims.
 * the forward: an ONNX ``Conv``, or ``gemm`` (groups 1): the weight as it is, ``[Cout, Cin*K]``, times the
   input's columns ``[Cin*K, N*O]``, or (``targets.conv_forward_product``) the channels-last columns
@@ -484,18 +485,26 @@ def _selected_columns(x, kernel, stride, padding, dilation, outputs) -> torch.Te
     return aten.reshape.default(cols, [in_channels * count, -1])
 
 
+def _forward_product(x: torch.Tensor, weight: torch.Tensor, outputs: Sequence[int]) -> str:
+    """How ``_forward_gemm`` multiplies: ``select`` (the selection-MatMul columns while the input plane is small
+    against ``Cout``, ``targets.select_is_cheap``) times the weight rows, else ``targets.conv_forward_product``'s
+    form (``weight_rows``, or ``rows_gemm``/``rows_matmul`` over the channels-last columns)."""
+    if targets.select_is_cheap(weight.shape[0], _spatial(x)):
+        return "select"
+    batch = x.shape[0] if isinstance(x.shape[0], int) else 1  # a symbolic batch: at least one sample
+    return targets.conv_forward_product(batch * math.prod(outputs), math.prod(weight.shape[1:]), weight.shape[0])
+
+
 def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor:
     """``conv(x, weight)`` (groups 1) as ``weight [Cout, Cin*K] @ columns [Cin*K, N*O]``: the columns by
     a selection MatMul while the input plane is small against ``Cout`` (``targets.select_is_cheap``), else
     the windows of the batch-transposed input stacked channel-major. Or, as ``targets.conv_forward_product``
     picks, the transposed product ``columns [N*O, Cin*K] @ weight^T`` (``_forward_rows``)."""
     rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
-    cheap_select = targets.select_is_cheap(out_channels, _spatial(x))
-    batch = x.shape[0] if isinstance(x.shape[0], int) else 1  # a symbolic batch: at least one sample
-    product_form = targets.conv_forward_product(batch * math.prod(outputs), math.prod(weight.shape[1:]), out_channels)
-    if product_form != "weight_rows" and not cheap_select:
+    product_form = _forward_product(x, weight, outputs)
+    if product_form not in ("select", "weight_rows"):
         return _forward_rows(x, weight, stride, padding, dilation, outputs, product_form)
-    columns = _selected_columns if cheap_select else _channel_first_columns
+    columns = _selected_columns if product_form == "select" else _channel_first_columns
     cols = columns(x, kernel, stride, padding, dilation, outputs)
     product = aten.mm.default(aten.reshape.default(weight, [out_channels, -1]), cols)  # [Cout, N*O]
     product = aten.reshape.default(product, [out_channels, -1] + outputs)
@@ -515,6 +524,23 @@ def _forward_rows(x, weight, stride, padding, dilation, outputs, product_form: s
         transposed = aten.reshape.default(aten.permute.default(weight, list(range(1, rank + 2)) + [0]), [-1, out_channels])
     product = aten.reshape.default(aten.mm.default(cols, transposed), [-1] + list(outputs) + [out_channels])
     return aten.permute.default(product, [0, rank + 1] + list(range(1, rank + 1)))
+
+
+def _weight_grad_apart_from_forward(x: torch.Tensor, weight: torch.Tensor, outputs: Sequence[int], groups: int,
+                                    stride: Sequence[int]) -> str | None:
+    """``gather`` where the weight gradient's ``gemm`` columns would be the very columns the forward product read
+    (``_forward_rows``'s channels-last ``[N*O, Cin*K]``) and the kernel has more than one offset, else None (the
+    target's form).
+
+    Built the same way, the two are one value after common subexpression elimination (bridge's, onnx-mlir's,
+    IREE's), which then stays alive from the forward to the backward at ``K`` times the input's size. The
+    ``gather`` columns (offset-major) are built at the backward and die there; what they share with the forward
+    is the padded channels-last input, once the input's size. A 1x1 kernel's columns are that input already."""
+    kernel = list(weight.shape[2:])
+    default = targets.conv_weight_grad_form(x.shape[1], weight.shape[0], groups, kernel, outputs, stride)
+    shared = (default == "gemm" and math.prod(kernel) > 1 and targets.conv_forward_form(groups, kernel, outputs) == "gemm"
+              and _forward_product(x, weight, outputs) in ("rows_gemm", "rows_matmul"))
+    return "gather" if shared else None
 
 
 @lowers(aten.convolution.default)
@@ -558,7 +584,8 @@ def convolution_backward(
         if output_mask[0]:
             grad_input = input_grad(grad_output, weight, _spatial(x), stride, padding, dilation, groups)
         if output_mask[1]:
-            grad_weight = weight_grad(grad_output, x, weight.shape, stride, padding, dilation, groups)
+            form = _weight_grad_apart_from_forward(x, weight, _spatial(grad_output), groups, stride)
+            grad_weight = weight_grad(grad_output, x, weight.shape, stride, padding, dilation, groups, form)
     if output_mask[2]:
         grad_bias = _bias_grad(grad_output)
     return grad_input, grad_weight, grad_bias
