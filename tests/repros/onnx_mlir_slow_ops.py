@@ -11,8 +11,10 @@ call's CPU time, so that other processes on the machine do not count); ``out_fol
   default CPU its tiled loops run at a quarter to a third of onnxruntime's MLAS kernels, whichever form the
   product takes (``transA``, ``transB``, a pre-transposed operand, ``MatMul`` + ``Add``). With ``--mcpu=native``
   a product with an inner dimension of 128 (these models' width) still takes 2-4x onnxruntime's time in every
-  form: no form bridge can emit reaches onnxruntime there. They are most of these models' step time. Of
-  onnx-mlir's own forms, a product with a long inner dimension runs faster as a ``Gemm`` than as a ``MatMul``
+  form: no form bridge can emit reaches onnxruntime there. onnx-mlir's ``Gemm`` runs fast at an inner
+  dimension of 256 (the same product with its inner dimension zero-padded to 256, twice the multiply-adds, runs
+  faster than the 128 one) and less so between multiples of 256. These products are most of the models' step
+  time. Of onnx-mlir's own forms, a product with a long inner dimension runs faster as a ``Gemm`` than as a ``MatMul``
   (the input gradient below, in both forms: near onnxruntime's time as a ``Gemm`` with ``--mcpu=native``),
   slower where the inner dimension is short: the ``onnx-mlir`` target emits the faster one (``long_inner_gemm``,
   bridge/pipeline/targets.py).
@@ -43,6 +45,7 @@ REPEATS = 30
 CPU_FLAGS = ((), ("--mcpu=native",))  # each graph compiled for onnx-mlir's default CPU and for this machine's
 CASES = {  # name -> (op, attributes, input shapes, output shape, the inputs read through a Transpose first)
     "Gemm transB (Linear forward, 256x128 @ 128x512)": ("Gemm", {"transB": 1}, [[256, 128], [512, 128]], [256, 512], ()),
+    "Gemm (the same, inner dimension zero-padded to 256: twice the work)": ("Gemm", {}, [[256, 256], [256, 512]], [256, 512], ()),
     "MatMul (Linear input gradient, 256x512 @ 512x128)": ("MatMul", {}, [[256, 512], [512, 128]], [256, 128], ()),
     "Gemm (the same, long_inner_gemm)": ("Gemm", {}, [[256, 512], [512, 128]], [256, 128], ()),
     "Gemm transA (Linear weight gradient, 512x256 @ 256x128)": ("Gemm", {"transA": 1}, [[256, 512], [256, 128]], [512, 128], ()),
