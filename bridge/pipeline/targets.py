@@ -131,13 +131,13 @@ def product_is_gemm(inner: object, columns: object) -> bool:
             and enabled("long_inner_gemm"))
 
 
-TRANSPOSED_INNER = 128  # explicit_transposes: the inner dimension from which a transposed operand is run ...
+TRANSPOSED_INNER = 128  # explicit_transposes: the shortest inner dimension at which a transposed operand is run
 
 
 def runs_transposes(inner: object, columns: object) -> bool:
     """Whether a 2-D float product of inner dimension ``inner`` and ``columns`` result columns reads a transposed
-    operand from its Transpose under ``explicit_transposes`` (... at ``GEMM_COLUMNS`` columns at least, as for
-    ``product_is_gemm``); a symbolic size keeps ``transA``/``transB``."""
+    operand from its Transpose under ``explicit_transposes``: ``TRANSPOSED_INNER`` inner and ``GEMM_COLUMNS``
+    result columns at least; a symbolic size keeps ``transA``/``transB``."""
     return (isinstance(inner, int) and isinstance(columns, int) and inner >= TRANSPOSED_INNER
             and columns >= GEMM_COLUMNS and enabled("explicit_transposes"))
 
