@@ -45,6 +45,22 @@ def test_gather_axis0_on_a_weight_accumulates(indices):
     assert _no_scatter(tm)
 
 
+def test_gather_of_many_indices_for_onnx_mlir_accumulates():
+    """The onnx-mlir target's scatter of 256 indices into a 64-wide table (one 2-D product, a Gemm under
+    ``long_inner_gemm``) sums repeated rows as torch does."""
+    table = rng.standard_normal((40, 64))
+    indices = rng.integers(0, 40, size=(2, 128))
+    model = one_node_model("Gather", ["table", "idx"], {"idx": indices}, {"table": table}, 13,
+                           out_dtype=np.float64, axis=0)
+
+    def twin(p, inputs):
+        return p["table"][inputs["idx"]]
+
+    tm, _ = train_and_compare(model, {"table": table}, twin, _batches(indices, indices.shape + (64,)), steps_rtol=1e-9,
+                              target="onnx-mlir")
+    assert _no_scatter(tm)
+
+
 @pytest.mark.parametrize("axis", [1, 2, -1])
 def test_gather_other_axes_on_a_weight_accumulates(axis):
     data = rng.standard_normal((2, 4, 5))

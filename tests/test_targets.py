@@ -70,14 +70,28 @@ class MLP(torch.nn.Module):
         return self.net(x)
 
 
+class Wide(torch.nn.Module):
+    """Linears over a batch of 256 rows, one of 128 inputs: weight gradients with a long inner dimension and a
+    forward with a short one, the products ``explicit_transposes`` applies to."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64),
+                                       torch.nn.ReLU(), torch.nn.Linear(64, 5))
+
+    def forward(self, x):
+        return self.net(x)
+
+
 MODELS = {  # name -> (module class, input shape, loss, torch loss)
     "cnn": (CNN, (4, 3, 12, 12), "ce", F.cross_entropy),
     "mlp": (MLP, (6, 1), "mse", F.mse_loss),
+    "wide": (Wide, (256, 64), "ce", F.cross_entropy),
 }
 FORM_MODEL = {  # the model each form applies to
     "conv_forward_gemm": "cnn", "conv_backward_gemm": "cnn", "constant_matmul_moves": "cnn",
     "relu_after_maxpool": "cnn", "affine_as_batch_norm": "mlp", "scalar_ranks": "mlp", "dense_conv_as_matmul": "cnn",
-    "tanh_as_exp": "mlp", "conv_forward_rows": "cnn", "long_inner_gemm": "cnn",
+    "tanh_as_exp": "mlp", "conv_forward_rows": "cnn", "long_inner_gemm": "cnn", "explicit_transposes": "wide",
 }
 REQUIRES = {  # form -> the forms without which it has nothing to apply to (its products are dense_conv_as_matmul's)
     "conv_forward_rows": frozenset({"dense_conv_as_matmul"}), "long_inner_gemm": frozenset({"dense_conv_as_matmul"}),

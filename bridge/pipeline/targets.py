@@ -48,6 +48,11 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
     "long_inner_gemm": "a 2-D float product with a long inner dimension and not few result columns as a Gemm, its "
                        "operands as they are (conv_forward_rows: the weight read transposed, transB): onnx-mlir's Gemm "
                        "runs such a product several times faster than its MatMul, and slower where either is short",
+    "explicit_transposes": "a 2-D float product reading an operand transposed, with an inner dimension and result "
+                           "columns not short, reads the Transpose's output instead: always the first operand (a "
+                           "Linear's weight gradient g^T @ x), the second where the inner dimension is not long (then "
+                           "a MatMul): onnx-mlir's Gemm with transA, or with transB at such an inner dimension, runs "
+                           "slower than the Transpose and the plain product together",
     "tanh_as_exp": "a float32 Tanh as 1 - 2 / (exp(2x) + 1), and as its Taylor polynomial where |x| < 0.55 (within "
                    "2 float32 rounding units of tanh): onnx-mlir calls the C library's tanhf element by element, "
                    "while its Exp and arithmetic are vectorized",
@@ -56,9 +61,10 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
 TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
     "plain": frozenset(),
     "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm",
-                                       "tanh_as_exp"},  # its rules pick per shape
+                                       "tanh_as_exp", "explicit_transposes"},  # its rules pick per shape
     "iree": frozenset({"dense_conv_as_matmul", "conv_forward_rows"}),
-    "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm", "tanh_as_exp"}),
+    "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm", "tanh_as_exp",
+                            "explicit_transposes"}),
 }
 
 DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise
@@ -123,6 +129,17 @@ def product_is_gemm(inner: object, columns: object) -> bool:
     ``long_inner_gemm``; a symbolic size (not an int) keeps the MatMul."""
     return (isinstance(inner, int) and isinstance(columns, int) and inner >= LONG_INNER and columns >= GEMM_COLUMNS
             and enabled("long_inner_gemm"))
+
+
+TRANSPOSED_INNER = 128  # explicit_transposes: the shortest inner dimension at which a transposed operand is run
+
+
+def runs_transposes(inner: object, columns: object) -> bool:
+    """Whether a 2-D float product of inner dimension ``inner`` and ``columns`` result columns reads a transposed
+    operand from its Transpose under ``explicit_transposes``: ``TRANSPOSED_INNER`` inner and ``GEMM_COLUMNS``
+    result columns at least; a symbolic size keeps ``transA``/``transB``."""
+    return (isinstance(inner, int) and isinstance(columns, int) and inner >= TRANSPOSED_INNER
+            and columns >= GEMM_COLUMNS and enabled("explicit_transposes"))
 
 
 def conv_forward_product(positions: int, inner: int, out_channels: int) -> str:

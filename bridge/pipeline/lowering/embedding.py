@@ -14,6 +14,7 @@ import math
 import torch
 
 from ...errors import LoweringError
+from ..targets import product_is_gemm
 from . import lowers
 
 aten = torch.ops.aten
@@ -45,7 +46,11 @@ def index_put(x, indices, values, accumulate=False):
     batch = linear.numel()
     values = values.expand(pre + list(linear.shape) + post).reshape(math.prod(pre), batch, math.prod(post))
     onehot = torch.arange(positions).unsqueeze(1) == linear.reshape(1, batch)
-    scattered = torch.matmul(onehot.to(values.dtype), values).reshape(x.shape)
+    if values.dtype.is_floating_point and math.prod(pre) == 1 and product_is_gemm(batch, math.prod(post)):
+        # one 2-D product, which long_inner_gemm makes a Gemm
+        scattered = torch.mm(onehot.to(values.dtype), values.reshape(batch, math.prod(post))).reshape(x.shape)
+    else:
+        scattered = torch.matmul(onehot.to(values.dtype), values).reshape(x.shape)
     if accumulate:
         return x + scattered
     hit = onehot.any(1).reshape([1] * first + list(x.shape[first:first + count]) + [1] * len(post))
