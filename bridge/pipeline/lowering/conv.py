@@ -75,13 +75,19 @@ def _pad_spatial(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], ch
 def _pad_to_windows(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                     dilation: Sequence[int], outputs: Sequence[int], fill: float = 0.0, first: int = 2) -> torch.Tensor:
     """``x`` padded with ``fill`` (begin ``padding``; end cropped or padded to exactly what the windows read):
-    window ``o``'s offset ``j`` is then at ``o*s + j*d`` of each spatial dim (``first ..``)."""
+    window ``o``'s offset ``j`` is then at ``o*s + j*d`` of each spatial dim (``first ..``). ``x`` itself where
+    the windows read exactly ``x`` (no op traced: the exporter emits nothing for a zero pad)."""
     rank = len(kernel)
     pad = [0, 0] * (x.dim() - first - rank)
     for size, o, k, s, p, d in reversed(list(zip(x.shape[first:first + rank], outputs, kernel, stride, padding,
                                                   dilation, strict=True))):
         pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
-    return aten.constant_pad_nd.default(x, pad, fill)
+    return x if all(_is_zero(p) for p in pad) else aten.constant_pad_nd.default(x, pad, fill)
+
+
+def _is_zero(size) -> bool:
+    """A size that is 0 as a plain int (a symbolic one is never compared: that would guard on it)."""
+    return type(size) is int and size == 0
 
 
 def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
@@ -89,13 +95,15 @@ def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int],
                   ) -> list[torch.Tensor]:
     """One tensor per kernel offset (row-major): the element each window holds there, i.e. strided
     slices of ``x`` padded with ``fill`` (begin ``padding``, end to exactly what the windows
-    read). The spatial dims of ``x`` are ``first .. first + len(kernel) - 1``."""
+    read). The spatial dims of ``x`` are ``first .. first + len(kernel) - 1``; a slice of a whole dim is not
+    traced (the exporter emits nothing for it)."""
     padded = _pad_to_windows(x, kernel, stride, padding, dilation, outputs, fill, first)
     windows = []
     for offset in itertools.product(*[range(k) for k in kernel]):
         window = padded
         for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation, strict=True)):
-            window = aten.slice.Tensor(window, first + axis, j * d, j * d + (o - 1) * s + 1, s)
+            if not (_is_zero(j * d) and s == 1 and _is_zero((o - 1) * s + 1 - window.shape[first + axis])):
+                window = aten.slice.Tensor(window, first + axis, j * d, j * d + (o - 1) * s + 1, s)
         windows.append(window)
     return windows
 
