@@ -329,7 +329,8 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
 def _input_grad_select(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
     """col2im as one MatMul (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``
     (the weight as it is), as ``[N*Cin, O*K]``, times the constant ``[O*K, L]`` of
-    ``scatter_matrix``: no per-offset Slice, Pad and Add and no weight-sized Transpose."""
+    ``scatter_matrix``: no per-offset Slice, Pad and Add and no weight-sized Transpose. Where that matrix is the
+    identity (a 1x1 kernel, stride 1, no padding) the columns are the gradient as they are: no MatMul."""
     n, out_channels, in_channels = grad_output.shape[0], weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     positions, count = math.prod(outputs), math.prod(kernel)
@@ -337,8 +338,10 @@ def _input_grad_select(grad_output, weight, input_size, stride, padding, dilatio
     cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))  # [N*O, Cin*K]
     cols = aten.permute.default(aten.reshape.default(cols, [n, positions, in_channels, count]), [0, 2, 1, 3])
     cols = aten.reshape.default(cols, [-1, positions * count])  # [N*Cin, O*K]
-    select = constant(scatter_matrix(input_size, kernel, stride, padding, dilation, outputs), weight)
-    return aten.reshape.default(aten.mm.default(cols, select), [n, in_channels] + list(input_size))
+    select = scatter_matrix(input_size, kernel, stride, padding, dilation, outputs)
+    if select.shape[0] != select.shape[1] or not np.array_equal(select, np.eye(len(select))):
+        cols = aten.mm.default(cols, constant(select, weight))
+    return aten.reshape.default(cols, [n, in_channels] + list(input_size))
 
 
 def constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
