@@ -330,11 +330,12 @@ def _input_grad_select(grad_output, weight, input_size, stride, padding, dilatio
     """col2im as one MatMul (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``
     (the weight as it is), as ``[N*Cin, O*K]``, times the constant ``[O*K, L]`` of
     ``scatter_matrix``: no per-offset Slice, Pad and Add and no weight-sized Transpose. Where that matrix is the
-    identity (a 1x1 kernel, stride 1, no padding) the columns are the gradient as they are: no MatMul."""
+    identity (a 1x1 kernel, stride 1, no padding) the columns are the gradient as they are: no MatMul. On a
+    one-position output plane ``grad_output`` is already channels-last in memory: no Transpose."""
     n, out_channels, in_channels = grad_output.shape[0], weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     positions, count = math.prod(outputs), math.prod(kernel)
-    rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
+    rows = aten.reshape.default(grad_output if positions == 1 else to_channels_last(grad_output), [-1, out_channels])
     cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))  # [N*O, Cin*K]
     cols = aten.permute.default(aten.reshape.default(cols, [n, positions, in_channels, count]), [0, 2, 1, 3])
     cols = aten.reshape.default(cols, [-1, positions * count])  # [N*Cin, O*K]
