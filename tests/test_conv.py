@@ -131,6 +131,23 @@ def test_strided_input_grad_moves_no_innermost_axis_of_stride_elements(form, tar
         assert not innermost_moves(graph)
 
 
+@pytest.mark.parametrize("size, kernel, stride, padding", [(4, 1, 1, 0), (4, 2, 2, 0), (4, 1, 1, 1), (4, 2, 1, 0),
+                                                          (1, 1, 1, 0), (3, 3, 1, 0)],
+                         ids=["1x1", "windows-tile-the-input", "1x1-padded", "overlapping", "1x1-plane", "one-window"])
+def test_select_input_grad_where_each_window_reads_its_own_positions(size, kernel, stride, padding):
+    """``gemm_select`` where the scatter matrix may be the identity (a 1x1 kernel at stride 1, windows tiling the
+    input: no MatMul needed) and where it is not, on output planes of one position (a squeeze-excitation Conv)
+    and more: torch's numbers, traced as the conversion traces it."""
+    x = torch.randn(2, 3, size, size, dtype=torch.float64)
+    w = torch.randn(5, 3, kernel, kernel, dtype=torch.float64)
+    args = ([stride] * 2, [padding] * 2, [1, 1])
+    gy = torch.randn_like(aten.convolution(x, w, None, *args, False, [0, 0], 1))
+    want = aten.convolution_backward(gy, x, w, None, *args, False, [0, 0], 1, [True, False, False])[0]
+    graph = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda g, w: lowering.input_grad(g, w, [size, size], *args, 1, form="gemm_select"))(gy, w)
+    _close(graph(gy, w), want)
+
+
 def test_input_grad_of_windows_reading_only_padding_is_zero():
     """A 1-wide input, 1x1 kernel, stride 2, padding 1: the one window that reads it is none."""
     x, w = torch.randn(2, 3, 1, 1, dtype=torch.float64), torch.randn(4, 3, 1, 1, dtype=torch.float64)

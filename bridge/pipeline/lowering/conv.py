@@ -76,13 +76,19 @@ def _pad_spatial(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], ch
 def _pad_to_windows(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                     dilation: Sequence[int], outputs: Sequence[int], fill: float = 0.0, first: int = 2) -> torch.Tensor:
     """``x`` padded with ``fill`` (begin ``padding``; end cropped or padded to exactly what the windows read):
-    window ``o``'s offset ``j`` is then at ``o*s + j*d`` of each spatial dim (``first ..``)."""
+    window ``o``'s offset ``j`` is then at ``o*s + j*d`` of each spatial dim (``first ..``). ``x`` itself where
+    the windows read exactly ``x`` (no op traced: the exporter emits nothing for a zero pad)."""
     rank = len(kernel)
     pad = [0, 0] * (x.dim() - first - rank)
     for size, o, k, s, p, d in reversed(list(zip(x.shape[first:first + rank], outputs, kernel, stride, padding,
                                                   dilation, strict=True))):
         pad += [p, (o - 1) * s + d * (k - 1) + 1 - size - p]
-    return aten.constant_pad_nd.default(x, pad, fill)
+    return x if all(_is_zero(p) for p in pad) else aten.constant_pad_nd.default(x, pad, fill)
+
+
+def _is_zero(size) -> bool:
+    """A size that is 0 as a plain int (a symbolic one is never compared: that would guard on it)."""
+    return type(size) is int and size == 0
 
 
 def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
@@ -90,13 +96,15 @@ def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int],
                   ) -> list[torch.Tensor]:
     """One tensor per kernel offset (row-major): the element each window holds there, i.e. strided
     slices of ``x`` padded with ``fill`` (begin ``padding``, end to exactly what the windows
-    read). The spatial dims of ``x`` are ``first .. first + len(kernel) - 1``."""
+    read). The spatial dims of ``x`` are ``first .. first + len(kernel) - 1``; a slice of a whole dim is not
+    traced (the exporter emits nothing for it)."""
     padded = _pad_to_windows(x, kernel, stride, padding, dilation, outputs, fill, first)
     windows = []
     for offset in itertools.product(*[range(k) for k in kernel]):
         window = padded
         for axis, (j, o, s, d) in enumerate(zip(offset, outputs, stride, dilation, strict=True)):
-            window = aten.slice.Tensor(window, first + axis, j * d, j * d + (o - 1) * s + 1, s)
+            if not (_is_zero(j * d) and s == 1 and _is_zero((o - 1) * s + 1 - window.shape[first + axis])):
+                window = aten.slice.Tensor(window, first + axis, j * d, j * d + (o - 1) * s + 1, s)
         windows.append(window)
     return windows
 
@@ -322,16 +330,20 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
 def _input_grad_select(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
     """col2im as one MatMul (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``
     (the weight as it is), as ``[N*Cin, O*K]``, times the constant ``[O*K, L]`` of
-    ``scatter_matrix``: no per-offset Slice, Pad and Add and no weight-sized Transpose."""
+    ``scatter_matrix``: no per-offset Slice, Pad and Add and no weight-sized Transpose. Where that matrix is the
+    identity (a 1x1 kernel, stride 1, no padding) the columns are the gradient as they are: no MatMul. On a
+    one-position output plane ``grad_output`` is already channels-last in memory: no Transpose."""
     n, out_channels, in_channels = grad_output.shape[0], weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     positions, count = math.prod(outputs), math.prod(kernel)
-    rows = aten.reshape.default(to_channels_last(grad_output), [-1, out_channels])
+    rows = aten.reshape.default(grad_output if positions == 1 else to_channels_last(grad_output), [-1, out_channels])
     cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))  # [N*O, Cin*K]
     cols = aten.permute.default(aten.reshape.default(cols, [n, positions, in_channels, count]), [0, 2, 1, 3])
     cols = aten.reshape.default(cols, [-1, positions * count])  # [N*Cin, O*K]
-    select = constant(scatter_matrix(input_size, kernel, stride, padding, dilation, outputs), weight)
-    return aten.reshape.default(aten.mm.default(cols, select), [n, in_channels] + list(input_size))
+    select = scatter_matrix(input_size, kernel, stride, padding, dilation, outputs)
+    if select.shape[0] != select.shape[1] or select.sum() != len(select) or not select.diagonal().all():  # 0/1 entries
+        cols = aten.mm.default(cols, constant(select, weight))
+    return aten.reshape.default(cols, [n, in_channels] + list(input_size))
 
 
 def constant(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
