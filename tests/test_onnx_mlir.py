@@ -211,6 +211,16 @@ def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
     assert set(session.state) == set(initial)
 
 
+@needs_onnx_mlir
+@pytest.mark.xfail(strict=True, raises=bridge.CompileError, reason="onnx-mlir's buffer reuse ignores element types")
+def test_buffer_reuse_compiles_a_cast_to_float64():
+    """onnx-mlir's ``--enable-krnl-buffer-reuse`` on the float64 cast of ``lr`` every Adam step has
+    (tests/repros/onnx_mlir_buffer_reuse_cast.py); bridge does not pass the flag while this fails."""
+    from repros.onnx_mlir_buffer_reuse_cast import BUFFER_REUSE, build
+
+    bridge.compile(build(), backend="onnx-mlir", extra_args=(BUFFER_REUSE,))
+
+
 @pytest.mark.parametrize("count", [2, 3, 5])
 def test_pieces_run_in_sequence_compute_the_whole_graph(count):
     """A training graph cut into pieces (``bridge.tools.pieces.split``), each run in onnxruntime on the graph
