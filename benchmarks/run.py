@@ -204,17 +204,16 @@ def compiled_stepper(bench: BenchModel, training: Path, state: dict, backend: st
     Each backend compiles the graph converted for it (``target=backend``, what docs/onnx-mlir.md tells a user to
     convert: ``target_graph``, from the same source and with the same state); onnx-mlir for this machine's CPU
     (``target_cpu="native"``) as IREE does by default and as onnxruntime picks its kernels: at its default CPU
-    onnx-mlir emits no AVX; IREE with ``in_place=True`` (the state no later read needs updated in its own
-    buffers). The compiled module is saved beside ``training`` for the step-memory section."""
+    onnx-mlir emits no AVX; both with ``in_place=True`` (IREE: the state no later read needs updated in its own
+    buffers; onnx-mlir: each old state array released once the last piece reading it has run). The compiled
+    module is saved beside ``training`` for the step-memory section."""
     import bridge
 
     try:
-        options: dict[str, str | bool] = {}
+        options: dict[str, str | bool] = {"in_place": True}
         graph = target_graph(training, backend)
         if backend == "onnx-mlir":
             options["target_cpu"] = "native"
-        if backend == "iree":
-            options["in_place"] = True
         start = time.perf_counter()
         compiled = bridge.compile(graph, backend=backend, gradients=False, **options)
         session = compiled.session(state)
@@ -547,7 +546,7 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "onnxsim's: its Adam step of the same module with a one-hot cross-entropy appended "
                   "(benchmarks/graph_size.py), where it builds. **step / torch**: the median per-round ratio to eager "
                   "torch at the same thread count (< 1: faster than torch). **step peak**: one step's peak RSS above "
-                  "the RSS before it (benchmarks/step_memory.py, default graphs; IREE compiled with `in_place=True`, in the "
+                  "the RSS before it (benchmarks/step_memory.py, default graphs; IREE and onnx-mlir compiled with `in_place=True`, in the "
                   "step column too). The tables below give the figures "
                   "behind each column.", "", *summary_table(results, step_memory), ""]
         lines += ["Median step time in ms (25th-75th percentile) and the median per-round ratio to eager torch at "

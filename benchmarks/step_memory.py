@@ -26,7 +26,8 @@ Backends: ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam``, then 
 they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime, as ``bridge.Trainer`` runs it: no ``grad_*``
 outputs, the updated state written into the session's second set of state buffers), ``bridge-ort-arena``, ``bridge-iree``
 (``bridge.compile(in_place=True)``: the state no later read needs is updated in its own buffers) and ``bridge-onnx-mlir``
-(``bridge.compile``, present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
+(``bridge.compile(in_place=True)``: the session releases each old state array once the last piece reading it has
+run; present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
 """
 from __future__ import annotations
 
@@ -194,8 +195,7 @@ def prepare(bench: BenchModel, workdir: Path, memory: str, backends: list[str], 
     for backend in backends:
         if backend in COMPILED:
             try:
-                in_place = {"in_place": True} if backend == "bridge-iree" else {}
-                compiled = bridge.compile(graph, backend=COMPILED[backend], gradients=False, **in_place)
+                compiled = bridge.compile(graph, backend=COMPILED[backend], gradients=False, in_place=True)
             except Exception as exc:  # noqa: BLE001 - a benchmark reports a failing backend and goes on
                 notes.append(f"{bench.name} ({memory}): {backend} skipped: {str(exc).splitlines()[0][:200]}")
                 continue

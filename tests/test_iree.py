@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from helpers.reference import assert_steps_match
+from helpers.reference import assert_steps_match, steps_with_state_edits
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
@@ -178,26 +178,12 @@ def test_lr_change_reaches_compiled_step(compiled):
         np.testing.assert_array_equal(session.state[w], before[w], err_msg=w)
 
 
-def _steps_with_state_edits(session, compiled: Compiled) -> list[dict[str, np.ndarray]]:
-    """Two steps on the first batch, and between them a weight scaled in place, another replaced by a new
-    array and an optimizer slot zeroed in place; the steps' outputs, copied."""
-    (inputs, target), *_ = compiled.batches
-    first, second = sorted(compiled.tm.weights)[:2]
-    slot = next(name for name in sorted(session.state) if name.startswith(first + "."))
-    steps = [{name: value.copy() for name, value in session.step(inputs, target).items()}]
-    session.state[first] *= 0.5
-    session.state[second] = session.state[second] + 1.0
-    session.state[slot][...] = 0.0
-    steps.append({name: value.copy() for name, value in session.step(inputs, target).items()})
-    return steps
-
-
 def test_state_edits_between_steps_reach_compiled_step(compiled):
-    """The state carried between steps is the state the next step reads: the edits of ``_steps_with_state_edits``
+    """The state carried between steps is the state the next step reads: the edits of ``steps_with_state_edits``
     give the same next step as in onnxruntime."""
     iree = compiled.compiled.session(seed=0)
     ort = bridge.TrainingSession(compiled.tm.model, compiled.tm.initial_state(), seed=0)
-    assert_steps_match(_steps_with_state_edits(iree, compiled), _steps_with_state_edits(ort, compiled))
+    assert_steps_match(*[steps_with_state_edits(session, compiled.tm.weights, *compiled.batches[0]) for session in (iree, ort)])
 
 
 def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
@@ -213,13 +199,14 @@ def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
     steps = [[{name: value.copy() for name, value in session.step(inputs, target).items()}
               for inputs, target in compiled.batches] for session in sessions]
     before = {name: sessions[1].state[name] for name in overwritten}
-    steps = [runs + _steps_with_state_edits(session, compiled) for runs, session in zip(steps, sessions, strict=True)]
+    steps = [runs + steps_with_state_edits(session, compiled.tm.weights, *compiled.batches[0])
+             for runs, session in zip(steps, sessions, strict=True)]
     for untied, tied in zip(*steps, strict=True):
         assert set(untied) == set(tied)
         for name in untied:
             np.testing.assert_array_equal(tied[name], untied[name], err_msg=name)
     for name in overwritten:
-        if not name.startswith(sorted(compiled.tm.weights)[1]):  # _steps_with_state_edits replaces that one
+        if not name.startswith(sorted(compiled.tm.weights)[1]):  # steps_with_state_edits replaces that one
             assert np.shares_memory(sessions[1].state[name], before[name]), name
     for name, value in given.items():
         np.testing.assert_array_equal(initial[name], value, err_msg=name)
@@ -227,15 +214,13 @@ def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
 
 def test_in_place_refuses_what_it_cannot_keep(tmp_path):
     """An in-place module cannot restore the state after a non-finite step: ``on_nonfinite="skip"`` is refused
-    and the ``"raise"`` error says the state holds the step; ``in_place`` is IREE's and a bool."""
+    and the ``"raise"`` error says the state holds the step; ``in_place`` is a bool."""
     torch.manual_seed(0)
     source = tmp_path / "mlp.onnx"
     torch.onnx.export(_mlp().eval(), (torch.randn(2, 6),), str(source), dynamo=False, input_names=["x"], output_names=["y"])
     tm = bridge.to_training_onnx(str(source), loss="ce", optim="adam")
     with pytest.raises(bridge.InvalidOptionError, match="in_place='yes'"):
         bridge.compile(tm, in_place="yes")
-    with pytest.raises(bridge.InvalidOptionError, match="backend='iree' only"):
-        bridge.compile(tm, backend="onnx-mlir", in_place=True)
     module = bridge.compile(tm, in_place=True)
     with pytest.raises(bridge.InvalidOptionError, match="on_nonfinite='skip'"):
         module.session(on_nonfinite="skip")

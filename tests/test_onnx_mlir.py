@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from helpers.reference import assert_steps_match
+from helpers.reference import assert_steps_match, steps_with_state_edits
 from lifecycle_models import features, small_mlp
 from onnx import TensorProto, helper, numpy_helper
 
@@ -161,7 +161,7 @@ def test_a_cnn_in_pieces_steps_like_onnxruntime_and_like_one_piece(dynamic, tmp_
 
 def test_a_step_in_pieces_drops_each_value_after_its_last_reader():
     """A value a piece computes is dropped once the last piece that reads it has run (one no piece reads:
-    at once); the graph's outputs and inputs are kept."""
+    at once); the graph's outputs and inputs are kept, but for the inputs named (``in_place``'s state)."""
     from types import SimpleNamespace
 
     from bridge.training.runtime_onnx_mlir import _released_after
@@ -170,6 +170,55 @@ def test_a_step_in_pieces_drops_each_value_after_its_last_reader():
               SimpleNamespace(input_names=["a", "w"], output_names=["c"]),
               SimpleNamespace(input_names=["b", "c", "w"], output_names=["updated_w"])]
     assert _released_after(pieces, ["loss", "updated_w"]) == [["unread"], ["a"], ["b", "c"]]
+    assert _released_after(pieces, ["loss", "updated_w"], ["w", "x"]) == [["x"], [], ["w"]]
+
+
+@needs_onnx_mlir
+def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
+    """``in_place=True`` (a graph in pieces): every step (3 batches, then state edits between steps) equals the
+    step of the same pieces compiled without it, bit for bit; the arrays given (initial state, batches) are
+    not written; ``on_nonfinite="skip"`` is refused, and after a non-finite step under ``"raise"`` the error
+    says so and the state holds that step's values."""
+    case = CASES["mlp-symbolic-batch"]
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
+                                 optim_options=case.options, dynamic_batch=case.dynamic)
+    plain, in_place = (bridge.compile(tm, backend="onnx-mlir", pieces=3, in_place=flag) for flag in (False, True))
+    initial = tm.initial_state()
+    given = {name: value.copy() for name, value in initial.items()}
+    sessions = [plain.session(seed=0), in_place.session(initial, seed=0)]
+    assert set(sessions[1].in_place) == set(tm.weights) | {n for n in initial if n.startswith(tuple(tm.weights))} | {"step"}
+    batches = _batches(sessions[0], case)
+    fed = [({name: value.copy() for name, value in inputs.items()}, target.copy()) for inputs, target in batches]
+    steps = [[{name: value.copy() for name, value in session.step(inputs, target).items()} for inputs, target in batches]
+             + steps_with_state_edits(session, tm.weights, *batches[0]) for session in sessions]
+    for untied, tied in zip(*steps, strict=True):
+        assert set(untied) == set(tied)
+        for name in untied:
+            np.testing.assert_array_equal(tied[name], untied[name], err_msg=name)
+    for name, value in given.items():
+        np.testing.assert_array_equal(initial[name], value, err_msg=name)
+    for (inputs, target), (copies, target_copy) in zip(batches, fed, strict=True):
+        np.testing.assert_array_equal(target, target_copy)
+        for name, value in inputs.items():
+            np.testing.assert_array_equal(value, copies[name], err_msg=name)
+    with pytest.raises(bridge.InvalidOptionError, match="on_nonfinite='skip'"):
+        in_place.session(on_nonfinite="skip")
+    session = sessions[1]
+    session.lr = np.inf
+    with pytest.raises(bridge.NonFiniteError, match="in place"):
+        session.step(*batches[0])
+    assert set(session.state) == set(initial)
+
+
+@needs_onnx_mlir
+@pytest.mark.xfail(strict=True, raises=bridge.CompileError, reason="onnx-mlir's buffer reuse ignores element types")
+def test_buffer_reuse_compiles_a_cast_to_float64():
+    """onnx-mlir's ``--enable-krnl-buffer-reuse`` on the float64 cast of ``lr`` every Adam step has
+    (tests/repros/onnx_mlir_buffer_reuse_cast.py); bridge does not pass the flag while this fails."""
+    from repros.onnx_mlir_buffer_reuse_cast import BUFFER_REUSE, build
+
+    bridge.compile(build(), backend="onnx-mlir", extra_args=(BUFFER_REUSE,))
 
 
 @pytest.mark.parametrize("count", [2, 3, 5])

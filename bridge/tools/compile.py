@@ -269,10 +269,12 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         pieces: onnx-mlir: how many pieces of contiguous nodes the graph is compiled in (compiled in parallel
             on the machine's cores, run in sequence; ``module`` is then a zip of their libraries);
             ``"auto"``: pieces of about ``NODES_PER_PIECE`` nodes, one for a smaller graph. IREE: 1 or ``"auto"``.
-        in_place: IREE: the step writes the updated state into the state's own buffers where no later read
-            needs the old value (``in_place_state``: optimizer moments, biases, the first layer's weights),
-            so it allocates no new buffers for them. The session's state then holds the step's values even
-            when the step is not finite: ``on_nonfinite="skip"`` is refused, ``"raise"`` says so.
+        in_place: the step's new state takes the memory of the old. IREE: the step writes the updated state
+            into the state's own buffers where no later read needs the old value (``in_place_state``: optimizer
+            moments, biases, the first layer's weights). onnx-mlir: the session releases each state array once
+            the last piece that reads it has run (a graph in one piece gains nothing). The session's state then
+            holds the step's values even when the step is not finite: ``on_nonfinite="skip"`` is refused,
+            ``"raise"`` says so.
     """
     if backend not in BACKENDS:
         raise InvalidOptionError(f"backend='{backend}' is not supported; backends: {list(BACKENDS)}")
@@ -280,9 +282,6 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         raise InvalidOptionError(f"gradients={gradients!r} is not valid; give True or False")
     if not isinstance(in_place, bool):
         raise InvalidOptionError(f"in_place={in_place!r} is not valid; give True or False")
-    if in_place and backend != "iree":
-        raise InvalidOptionError(f"in_place=True is for backend='iree' only, not '{backend}' (onnx-mlir returns "
-                                 "every output in a buffer of its own)")
     if timeout is not None and backend != "onnx-mlir":
         raise InvalidOptionError(f"timeout= is for backend='onnx-mlir' only, not '{backend}' (IREE compiles in this process)")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9):
@@ -303,10 +302,10 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
         ready = _for_onnx_mlir(proto)
         count = auto_count(ready, NODES_PER_PIECE) if pieces == "auto" else int(pieces)
-        if count == 1:
+        if count == 1 and not in_place:
             module = _onnx_mlir(tools.compiler, ready, flags, report, start, timeout)
-        else:
-            module = _onnx_mlir_pieces(tools.compiler, ready, count, flags, report, start, timeout)
+        else:  # in_place: an archive, whose manifest tells the session
+            module = _onnx_mlir_pieces(tools.compiler, ready, count, flags, report, start, timeout, in_place)
         return _compiled(CompiledModel(module, backend, time.perf_counter() - start, _initial_state(model), graph),
                          output)
     import iree.compiler.tools as iree_tools
@@ -447,9 +446,9 @@ def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _onnx_mlir_pieces(compiler: Path, proto: onnx.ModelProto, count: int, flags: list[str], report: Progress,
-                      start: float, timeout: float | None) -> bytes:
+                      start: float, timeout: float | None, in_place: bool = False) -> bytes:
     """``proto`` cut into ``count`` pieces, compiled in parallel (one onnx-mlir per core), packed into one
-    archive (``pack_pieces``). The first failure stops the other compiles."""
+    archive (``pack_pieces``, with ``in_place``). The first failure stops the other compiles."""
     try:
         pieces = [_unaliased_outputs(piece.model) for piece in split(proto, count)]
     except UntypedCutError as exc:
@@ -474,7 +473,8 @@ def _onnx_mlir_pieces(compiler: Path, proto: onnx.ModelProto, count: int, flags:
             for process in list(running):
                 _stop(process)
             raise
-    return pack_pieces(libraries, [value.name for value in proto.graph.input], [value.name for value in proto.graph.output])
+    return pack_pieces(libraries, [value.name for value in proto.graph.input], [value.name for value in proto.graph.output],
+                       in_place)
 
 
 def _onnx_mlir(compiler: Path, proto: onnx.ModelProto, flags: list[str], report: Progress, start: float,

@@ -72,6 +72,7 @@ class StepSession(ABC):
         self.eval_graph = None if eval_model is None else EvalGraph(eval_model)
         self.split_step: SplitStep | None = None
         self.covered_outputs: frozenset[str] = frozenset()  # skipped by the non-finite check (checks.covered_outputs)
+        self.in_place: list[str] = []  # the state a step replaces in its own memory (bridge.compile(in_place=True))
 
     @property
     def lr(self) -> float:
@@ -163,16 +164,31 @@ class StepSession(ABC):
                                      f"{bound} only (its graph slices a constant of that length, e.g. a position table)")
         return sizes
 
+    def _set_in_place(self, names: list[str]) -> None:
+        """Declare the state ``names`` that each step replaces in its own memory: the previous step's values of
+        them are gone after a step, so ``on_nonfinite="skip"`` is refused."""
+        self.in_place = names
+        if names and self.on_nonfinite == "skip":
+            raise InvalidOptionError("on_nonfinite='skip' cannot keep the state of this module: it updates "
+                                     f"{len(names)} state arrays in place (bridge.compile(in_place=True)); "
+                                     "compile without in_place, or use on_nonfinite='raise'")
+
     def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Feed ``updated_*`` back into the state, unless the loss or an update is not finite
-        (then as ``on_nonfinite`` says)."""
+        (then as ``on_nonfinite`` says; the state updated in place holds the step's values)."""
         updated = [name for name in results if name.startswith(UPDATED_PREFIX)]
         checked = ["loss"] + [name for name in updated if name not in self.covered_outputs]
         bad = nonfinite_outputs(results, checked) if self.on_nonfinite != "ignore" else []
         if bad:
             if self.on_nonfinite == "raise":
-                raise NonFiniteError(f"step {int(self.state.get('step', 0))} produced NaN/inf in {bad}; the state "
-                                     "is unchanged (lower the lr, clip gradients, or on_nonfinite='skip')")
+                message = f"step {int(self.state.get('step', 0))} produced NaN/inf in {bad}; the state is unchanged"
+                if not self.in_place:
+                    raise NonFiniteError(f"{message} (lower the lr, clip gradients, or on_nonfinite='skip')")
+                self.state.update({name: results[updated_name(name)] for name in self.in_place})
+                raise NonFiniteError(f"{message} (lower the lr, clip gradients, or on_nonfinite='skip'); except the "
+                                     f"state this module updates in place ({len(self.in_place)} arrays, "
+                                     "bridge.compile(in_place=True)), which holds this step's values: restore it "
+                                     "from a checkpoint")
             self.skipped_steps += 1
             return results
         for name in updated:

@@ -34,7 +34,6 @@ from ..contract import (
     updated_name,
 )
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
-from .feed_checks import NonFiniteError
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
@@ -78,11 +77,7 @@ class IreeTrainingSession(StepSession):
         reflection = vm_module.lookup_function(entry).reflection
         self.input_names = json.loads(reflection[INPUTS])
         self.output_names = json.loads(reflection[OUTPUTS])
-        self.in_place: list[str] = json.loads(reflection.get(IN_PLACE, "[]"))
-        if self.in_place and self.on_nonfinite == "skip":
-            raise InvalidOptionError("on_nonfinite='skip' cannot keep the state of this module: it updates "
-                                     f"{len(self.in_place)} state arrays in place (bridge.compile(in_place=True)); "
-                                     "compile without in_place, or use on_nonfinite='raise'")
+        self._set_in_place(json.loads(reflection.get(IN_PLACE, "[]")))
         specs = json.loads(reflection.get(INPUT_SPECS, "{}"))
         for name in decode_random_inputs(reflection):
             shape, dtype = specs[name]
@@ -115,16 +110,6 @@ class IreeTrainingSession(StepSession):
             if name.startswith(UPDATED_PREFIX) and getattr(value, "_is_mappable", lambda: False)():
                 self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], value)  # a view, not a copy
         return outputs
-
-    def _commit(self, results: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        try:
-            return super()._commit(results)
-        except NonFiniteError as exc:
-            if not self.in_place:
-                raise
-            raise NonFiniteError(f"{exc}; except the state this module updates in place ({len(self.in_place)} "
-                                 "arrays, bridge.compile(in_place=True)), which holds this step's values: restore "
-                                 "it from a checkpoint") from None
 
 
 def _entry_function(vm_module) -> str:

@@ -8,7 +8,10 @@ can use any backend. onnx-mlir's Python runtime (``PyRuntime.OMExecutionSession`
 
 A graph compiled in pieces (``bridge.compile(..., pieces=)``) is one zip archive (``pack_pieces``): each
 piece's ``.so`` and ``pieces.json``, the order and the graph's input and output names; the session runs
-the pieces in that order, each fed the graph inputs and earlier pieces' outputs it reads.
+the pieces in that order, each fed the graph inputs and earlier pieces' outputs it reads. A module compiled
+with ``in_place=True`` (the manifest says so) has the session release each state array it holds once the
+last piece that reads it has run: the new state of each piece takes the memory of the old state it replaces,
+instead of the whole new state sitting beside the whole old one at the step's end.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ..contract import DIM_BOUNDS, decode_random_inputs, props
+from ..contract import DIM_BOUNDS, decode_random_inputs, props, updated_name
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
 from .feed_checks import covered_outputs
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
@@ -54,14 +57,16 @@ _HEAP_BLOCKS_UP_TO = 32 * 2**20
 _NEVER_TRIM = 2**31 - 1  # mallopt takes a C int
 
 
-def pack_pieces(libraries: list[bytes], inputs: list[str], outputs: list[str]) -> bytes:
-    """One zip archive of the pieces' libraries (run in list order) and the graph's ``inputs``/``outputs``."""
+def pack_pieces(libraries: list[bytes], inputs: list[str], outputs: list[str], in_place: bool = False) -> bytes:
+    """One zip archive of the pieces' libraries (run in list order), the graph's ``inputs``/``outputs`` and
+    whether its sessions release the state as the pieces run (``in_place``)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         names = [f"piece{index}.so" for index in range(len(libraries))]
         for name, library in zip(names, libraries, strict=True):
             archive.writestr(name, library)
-        archive.writestr(_MANIFEST, json.dumps({"pieces": names, "inputs": inputs, "outputs": outputs}))
+        archive.writestr(_MANIFEST, json.dumps({"pieces": names, "inputs": inputs, "outputs": outputs,
+                                                "in_place": in_place}))
     return buffer.getvalue()
 
 
@@ -158,8 +163,11 @@ class OnnxMlirTrainingSession(StepSession):
                          **compiled_identity(library, training_model))
         self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
         keep_freed_memory()
-        self._pieces, self.input_names, self.output_names = _load_pieces(library, Path(self._folder.name), source)
+        self._pieces, self.input_names, self.output_names, in_place = _load_pieces(library, Path(self._folder.name), source)
         self._released = _released_after(self._pieces, self.output_names)
+        if in_place:
+            self._set_in_place([name for name in self.input_names if updated_name(name) in self.output_names])
+        self._state_released = _released_after(self._pieces, [], self.in_place)
         if training_model is not None:
             meta = props(training_model.metadata_props)
             for name in decode_random_inputs(meta):
@@ -177,21 +185,24 @@ class OnnxMlirTrainingSession(StepSession):
             raise InvalidOptionError(f"missing inputs {missing}; the library takes {self.input_names}{hint}")
         # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
         values = dict(feed)
-        for piece, released in zip(self._pieces, self._released, strict=True):
+        for piece, released, state_released in zip(self._pieces, self._released, self._state_released, strict=True):
             results = piece.session.run([np.asarray(values[name], order="C") for name in piece.input_names])
             values.update(zip(piece.output_names, results, strict=True))
             for name in released:
                 del values[name]
+            for name in state_released:  # in_place: the session's own reference too (step()'s feed holds one)
+                del values[name], feed[name], self.state[name]
         return {name: values[name] for name in self.output_names}
 
 
-def _released_after(pieces: list[_LoadedPiece], outputs: list[str]) -> list[list[str]]:
-    """Per piece, the values pieces compute that no later piece reads and the graph does not return: dropped
-    once that piece has run, so that a step holds each piece's results only as long as it needs them."""
+def _released_after(pieces: list[_LoadedPiece], outputs: list[str], inputs: list[str] | None = None) -> list[list[str]]:
+    """Per piece, the values pieces compute (else the graph ``inputs`` given) that no later piece reads and
+    the graph does not return: dropped once that piece has run, so that a step holds each piece's results
+    only as long as it needs them."""
     last_reader = {name: index for index, piece in enumerate(pieces) for name in [*piece.output_names, *piece.input_names]}
-    computed = {name for piece in pieces for name in piece.output_names} - set(outputs)
+    dropped = set(inputs) if inputs is not None else {name for piece in pieces for name in piece.output_names} - set(outputs)
     released: list[list[str]] = [[] for _ in pieces]
-    for name in sorted(computed):
+    for name in sorted(dropped & set(last_reader)):
         released[last_reader[name]].append(name)
     return released
 
@@ -205,9 +216,9 @@ class _LoadedPiece:
     output_names: list[str]
 
 
-def _load_pieces(module: bytes, folder: Path, source: str) -> tuple[list[_LoadedPiece], list[str], list[str]]:
+def _load_pieces(module: bytes, folder: Path, source: str) -> tuple[list[_LoadedPiece], list[str], list[str], bool]:
     """The libraries of ``module`` (one ``.so`` or a ``pack_pieces`` archive, read from ``source``), written
-    to ``folder`` and loaded, with the graph's input and output names."""
+    to ``folder`` and loaded, with the graph's input and output names and the archive's ``in_place``."""
     session_class = _execution_session_class()
     try:
         if is_pieces_archive(module):
@@ -229,8 +240,8 @@ def _load_pieces(module: bytes, folder: Path, source: str) -> tuple[list[_Loaded
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"{source} ({path.name}) is not a model library compiled by onnx-mlir: {exc}") from exc
     if manifest is None:
-        return pieces, pieces[0].input_names, pieces[0].output_names
-    return pieces, manifest["inputs"], manifest["outputs"]
+        return pieces, pieces[0].input_names, pieces[0].output_names, False
+    return pieces, manifest["inputs"], manifest["outputs"], bool(manifest.get("in_place", False))
 
 
 class OnnxMlirGraph(SessionGraph):

@@ -110,3 +110,16 @@ def random_batches(tm: bridge.TrainingModel, count: int, seed: int = 0, classes:
             target = rng.standard_normal(tm.target_shape).astype(tm.target_dtype)
         batches.append((inputs, target))
     return batches
+
+
+def steps_with_state_edits(session, weights, inputs, target) -> list[dict[str, np.ndarray]]:
+    """Two steps of ``session`` on one batch, and between them one of ``weights`` scaled in place, another
+    replaced by a new array and an optimizer slot zeroed in place; the steps' outputs, copied."""
+    first, second = sorted(weights)[:2]
+    slot = next(name for name in sorted(session.state) if name.startswith(first + "."))
+    steps = [{name: value.copy() for name, value in session.step(inputs, target).items()}]
+    session.state[first] *= 0.5
+    session.state[second] = session.state[second] + 1.0
+    session.state[slot][...] = 0.0
+    steps.append({name: value.copy() for name, value in session.step(inputs, target).items()})
+    return steps
