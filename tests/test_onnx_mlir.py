@@ -212,6 +212,30 @@ def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
 
 
 @needs_onnx_mlir
+def test_in_place_step_that_fails_after_releasing_state_says_the_state_is_lost():
+    """A piece that fails after earlier pieces released in-place state: a ``StepStateLostError`` that names the
+    piece and says to restore the state, not a plain runtime error (a later step would miss state)."""
+    from types import SimpleNamespace
+
+    from bridge.training.runtime_onnx_mlir import StepStateLostError
+
+    case = CASES["mlp-symbolic-batch"]
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
+                                 optim_options=case.options, dynamic_batch=case.dynamic)
+    session = bridge.compile(tm, backend="onnx-mlir", pieces=3, in_place=True).session(seed=0)
+    first_release = next(index for index, names in enumerate(session._state_released) if names)
+    failing = first_release + 1
+
+    def out_of_memory(_inputs):
+        raise RuntimeError("out of memory")
+
+    session._pieces[failing] = SimpleNamespace(**{**vars(session._pieces[failing]), "session": SimpleNamespace(run=out_of_memory)})
+    with pytest.raises(StepStateLostError, match=f"piece {failing} of the step failed .*restore the state"):
+        session.step(*_batches(session, case)[0])
+
+
+@needs_onnx_mlir
 @pytest.mark.xfail(strict=True, raises=bridge.CompileError, reason="onnx-mlir's buffer reuse ignores element types")
 def test_buffer_reuse_compiles_a_cast_to_float64():
     """onnx-mlir's ``--enable-krnl-buffer-reuse`` on the float64 cast of ``lr`` every Adam step has

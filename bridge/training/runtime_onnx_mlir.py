@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 
 from ..contract import DIM_BOUNDS, decode_random_inputs, props, updated_name
-from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
+from ..errors import BridgeError, InvalidOptionError, MissingExtraError, ModelLoadError
 from .feed_checks import covered_outputs
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
@@ -185,14 +185,28 @@ class OnnxMlirTrainingSession(StepSession):
             raise InvalidOptionError(f"missing inputs {missing}; the library takes {self.input_names}{hint}")
         # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
         values = dict(feed)
-        for piece, released, state_released in zip(self._pieces, self._released, self._state_released, strict=True):
-            results = piece.session.run([np.asarray(values[name], order="C") for name in piece.input_names])
+        gone: list[str] = []  # in_place: state released by the pieces run so far
+        for index, (piece, released, state_released) in enumerate(
+                zip(self._pieces, self._released, self._state_released, strict=True)):
+            try:
+                results = piece.session.run([np.asarray(values[name], order="C") for name in piece.input_names])
+            except Exception as exc:
+                if not gone:
+                    raise
+                raise StepStateLostError(f"piece {index} of the step failed ({exc}) after the session released "
+                                         f"{len(gone)} state arrays it updates in place (bridge.compile(in_place=True)), "
+                                         f"e.g. {gone[0]!r}: restore the state from a checkpoint") from exc
             values.update(zip(piece.output_names, results, strict=True))
+            gone += state_released
             for name in released:
                 del values[name]
             for name in state_released:  # in_place: the session's own reference too (step()'s feed holds one)
                 del values[name], feed[name], self.state[name]
         return {name: values[name] for name in self.output_names}
+
+
+class StepStateLostError(BridgeError, RuntimeError):
+    """A step of a module compiled with ``in_place=True`` failed after it had released state it replaces."""
 
 
 def _released_after(pieces: list[_LoadedPiece], outputs: list[str], inputs: list[str] | None = None) -> list[list[str]]:
