@@ -59,7 +59,7 @@ def _form_cases():
 
 
 INPUT_GRAD_FORMS = ("conv", "gemm", "gemm_select")
-WEIGHT_GRAD_FORMS = ("conv", "gemm", "gemm_channel_first", "gather")
+WEIGHT_GRAD_FORMS = ("conv", "gemm", "gemm_channel_first", "gather", "gather_offsets")
 
 
 @pytest.mark.parametrize("target", ["onnxruntime", "plain"])

@@ -176,18 +176,24 @@ def conv_input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], 
     return "conv"
 
 
+OFFSET_COLUMNS_BELOW = 256  # conv weight gradient: a gather product with fewer columns (K*Cin) is split per offset
+
+
 def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
                           outputs: Sequence[int], stride: Sequence[int]) -> str:
-    """``conv``, ``gather``, ``gemm`` or ``gemm_channel_first`` for a Conv's weight gradient (lowering/conv.py).
+    """``conv``, ``gather``, ``gather_offsets``, ``gemm`` or ``gemm_channel_first`` for a Conv's weight gradient
+    (lowering/conv.py).
 
     ``conv``'s inner dimension is the batch, the im2col forms' ``N * O``. Few input channels (an RGB
     stem): ``gemm_channel_first`` at stride 1, else ``conv``. A 1x1 kernel: ``gemm`` (its one window is a
-    strided slice). Else ``gather``: the columns by one Gather of whole channel rows, one MatMul.
-    Grouped Convs keep ``conv``. ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
+    strided slice). Else ``gather``: the columns by one Gather of whole channel rows, one MatMul; where the
+    product is narrow (``K*Cin`` below ``OFFSET_COLUMNS_BELOW``, the columns many times the weight gradient)
+    ``gather_offsets``: a Gather and a MatMul per kernel offset, so that a ``K``-th of the columns is alive at a
+    time. Grouped Convs keep ``conv``. ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
     if (form := _backward_form_before_shapes(groups)) is not None:
         return form
     if math.prod(kernel) == 1:
         return "gemm"
     if in_channels < 16:
         return "gemm_channel_first" if all(s == 1 for s in stride) else "conv"
-    return "gather"
+    return "gather_offsets" if math.prod(kernel) * in_channels < OFFSET_COLUMNS_BELOW else "gather"

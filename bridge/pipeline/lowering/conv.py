@@ -30,6 +30,8 @@ reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current ta
     offsets into columns ``[N*O, K*Cin]`` (one Gather copying whole ``Cin`` rows), one MatMul, the
     weight-sized product transposed to the weight's layout. Also where ``gemm``'s columns would be the
     forward product's own (``_forward_rows``): built apart, they need not stay alive from the forward.
+  - ``gather_offsets`` (groups 1): ``gather`` with one Gather ``[N*O, Cin]`` and one MatMul per kernel
+    offset, the ``[Cout, Cin]`` products concatenated: a ``K``-th of the columns alive at a time.
 * ``grad_bias``: a sum over batch and spatial dims.
 * the forward: an ONNX ``Conv``, or ``gemm`` (groups 1): the weight as it is, ``[Cout, Cin*K]``, times the
   input's columns ``[Cin*K, N*O]``, or (``targets.conv_forward_product``) the channels-last columns
@@ -372,16 +374,16 @@ def scatter_matrix(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence
 def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None) -> torch.Tensor:
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: the current target's,
-    ``targets.conv_weight_grad_form``) is ``conv``, ``gather``, ``gemm`` or ``gemm_channel_first`` (see the
-    module docstring)."""
+    ``targets.conv_weight_grad_form``) is ``conv``, ``gather``, ``gather_offsets``, ``gemm`` or
+    ``gemm_channel_first`` (see the module docstring)."""
     kernel = list(weight_size[2:])
     form = form or targets.conv_weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output), stride)
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
     if form == "gemm_channel_first":
         return _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation)
-    if form == "gather":
-        return _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation)
+    if form in ("gather", "gather_offsets"):
+        return _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation, form == "gather_offsets")
     return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation)
 
 
@@ -435,19 +437,28 @@ def window_indices(kernel: Sequence[int], stride: Sequence[int], dilation: Seque
     return (origins[:, None] + offsets[None, :]).reshape(-1)
 
 
-def _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation) -> torch.Tensor:
+def _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation, per_offset: bool = False
+                        ) -> torch.Tensor:
     """im2col by one Gather (groups 1): the padded channels-last input ``[N, Lp, Cin]`` gathered at
     ``window_indices`` into columns ``[N*O, K*Cin]`` (offset-major), one MatMul ``grad_output [Cout, N*O] @
     columns``, then the weight-sized product ``[Cout, k..., Cin]`` transposed to the weight's layout. The
-    Gather copies whole ``Cin`` rows, as the strided slices of the other im2col forms do, in one node."""
+    Gather copies whole ``Cin`` rows, as the strided slices of the other im2col forms do, in one node.
+    ``per_offset``: one Gather ``[N*O, Cin]`` and one MatMul per kernel offset, the products concatenated:
+    the same products, with a ``K``-th of the columns alive at a time."""
     in_channels, out_channels = x.shape[1], grad_output.shape[1]
     kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
     count = math.prod(kernel)
     padded = _pad_to_windows(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
     rows = aten.reshape.default(padded, [-1, math.prod(_spatial(padded, channels_last=True)), in_channels])
-    index = torch.from_numpy(window_indices(kernel, stride, dilation, outputs))
-    cols = aten.reshape.default(aten.index_select.default(rows, 1, index), [-1, count * in_channels])
-    product = aten.mm.default(_channel_rows(grad_output), cols)  # [Cout, K*Cin]
+    index = window_indices(kernel, stride, dilation, outputs).reshape(-1, count)  # [O, K]
+    parts = [np.ascontiguousarray(index[:, offset]) for offset in range(count)] if per_offset else [index.reshape(-1)]
+    products, grad_rows = [], None
+    for part in parts:
+        cols = aten.reshape.default(aten.index_select.default(rows, 1, torch.from_numpy(part)),
+                                    [-1, count * in_channels // len(parts)])
+        grad_rows = _channel_rows(grad_output) if grad_rows is None else grad_rows  # [Cout, N*O]
+        products.append(aten.mm.default(grad_rows, cols))  # [Cout, K*Cin / len(parts)]
+    product = products[0] if len(products) == 1 else aten.cat.default(products, 1)  # [Cout, K*Cin]
     product = aten.reshape.default(product, [out_channels] + kernel + [in_channels])
     return aten.permute.default(product, [0, len(kernel) + 1] + list(range(1, len(kernel) + 1)))
 
