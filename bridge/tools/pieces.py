@@ -98,9 +98,9 @@ def crossing_counts(model: onnx.ModelProto) -> list[int]:
 
 
 def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) -> list[int]:
-    """``cuts`` with those inside the optimizer phase replaced by cuts between parameters' updates (never
-    inside one parameter's), placed so that no piece replaces more than ``share`` of the state's bytes (the
-    state inputs whose ``updated_*`` it makes); a parameter whose update alone is more gets a piece of its own."""
+    """``cuts`` and, in the optimizer phase, cuts between parameters' updates (never inside one parameter's)
+    placed so that no piece replaces more than ``share`` of the state's bytes (the state inputs whose
+    ``updated_*`` it makes); a parameter whose update alone is more gets a piece of its own."""
     nodes = [node for node in model.graph.node if not _constant_node(node)]
     tags = [{prop.key: prop.value for prop in node.metadata_props} for node in nodes]
     optimizer = [index for index, tag in enumerate(tags) if tag.get(PHASE) == Phase.OPTIMIZER]
@@ -112,16 +112,16 @@ def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) ->
     for index in optimizer:
         spans.setdefault(tags[index].get(LAYER, ""), [index, index])[1] = index
     inside_an_update = {position for first, last in spans.values() for position in range(first + 1, last + 1)}
-    kept = [cut for cut in cuts if cut <= optimizer[0]]
-    bounded, replaced = list(kept), 0
-    for index in range(kept[-1] if kept else 0, len(nodes)):
-        made = sum(replaced_bytes.get(name, 0) for name in nodes[index].output)
-        if index >= optimizer[0] and index not in inside_an_update and replaced and replaced + _update_bytes(
+    existing, bounded, replaced = set(cuts), list(cuts), 0
+    for index, node in enumerate(nodes):
+        if index in existing:
+            replaced = 0
+        elif index >= optimizer[0] and index not in inside_an_update and replaced and replaced + _update_bytes(
                 index, nodes, tags, replaced_bytes) > limit:
             bounded.append(index)
             replaced = 0
-        replaced += made
-    return bounded
+        replaced += sum(replaced_bytes.get(name, 0) for name in node.output)
+    return sorted(bounded)
 
 
 def _replaced_bytes(model: onnx.ModelProto) -> dict[str, int]:
