@@ -175,8 +175,8 @@ def test_a_step_in_pieces_drops_each_value_after_its_last_reader():
 
 @needs_onnx_mlir
 def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
-    """``in_place=True`` (a graph in pieces): every step (3 batches, then state edits between steps) equals the
-    step of the same pieces compiled without it, bit for bit; the arrays given (initial state, batches) are
+    """``in_place=True`` (a graph in pieces, its optimizer phase cut further between parameters' updates): every
+    step (3 batches, then state edits between steps) equals the step of the graph compiled without it, bit for bit; the arrays given (initial state, batches) are
     not written; ``on_nonfinite="skip"`` is refused, and after a non-finite step under ``"raise"`` the error
     says so and the state holds that step's values."""
     case = CASES["mlp-symbolic-batch"]
