@@ -75,10 +75,11 @@ def measure_step(step) -> dict[str, float]:
     step()
     _reset_peak()
     baseline = _status_mib("VmRSS")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     step()
-    seconds = time.perf_counter() - start
-    return {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "step_s": seconds}
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "step_s": seconds,
+            "step_cpu_s": cpu_seconds}
 
 
 def import_runtime(backend: str) -> None:

@@ -175,8 +175,8 @@ def test_a_step_in_pieces_drops_each_value_after_its_last_reader():
 
 @needs_onnx_mlir
 def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
-    """``in_place=True`` (a graph in pieces): every step (3 batches, then state edits between steps) equals the
-    step of the same pieces compiled without it, bit for bit; the arrays given (initial state, batches) are
+    """``in_place=True`` (a graph in pieces, its optimizer phase cut further between parameters' updates): every
+    step (3 batches, then state edits between steps) equals the step of the graph compiled without it, bit for bit; the arrays given (initial state, batches) are
     not written; ``on_nonfinite="skip"`` is refused, and after a non-finite step under ``"raise"`` the error
     says so and the state holds that step's values."""
     case = CASES["mlp-symbolic-batch"]
@@ -245,36 +245,69 @@ def test_buffer_reuse_compiles_a_cast_to_float64():
     bridge.compile(build(), backend="onnx-mlir", extra_args=(BUFFER_REUSE,))
 
 
+def _run_in_onnxruntime(model: onnx.ModelProto, values: dict) -> dict:
+    """``model``'s outputs by name, run in onnxruntime (1 thread) on the inputs it names from ``values``."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in model.graph.output],
+                    session.run(None, {i.name: values[i.name] for i in model.graph.input}), strict=True))
+
+
+def _assert_pieces_compute_the_whole_graph(tm: bridge.TrainingModel, pieces: list, case: Case) -> None:
+    """``pieces`` of ``tm``'s graph, each run in onnxruntime on the graph inputs and earlier pieces' outputs it
+    names, give every graph output the whole graph gives (one batch of ``case``)."""
+    inputs, target = _batches(tm.session(), case)[0]
+    feed = {**tm.initial_state(), **inputs, "target": target}
+    feed = {value.name: feed[value.name] for value in tm.model.graph.input}
+    values = dict(feed)
+    for piece in pieces:
+        values.update(_run_in_onnxruntime(piece.model, values))
+    whole = _run_in_onnxruntime(tm.model, feed)
+    assert_steps_match([{name: values[name] for name in whole}], [whole], rtol=TOLERANCE)
+
+
 @pytest.mark.parametrize("count", [2, 3, 5])
 def test_pieces_run_in_sequence_compute_the_whole_graph(count):
     """A training graph cut into pieces (``bridge.tools.pieces.split``), each run in onnxruntime on the graph
     inputs and earlier pieces' outputs it names, gives every graph output the whole graph gives."""
-    import onnxruntime as ort
-
     from bridge.tools.pieces import split
 
     case = CASES["cnn"]
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
                                  optim_options=case.options)
-    inputs, target = _batches(tm.session(), case)[0]
-    feed = {**tm.initial_state(), **inputs, "target": target}
-    feed = {value.name: feed[value.name] for value in tm.model.graph.input}
-
-    def run(model: onnx.ModelProto, values: dict) -> dict:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return dict(zip([o.name for o in model.graph.output],
-                        session.run(None, {i.name: values[i.name] for i in model.graph.input}), strict=True))
-
     pieces = split(tm.model, count)
     assert len(pieces) == count
-    values = dict(feed)
-    for piece in pieces:
-        values.update(run(piece.model, values))
-    whole = run(tm.model, feed)
-    assert_steps_match([{name: values[name] for name in whole}], [whole], rtol=TOLERANCE)
+    _assert_pieces_compute_the_whole_graph(tm, pieces, case)
+
+
+def test_in_place_pieces_each_replace_a_bounded_share_of_the_state():
+    """in_place's cuts (``split(..., state_share=STATE_SHARE_PER_PIECE)``) of a small graph, whole under
+    ``pieces=1``: no piece makes the new value of more than that share of the state's bytes, each weight's
+    update (the weight and its Adam moments) is made in one piece, and the pieces compute the whole graph."""
+    from bridge.tools.pieces import STATE_SHARE_PER_PIECE, split
+
+    layers = 10  # equal layers: each weight's state is a tenth of the whole, under the share, two are over it
+    case = replace(CASES["mlp-symbolic-batch"], dynamic=False, build=lambda: torch.nn.Sequential(
+        torch.nn.Linear(6, 16), *(module for _ in range(layers) for module in (torch.nn.Tanh(), torch.nn.Linear(16, 16))),
+        torch.nn.Linear(16, 3)), shape=(4, 6), sizes=(4,))
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim="adam")
+    state = tm.initial_state()
+    updated = {f"updated_{name}": name for name in state}
+    state_bytes = sum(value.nbytes for value in state.values())
+    pieces = split(tm.model, 1, state_share=STATE_SHARE_PER_PIECE)
+    replaced = [[updated[name] for name in piece.outputs if name in updated] for piece in pieces]
+    for names in replaced:
+        assert sum(state[name].nbytes for name in names) <= STATE_SHARE_PER_PIECE * state_bytes, names
+    owner = {name: next(weight for weight in tm.weights if name.startswith(weight)) for names in replaced
+             for name in names if name != "step"}
+    for weight in tm.weights:
+        assert len([names for names in replaced if any(owner.get(name) == weight for name in names)]) == 1, weight
+    _assert_pieces_compute_the_whole_graph(tm, pieces, case)
 
 
 @pytest.mark.parametrize("pieces", [0, -1, 2.5, "some", True])

@@ -57,7 +57,7 @@ from ..training.runtime_onnx_mlir import (
     find_onnx_mlir,
     pack_pieces,
 )
-from .pieces import UntypedCutError, auto_count, split
+from .pieces import STATE_SHARE_PER_PIECE, UntypedCutError, auto_count, split
 
 if TYPE_CHECKING:
     from ..training.training_model import TrainingModel
@@ -272,7 +272,8 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         in_place: the step's new state takes the memory of the old. IREE: the step writes the updated state
             into the state's own buffers where no later read needs the old value (``in_place_state``: optimizer
             moments, biases, the first layer's weights). onnx-mlir: the session releases each state array once
-            the last piece that reads it has run (a graph in one piece gains nothing). The session's state then
+            the last piece that reads it has run, and the optimizer phase is cut further so that no piece
+            replaces more than ``STATE_SHARE_PER_PIECE`` of the state (a small graph too). The session's state then
             holds the step's values even when the step is not finite: ``on_nonfinite="skip"`` is refused,
             ``"raise"`` says so.
     """
@@ -447,10 +448,12 @@ def _unaliased_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _onnx_mlir_pieces(compiler: Path, proto: onnx.ModelProto, count: int, flags: list[str], report: Progress,
                       start: float, timeout: float | None, in_place: bool = False) -> bytes:
-    """``proto`` cut into ``count`` pieces, compiled in parallel (one onnx-mlir per core), packed into one
-    archive (``pack_pieces``, with ``in_place``). The first failure stops the other compiles."""
+    """``proto`` cut into ``count`` pieces (``in_place``: its optimizer phase into more, ``state_bounded_cuts``),
+    compiled in parallel (one onnx-mlir per core), packed into one archive (``pack_pieces``, with ``in_place``).
+    The first failure stops the other compiles."""
     try:
-        pieces = [_unaliased_outputs(piece.model) for piece in split(proto, count)]
+        pieces = [_unaliased_outputs(piece.model)
+                  for piece in split(proto, count, state_share=STATE_SHARE_PER_PIECE if in_place else None)]
     except UntypedCutError as exc:
         raise CompileError(f"onnx-mlir could not compile the model in pieces: {exc}", [(exc.node, exc.op, exc.reason)]) from exc
     workers = min(len(pieces), os.cpu_count() or 1)

@@ -14,11 +14,18 @@ from dataclasses import dataclass
 
 import onnx
 
+from ..contract import LAYER, PHASE, Phase, updated_name
 from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import node_reads
 
 # a cut may move this far (as a fraction of a piece's size) from an even split to one where fewer values cross
 _CUT_WINDOW = 0.25
+
+# in_place: the most of the state's bytes one piece replaces (``state_bounded_cuts``). A piece holds the old
+# and the new arrays of the state it replaces side by side (and its update's temporaries), so this bounds the
+# step's peak above the state and gradients; a smaller share costs a piece call more per cut and barely lowers
+# the peak once the largest parameter has a piece of its own.
+STATE_SHARE_PER_PIECE = 0.125
 
 
 class UntypedCutError(BridgeError):
@@ -90,14 +97,65 @@ def crossing_counts(model: onnx.ModelProto) -> list[int]:
     return counts
 
 
-def split(model: onnx.ModelProto, count: int | None = None, cuts: list[int] | None = None) -> list[Piece]:
+def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) -> list[int]:
+    """``cuts`` and, in the optimizer phase, cuts between parameters' updates (never inside one parameter's)
+    placed so that no piece replaces more than ``share`` of the state's bytes (the state inputs whose
+    ``updated_*`` it makes); a parameter whose update alone is more gets a piece of its own."""
+    nodes = [node for node in model.graph.node if not _constant_node(node)]
+    tags = [{prop.key: prop.value for prop in node.metadata_props} for node in nodes]
+    optimizer = [index for index, tag in enumerate(tags) if tag.get(PHASE) == Phase.OPTIMIZER]
+    if not optimizer:
+        return cuts
+    replaced_bytes = _replaced_bytes(model)
+    limit = share * sum(replaced_bytes.values())
+    spans: dict[str, list[int]] = {}  # each parameter's update: its first and last node
+    for index in optimizer:
+        spans.setdefault(tags[index].get(LAYER, ""), [index, index])[1] = index
+    inside_an_update = {position for first, last in spans.values() for position in range(first + 1, last + 1)}
+    existing, bounded, replaced = set(cuts), list(cuts), 0
+    for index, node in enumerate(nodes):
+        if index in existing:
+            replaced = 0
+        elif index >= optimizer[0] and index not in inside_an_update and replaced and replaced + _update_bytes(
+                index, nodes, tags, replaced_bytes) > limit:
+            bounded.append(index)
+            replaced = 0
+        replaced += sum(replaced_bytes.get(name, 0) for name in node.output)
+    return sorted(bounded)
+
+
+def _replaced_bytes(model: onnx.ModelProto) -> dict[str, int]:
+    """The bytes of each state input, by the name of its ``updated_*`` output (unknown dims count as 1)."""
+    outputs = {value.name for value in model.graph.output}
+    sizes = {}
+    for value in model.graph.input:
+        if updated_name(value.name) in outputs:
+            tensor = value.type.tensor_type
+            elements = math.prod(dim.dim_value or 1 for dim in tensor.shape.dim)
+            sizes[updated_name(value.name)] = elements * onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize
+    return sizes
+
+
+def _update_bytes(start: int, nodes: list[onnx.NodeProto], tags: list[dict[str, str]], replaced_bytes: dict[str, int]) -> int:
+    """The state bytes that the parameter update starting at node ``start`` replaces (its layer's nodes from there)."""
+    layer = tags[start].get(LAYER, "")
+    return sum(replaced_bytes.get(name, 0) for node, tag in zip(nodes[start:], tags[start:], strict=True)
+               if tag.get(LAYER, "") == layer for name in node.output)
+
+
+def split(model: onnx.ModelProto, count: int | None = None, cuts: list[int] | None = None,
+          state_share: float | None = None) -> list[Piece]:
     """``model`` cut into ``count`` pieces (at ``cut_points``) or at the given ``cuts`` (indices among
-    the non-constant nodes); nodes must be in topological order, as bridge writes them."""
+    the non-constant nodes); nodes must be in topological order, as bridge writes them. ``state_share``:
+    the optimizer phase cut further so that no piece replaces more than that share of the state
+    (``state_bounded_cuts``)."""
     nodes = [node for node in model.graph.node if not _constant_node(node)]
     if cuts is None:
         if count is None or count < 1:
             raise InvalidOptionError(f"pieces={count!r}: give a number of pieces >= 1")
         cuts = cut_points(model, min(count, max(1, len(nodes))))
+    if state_share is not None:
+        cuts = state_bounded_cuts(model, cuts, state_share)
     bounds = [0, *cuts, len(nodes)]
     constants = {node.output[0]: node for node in model.graph.node if _constant_node(node)}
     initializers = {init.name: init for init in model.graph.initializer}
