@@ -13,10 +13,16 @@ same (mobilenet_v3_small's BatchNorm means). Without the flag it compiles. bridg
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+if not __package__:  # run as a script: tests/ on the path, as under pytest
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from repros import print_compile  # noqa: E402
 
 BUFFER_REUSE = "--enable-krnl-buffer-reuse"
 
@@ -34,13 +40,7 @@ def build(shape: tuple[int, ...] = ()) -> onnx.ModelProto:
 
 
 if __name__ == "__main__":
-    import bridge
-
     if len(sys.argv) > 1:
         onnx.save(build(), sys.argv[1])
     for flags in ((), (BUFFER_REUSE,)):
-        try:
-            bridge.compile(build(), backend="onnx-mlir", extra_args=flags)
-            print(f"onnx-mlir --EmitLib -O3 {' '.join(flags)}: compiles")
-        except bridge.CompileError as exc:
-            print(f"onnx-mlir --EmitLib -O3 {' '.join(flags)}: {' '.join(str(exc).split())[:200]}")
+        print_compile(f"onnx-mlir --EmitLib -O3 {' '.join(flags)}", build(), backend="onnx-mlir", extra_args=flags)

@@ -16,10 +16,16 @@ compiles is no Pow at all for a constant exponent 0 (ones, ``Expand(1, Shape(x))
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+if not __package__:  # run as a script: tests/ on the path, as under pytest
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from repros import print_compile  # noqa: E402
 
 
 def build(dims=("batch", 3), exponent: float = 0.0) -> onnx.ModelProto:
@@ -34,13 +40,7 @@ def build(dims=("batch", 3), exponent: float = 0.0) -> onnx.ModelProto:
 
 
 if __name__ == "__main__":
-    import bridge
-
     if len(sys.argv) > 1:
         onnx.save(build(), sys.argv[1])
     for dims, exponent in ((("batch", 3), 0.0), ((2, 3), 0.0), (("batch", 3), 1.0)):
-        try:
-            bridge.compile(build(dims, exponent), backend="onnx-mlir")
-            print(f"x {list(dims)} ** {exponent}: compiles")
-        except bridge.CompileError as exc:
-            print(f"x {list(dims)} ** {exponent}: {str(exc)[:200]}")
+        print_compile(f"x {list(dims)} ** {exponent}", build(dims, exponent), backend="onnx-mlir")

@@ -14,10 +14,16 @@ Transpose back`` for values and indices).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+if not __package__:  # run as a script: tests/ on the path, as under pytest
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from repros import print_compile  # noqa: E402
 
 
 def build(axis: int = 1) -> onnx.ModelProto:
@@ -35,13 +41,7 @@ def build(axis: int = 1) -> onnx.ModelProto:
 
 
 if __name__ == "__main__":
-    import bridge
-
     if len(sys.argv) > 1:
         onnx.save(build(), sys.argv[1])
     for axis in (1, -1):
-        try:
-            bridge.compile(build(axis), backend="onnx-mlir")
-            print(f"TopK axis {axis}: compiles")
-        except bridge.CompileError as exc:
-            print(f"TopK axis {axis}: {str(exc)[:200]}")
+        print_compile(f"TopK axis {axis}", build(axis), backend="onnx-mlir")
