@@ -39,6 +39,7 @@ _LAZY = {
     "check": "tools.target_check",
     "NonFiniteError": "training.feed_checks",
     "StepInputError": "training.feed_checks",
+    "StepStateLostError": "training.feed_checks",
     "CheckpointError": "training.checkpoint",
     "History": "training.trainer",
     "Trainer": "training.trainer",
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from .tools.target_check import Violation, check
     from .tools.verify import VerifyReport, verify
     from .training.checkpoint import CheckpointError
-    from .training.feed_checks import NonFiniteError, StepInputError
+    from .training.feed_checks import NonFiniteError, StepInputError, StepStateLostError
     from .training.runtime import TrainingSession
     from .training.trainer import History, Trainer
     from .training.training_model import TrainingModel
@@ -96,6 +97,7 @@ __all__ = [
     "InferenceExportWarning",
     "ShapeError",
     "StepInputError",
+    "StepStateLostError",
     "Trainer",
     "TrainingModel",
     "TrainingSession",

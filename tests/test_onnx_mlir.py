@@ -217,8 +217,6 @@ def test_in_place_step_that_fails_after_releasing_state_says_the_state_is_lost()
     piece and says to restore the state, not a plain runtime error (a later step would miss state)."""
     from types import SimpleNamespace
 
-    from bridge.training.runtime_onnx_mlir import StepStateLostError
-
     case = CASES["mlp-symbolic-batch"]
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
@@ -231,7 +229,7 @@ def test_in_place_step_that_fails_after_releasing_state_says_the_state_is_lost()
         raise RuntimeError("out of memory")
 
     session._pieces[failing] = SimpleNamespace(**{**vars(session._pieces[failing]), "session": SimpleNamespace(run=out_of_memory)})
-    with pytest.raises(StepStateLostError, match=f"piece {failing} of the step failed .*restore the state"):
+    with pytest.raises(bridge.StepStateLostError, match=f"piece {failing} of the step failed .*restore the state"):
         session.step(*_batches(session, case)[0])
 
 

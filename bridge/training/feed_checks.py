@@ -30,6 +30,10 @@ class NonFiniteError(BridgeError, FloatingPointError):
     """A step produced a non-finite loss or updated value (the session's state was left unchanged)."""
 
 
+class StepStateLostError(BridgeError, RuntimeError):
+    """A step of a module compiled with ``in_place=True`` failed after it had released state it replaces."""
+
+
 @dataclass(frozen=True)
 class StepChecks:
     """What a session checks before a step: names, dtypes, shapes, finiteness, class range."""

@@ -185,10 +185,9 @@ class StepSession(ABC):
                 if not self.in_place:
                     raise NonFiniteError(f"{message} (lower the lr, clip gradients, or on_nonfinite='skip')")
                 self.state.update({name: results[updated_name(name)] for name in self.in_place})
-                raise NonFiniteError(f"{message} (lower the lr, clip gradients, or on_nonfinite='skip'); except the "
-                                     f"state this module updates in place ({len(self.in_place)} arrays, "
-                                     "bridge.compile(in_place=True)), which holds this step's values: restore it "
-                                     "from a checkpoint")
+                raise NonFiniteError(f"{message}, except the state this module updates in place ({len(self.in_place)} "
+                                     "arrays, bridge.compile(in_place=True)), which holds this step's values: restore "
+                                     "it from a checkpoint (and lower the lr or clip gradients)")
             self.skipped_steps += 1
             return results
         for name in updated:

@@ -32,8 +32,8 @@ import numpy as np
 import onnx
 
 from ..contract import DIM_BOUNDS, decode_random_inputs, props, updated_name
-from ..errors import BridgeError, InvalidOptionError, MissingExtraError, ModelLoadError
-from .feed_checks import covered_outputs
+from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
+from .feed_checks import StepStateLostError, covered_outputs
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
@@ -203,10 +203,6 @@ class OnnxMlirTrainingSession(StepSession):
             for name in state_released:  # in_place: the session's own reference too (step()'s feed holds one)
                 del values[name], feed[name], self.state[name]
         return {name: values[name] for name in self.output_names}
-
-
-class StepStateLostError(BridgeError, RuntimeError):
-    """A step of a module compiled with ``in_place=True`` failed after it had released state it replaces."""
 
 
 def _released_after(pieces: list[_LoadedPiece], outputs: list[str], inputs: list[str] | None = None) -> list[list[str]]:
