@@ -180,7 +180,7 @@ OFFSET_COLUMNS_BELOW = 256  # conv weight gradient: a gather product with fewer 
 
 
 def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
-                          outputs: Sequence[int], stride: Sequence[int]) -> str:
+                          outputs: Sequence[int], stride: Sequence[int], forward_product: str | None = None) -> str:
     """``conv``, ``gather``, ``gather_offsets``, ``gemm`` or ``gemm_channel_first`` for a Conv's weight gradient
     (lowering/conv.py).
 
@@ -189,8 +189,14 @@ def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kern
     strided slice). Else ``gather``: the columns by one Gather of whole channel rows, one MatMul; where the
     product is narrow (``K*Cin`` below ``OFFSET_COLUMNS_BELOW``, the columns many times the weight gradient)
     ``gather_offsets``: a Gather and a MatMul per kernel offset, so that a ``K``-th of the columns is alive at a
-    time. Grouped Convs keep ``conv``. ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
+    time. Grouped Convs keep ``conv``. ``dense_conv_as_matmul``: ``gemm`` (groups 1), but ``gather`` where
+    ``forward_product`` (this Conv's own forward, ``conv_forward_product``; None for a transposed Conv) reads the
+    channels-last columns ``[N*O, Cin*K]`` and the kernel has several offsets: ``gemm`` would build those very
+    columns, which common subexpression elimination (bridge's, onnx-mlir's, IREE's) merges with the forward's and
+    keeps alive until the backward at ``K`` times the input's size; ``gather``'s die in the backward."""
     if (form := _backward_form_before_shapes(groups)) is not None:
+        if form == "gemm" and math.prod(kernel) > 1 and forward_product in ("rows_gemm", "rows_matmul"):
+            return "gather"
         return form
     if math.prod(kernel) == 1:
         return "gemm"

@@ -372,12 +372,14 @@ def scatter_matrix(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence
 
 
 def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequence[int], stride: Sequence[int],
-                padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None) -> torch.Tensor:
+                padding: Sequence[int], dilation: Sequence[int], groups: int, form: str | None = None,
+                forward_product: str | None = None) -> torch.Tensor:
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: the current target's,
-    ``targets.conv_weight_grad_form``) is ``conv``, ``gather``, ``gather_offsets``, ``gemm`` or
-    ``gemm_channel_first`` (see the module docstring)."""
+    ``targets.conv_weight_grad_form``, told the Conv's ``forward_product`` if it has a forward) is ``conv``,
+    ``gather``, ``gather_offsets``, ``gemm`` or ``gemm_channel_first`` (see the module docstring)."""
     kernel = list(weight_size[2:])
-    form = form or targets.conv_weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output), stride)
+    form = form or targets.conv_weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output),
+                                                 stride, forward_product)
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
     if form == "gemm_channel_first":
@@ -549,23 +551,6 @@ def _forward_rows(x, weight, stride, padding, dilation, outputs, product_form: s
     return aten.permute.default(product, [0, rank + 1] + list(range(1, rank + 1)))
 
 
-def _weight_grad_apart_from_forward(x: torch.Tensor, weight: torch.Tensor, outputs: Sequence[int], groups: int,
-                                    stride: Sequence[int]) -> str | None:
-    """``gather`` where the weight gradient's ``gemm`` columns would be the very columns the forward product read
-    (``_forward_rows``'s channels-last ``[N*O, Cin*K]``) and the kernel has more than one offset, else None (the
-    target's form).
-
-    Built the same way, the two are one value after common subexpression elimination (bridge's, onnx-mlir's,
-    IREE's), which then stays alive from the forward to the backward at ``K`` times the input's size. The
-    ``gather`` columns (offset-major) are built at the backward and die there; what they share with the forward
-    is the padded channels-last input, once the input's size. A 1x1 kernel's columns are that input already."""
-    kernel = list(weight.shape[2:])
-    default = targets.conv_weight_grad_form(x.shape[1], weight.shape[0], groups, kernel, outputs, stride)
-    shared = (default == "gemm" and math.prod(kernel) > 1 and targets.conv_forward_form(groups, kernel, outputs) == "gemm"
-              and _forward_product(x, weight, outputs) in ("rows_gemm", "rows_matmul"))
-    return "gather" if shared else None
-
-
 @lowers(aten.convolution.default)
 def lower_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """Transposed convolution as the input gradient of a Conv (so it never becomes ConvTranspose);
@@ -607,8 +592,8 @@ def convolution_backward(
         if output_mask[0]:
             grad_input = input_grad(grad_output, weight, _spatial(x), stride, padding, dilation, groups)
         if output_mask[1]:
-            form = _weight_grad_apart_from_forward(x, weight, _spatial(grad_output), groups, stride)
-            grad_weight = weight_grad(grad_output, x, weight.shape, stride, padding, dilation, groups, form)
+            grad_weight = weight_grad(grad_output, x, weight.shape, stride, padding, dilation, groups,
+                                      forward_product=_forward_product(x, weight, _spatial(grad_output)))
     if output_mask[2]:
         grad_bias = _bias_grad(grad_output)
     return grad_input, grad_weight, grad_bias
