@@ -6,7 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from helpers.models import matmul_add_mlp
+from helpers.models import _float_model, matmul_add_mlp
+from onnx import helper
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import bridge
@@ -43,6 +44,23 @@ def test_step_scalars_once_per_step_and_bit_identical(optim, monkeypatch):
         a, b = (s.step({"x": x}, target) for s in sessions)
         for key in a:
             assert np.array_equal(a[key], b[key]), key
+
+
+def test_weights_with_one_gradient_keep_their_own_updates():
+    """Two biases added one after the other have one gradient value; their Adam updates are the same ops on it,
+    yet each weight's update stays its own layer: only per-step scalars (reading no gradient) are shared."""
+    rng = np.random.default_rng(0)
+    weights = {"W": rng.standard_normal((6, 3)).astype(np.float32), "b1": rng.standard_normal(3).astype(np.float32),
+               "b2": rng.standard_normal(3).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="fc"), helper.make_node("Add", ["h", "b1"], ["h1"], name="bias1"),
+             helper.make_node("Add", ["h1", "b2"], ["y"], name="bias2")]
+    graph = bridge.ir.load(bridge.to_training_onnx(_float_model("two_biases", nodes, ("x", [4, 6]), ("y", [4, 3]), weights, 17),
+                                                   loss="mse", optim="adam").model)
+    gradients = set(graph.gradients.values())
+    shared = [node.name for node in graph.nodes("optimizer", "step") if gradients & set(node.inputs)]
+    assert not shared
+    updates = {bias: Counter(node.op_type for node in graph.update_of(bias)) for bias in ("b1", "b2")}
+    assert updates["b1"] == updates["b2"] == Counter(node.op_type for node in graph.update_of("W"))
 
 
 def _graph(build) -> torch.fx.Graph:

@@ -13,8 +13,10 @@ Nodes merge only within one half of the step (forward, loss and backward; the op
 step's gradient and update graphs (``trace.split_step``) stay apart, while a backward node that
 recomputes a forward value (tiled max pooling's ``MaxPool`` of the forward input) reads the
 forward's (the kept node is always the earlier one). Never when impure (in-place or random), and
-float arguments compare by their exact repr (so ``0.0`` and ``-0.0`` differ). A node shared by several
-optimizer layers (a per-step scalar) is re-tagged to the optimizer's ``step`` layer.
+float arguments compare by their exact repr (so ``0.0`` and ``-0.0`` differ). Optimizer nodes of different
+layers merge only where they compute a per-step scalar (they read nothing but the graph's inputs,
+constants and other per-step scalars); the merged node is re-tagged to the optimizer's ``step`` layer. Two weights whose
+gradients are one value (the biases of two BatchNorms summed into one Add) keep their own updates.
 """
 from __future__ import annotations
 
@@ -80,14 +82,19 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
     never merged: two writers would then share one tensor."""
     seen: dict[Hashable, torch.fx.Node] = {}
     known: dict = {}
+    per_step: set[torch.fx.Node] = set()  # optimizer nodes that read only the graph's inputs, constants and such nodes
     removed = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or not _pure(node, known) or _mutates(node.target):
             continue
+        optimizer = _tags(node).get("phase") == Phase.OPTIMIZER
+        if optimizer and all(arg.op in ("placeholder", "get_attr") or arg in per_step for arg in node.all_input_nodes):
+            per_step.add(node)
         if any(user.op == "call_function" and _mutates(user.target) for user in node.users):
             continue
+        layer = None if not optimizer or node in per_step else _tags(node).get("layer")
         try:
-            key = (node.target, _tags(node).get("phase") == Phase.OPTIMIZER, _key(node.args), _key(node.kwargs))
+            key = (node.target, optimizer, layer, _key(node.args), _key(node.kwargs))
         except TypeError:  # an argument without a reliable equality (a tensor constant, a SymFloat...)
             continue
         kept = seen.setdefault(key, node)
