@@ -100,8 +100,9 @@ def crossing_counts(model: onnx.ModelProto) -> list[int]:
 def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) -> list[int]:
     """``cuts`` and, in the optimizer phase, cuts right after nodes that make a new state value (an ``updated_*``
     output: one state array's update is complete there), placed so that no piece replaces more than ``share``
-    of the state's bytes; a state array whose update alone is more gets a piece of its own. A piece then holds
-    the old and new arrays of only the state it replaces, and the session releases each old array after it."""
+    of the state's bytes, or than the largest state array where that is more (some piece holds it anyway): a
+    piece then holds the old and new arrays of only the state it replaces, and the session releases each old
+    array after it, without more piece calls than that bound needs."""
     nodes = [node for node in model.graph.node if not _constant_node(node)]
     in_optimizer = [any(prop.key == PHASE and prop.value == Phase.OPTIMIZER for prop in node.metadata_props)
                     for node in nodes]
@@ -110,7 +111,7 @@ def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) ->
     replaced_bytes = _replaced_bytes(model)
     made_bytes = [sum(replaced_bytes.get(name, 0) for name in node.output) if optimizer else 0
                   for node, optimizer in zip(nodes, in_optimizer, strict=True)]
-    limit = share * sum(replaced_bytes.values())
+    limit = max(share * sum(replaced_bytes.values()), max(replaced_bytes.values(), default=0))
     existing, bounded, replaced = set(cuts), list(cuts), 0
     for index, made in enumerate(made_bytes):
         if index in existing:
