@@ -175,7 +175,7 @@ def test_a_step_in_pieces_drops_each_value_after_its_last_reader():
 
 @needs_onnx_mlir
 def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
-    """``in_place=True`` (a graph in pieces, its optimizer phase cut further between parameters' updates): every
+    """``in_place=True`` (a graph in pieces, its optimizer phase cut further after state arrays' updates): every
     step (3 batches, then state edits between steps) equals the step of the graph compiled without it, bit for bit; the arrays given (initial state, batches) are
     not written; ``on_nonfinite="skip"`` is refused, and after a non-finite step under ``"raise"`` the error
     says so and the state holds that step's values."""
@@ -282,10 +282,13 @@ def test_pieces_run_in_sequence_compute_the_whole_graph(count):
     _assert_pieces_compute_the_whole_graph(tm, pieces, case)
 
 
-def test_in_place_pieces_each_replace_a_bounded_share_of_the_state():
+@pytest.mark.parametrize("layer_tags", ["as converted", "all one layer"])
+def test_in_place_pieces_each_replace_a_bounded_share_of_the_state(layer_tags):
     """in_place's cuts (``split(..., state_share=STATE_SHARE_PER_PIECE)``) of a small graph, whole under
-    ``pieces=1``: no piece makes the new value of more than that share of the state's bytes, each weight's
-    update (the weight and its Adam moments) is made in one piece, and the pieces compute the whole graph."""
+    ``pieces=1``: no piece makes the new value of more than that share of the state's bytes (or of its largest
+    array, where that is more), and the pieces compute the whole graph; the cuts follow
+    the graph's values, not its nodes' layer tags (here also with every optimizer node tagged as one layer)."""
+    from bridge.contract import LAYER, PHASE, Phase
     from bridge.tools.pieces import STATE_SHARE_PER_PIECE, split
 
     layers = 10  # equal layers: each weight's state is a tenth of the whole, under the share, two are over it
@@ -294,18 +297,60 @@ def test_in_place_pieces_each_replace_a_bounded_share_of_the_state():
         torch.nn.Linear(16, 3)), shape=(4, 6), sizes=(4,))
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim="adam")
+    if layer_tags == "all one layer":
+        for node in tm.model.graph.node:
+            tags = {prop.key: prop for prop in node.metadata_props}
+            if tags.get(PHASE) is not None and tags[PHASE].value == Phase.OPTIMIZER and LAYER in tags:
+                tags[LAYER].value = "step"
     state = tm.initial_state()
-    updated = {f"updated_{name}": name for name in state}
+    outputs = {value.name for value in tm.model.graph.output}
+    updated = {f"updated_{name}": name for name in state if f"updated_{name}" in outputs}
     state_bytes = sum(value.nbytes for value in state.values())
     pieces = split(tm.model, 1, state_share=STATE_SHARE_PER_PIECE)
     replaced = [[updated[name] for name in piece.outputs if name in updated] for piece in pieces]
+    assert sorted(name for names in replaced for name in names) == sorted(updated.values())
+    bound = max(STATE_SHARE_PER_PIECE * state_bytes, max(state[name].nbytes for name in updated.values()))
     for names in replaced:
-        assert sum(state[name].nbytes for name in names) <= STATE_SHARE_PER_PIECE * state_bytes, names
-    owner = {name: next(weight for weight in tm.weights if name.startswith(weight)) for names in replaced
-             for name in names if name != "step"}
-    for weight in tm.weights:
-        assert len([names for names in replaced if any(owner.get(name) == weight for name in names)]) == 1, weight
+        assert sum(state[name].nbytes for name in names) <= bound, names
     _assert_pieces_compute_the_whole_graph(tm, pieces, case)
+
+
+@needs_onnx_mlir
+def test_in_place_step_holds_no_array_past_the_piece_that_last_reads_it():
+    """During an in_place step, when a piece starts, no old state array that an earlier piece last read and no
+    value passed between pieces that an earlier piece last read is alive anywhere in the process (weak
+    references to them are dead): each is freed as soon as its last reader has run."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    case = CASES["mlp-symbolic-batch"]
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
+                                 optim_options=case.options, dynamic_batch=case.dynamic)
+    session = bridge.compile(tm, backend="onnx-mlir", in_place=True).session(seed=0)
+    batch = _batches(session, case)[0]
+    session.step(*batch)  # from here the session's state is the library's own output arrays
+    last_reader = {name: index for index, piece in enumerate(session._pieces) for name in piece.input_names}
+    watched = {name: weakref.ref(session.state[name]) for name in session.in_place}
+    alive_too_long: list[tuple[int, str]] = []
+
+    for index, piece in enumerate(session._pieces):
+        inner = piece.session
+
+        def run_piece(arrays: list[np.ndarray], index: int = index, inner=inner, names=piece.output_names) -> list:
+            gc.collect()
+            alive_too_long.extend((index, name) for name, ref in watched.items()
+                                  if last_reader.get(name, len(session._pieces)) < index and ref() is not None)
+            results = inner.run(arrays)
+            watched.update({name: weakref.ref(value) for name, value in zip(names, results, strict=True)
+                            if name not in session.output_names})
+            return results
+
+        session._pieces[index] = SimpleNamespace(**{**vars(piece), "session": SimpleNamespace(run=run_piece)})
+    assert len(session._pieces) > 1 and any(session._state_released[:-1])
+    session.step(*batch)
+    assert not alive_too_long
 
 
 @pytest.mark.parametrize("pieces", [0, -1, 2.5, "some", True])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..contract import LAYER, PHASE, Phase, updated_name
+from ..contract import PHASE, Phase, updated_name
 from ..errors import BridgeError, InvalidOptionError
 from ..onnx_file import node_reads
 
@@ -24,7 +24,7 @@ _CUT_WINDOW = 0.25
 # in_place: the most of the state's bytes one piece replaces (``state_bounded_cuts``). A piece holds the old
 # and the new arrays of the state it replaces side by side (and its update's temporaries), so this bounds the
 # step's peak above the state and gradients; a smaller share costs a piece call more per cut and barely lowers
-# the peak once the largest parameter has a piece of its own.
+# the peak once the largest state array has a piece of its own.
 STATE_SHARE_PER_PIECE = 0.125
 
 
@@ -98,29 +98,28 @@ def crossing_counts(model: onnx.ModelProto) -> list[int]:
 
 
 def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) -> list[int]:
-    """``cuts`` and, in the optimizer phase, cuts between parameters' updates (never inside one parameter's)
-    placed so that no piece replaces more than ``share`` of the state's bytes (the state inputs whose
-    ``updated_*`` it makes); a parameter whose update alone is more gets a piece of its own."""
+    """``cuts`` and, in the optimizer phase, cuts right after nodes that make a new state value (an ``updated_*``
+    output: one state array's update is complete there), placed so that no piece replaces more than ``share``
+    of the state's bytes, or than the largest state array where that is more (some piece holds it anyway): a
+    piece then holds the old and new arrays of only the state it replaces, and the session releases each old
+    array after it, without more piece calls than that bound needs."""
     nodes = [node for node in model.graph.node if not _constant_node(node)]
-    tags = [{prop.key: prop.value for prop in node.metadata_props} for node in nodes]
-    optimizer = [index for index, tag in enumerate(tags) if tag.get(PHASE) == Phase.OPTIMIZER]
-    if not optimizer:
+    in_optimizer = [any(prop.key == PHASE and prop.value == Phase.OPTIMIZER for prop in node.metadata_props)
+                    for node in nodes]
+    if not any(in_optimizer):
         return cuts
     replaced_bytes = _replaced_bytes(model)
-    limit = share * sum(replaced_bytes.values())
-    spans: dict[str, list[int]] = {}  # each parameter's update: its first and last node
-    for index in optimizer:
-        spans.setdefault(tags[index].get(LAYER, ""), [index, index])[1] = index
-    inside_an_update = {position for first, last in spans.values() for position in range(first + 1, last + 1)}
+    made_bytes = [sum(replaced_bytes.get(name, 0) for name in node.output) if optimizer else 0
+                  for node, optimizer in zip(nodes, in_optimizer, strict=True)]
+    limit = max(share * sum(replaced_bytes.values()), max(replaced_bytes.values(), default=0))
     existing, bounded, replaced = set(cuts), list(cuts), 0
-    for index, node in enumerate(nodes):
+    for index, made in enumerate(made_bytes):
         if index in existing:
             replaced = 0
-        elif index >= optimizer[0] and index not in inside_an_update and replaced and replaced + _update_bytes(
-                index, nodes, tags, replaced_bytes) > limit:
+        elif replaced and made_bytes[index - 1] and replaced + _next_update_bytes(made_bytes, index) > limit:
             bounded.append(index)
             replaced = 0
-        replaced += sum(replaced_bytes.get(name, 0) for name in node.output)
+        replaced += made
     return sorted(bounded)
 
 
@@ -136,11 +135,9 @@ def _replaced_bytes(model: onnx.ModelProto) -> dict[str, int]:
     return sizes
 
 
-def _update_bytes(start: int, nodes: list[onnx.NodeProto], tags: list[dict[str, str]], replaced_bytes: dict[str, int]) -> int:
-    """The state bytes that the parameter update starting at node ``start`` replaces (its layer's nodes from there)."""
-    layer = tags[start].get(LAYER, "")
-    return sum(replaced_bytes.get(name, 0) for node, tag in zip(nodes[start:], tags[start:], strict=True)
-               if tag.get(LAYER, "") == layer for name in node.output)
+def _next_update_bytes(made_bytes: list[int], start: int) -> int:
+    """The state bytes that the next node from ``start`` on making new state values replaces (0: none left)."""
+    return next((made for made in made_bytes[start:] if made), 0)
 
 
 def split(model: onnx.ModelProto, count: int | None = None, cuts: list[int] | None = None,
