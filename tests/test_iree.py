@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main as cli_main
+from bridge.contract import UPDATED_PREFIX, updated_name
 from bridge.errors import MissingExtraError
 from bridge.training.runtime_iree import IreeTrainingSession
 
@@ -188,8 +189,8 @@ def test_state_edits_between_steps_reach_compiled_step(compiled):
 
 def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
     """``in_place=True``: every step (3 batches, then state edits between steps) equals the step of the module
-    that returns new buffers bit for bit; the state updated in place (the optimizer slots among it) stays in
-    the same memory from step to step; the arrays given as the initial state are not written."""
+    that returns new buffers bit for bit; every state the step updates (the weights the backward reads among
+    it) stays in the same memory from step to step; the arrays given as the initial state are not written."""
     in_place = bridge.compile(compiled.tm, in_place=True)
     initial = compiled.tm.initial_state()
     given = {name: value.copy() for name, value in initial.items()}
@@ -198,6 +199,7 @@ def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
     assert any(name.startswith(weight + ".") for name in overwritten for weight in compiled.tm.weights)
     steps = [[{name: value.copy() for name, value in session.step(inputs, target).items()}
               for inputs, target in compiled.batches] for session in sessions]
+    assert {name for name in steps[0][0] if name.startswith(UPDATED_PREFIX)} == {updated_name(name) for name in overwritten}
     before = {name: sessions[1].state[name] for name in overwritten}
     steps = [runs + steps_with_state_edits(session, compiled.tm.weights, *compiled.batches[0])
              for runs, session in zip(steps, sessions, strict=True)]
