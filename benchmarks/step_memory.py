@@ -25,7 +25,7 @@ in bridge's sessions (bridge/training/runtime.py), so both rows are that.
 Backends: ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam``, then the gradients set to None:
 they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime, as ``bridge.Trainer`` runs it: no ``grad_*``
 outputs, the updated state written into the session's second set of state buffers), ``bridge-ort-arena``, ``bridge-iree``
-(``bridge.compile(in_place=True)``: the state no later read needs is updated in its own buffers) and ``bridge-onnx-mlir``
+(``bridge.compile(in_place=True)``: the state is updated in its own buffers) and ``bridge-onnx-mlir``
 (``bridge.compile(in_place=True)``: the session releases each old state array once the last piece reading it has
 run; present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
 """

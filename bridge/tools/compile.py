@@ -323,12 +323,12 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         pieces: onnx-mlir: how many pieces of contiguous nodes the graph is compiled in (compiled in parallel
             on the machine's cores, run in sequence; ``module`` is then a zip of their libraries);
             ``"auto"``: pieces of about ``NODES_PER_PIECE`` nodes, one for a smaller graph. IREE: 1 or ``"auto"``.
-        in_place: the step's new state takes the memory of the old. IREE: the step writes the updated state
-            into the state's own buffers where no later read needs the old value (``in_place_state``: optimizer
-            moments, biases, the first layer's weights). onnx-mlir: the session releases each state array once
-            the last piece that reads it has run, and the optimizer phase is cut further so that no piece
-            replaces more than ``STATE_SHARE_PER_PIECE`` of the state (a small graph too). The session's state then
-            holds the step's values even when the step is not finite: ``on_nonfinite="skip"`` is refused,
+        in_place: the step's new state takes the memory of the old. IREE: the step writes every updated state
+            into the state's own buffer; the module holds two functions the session calls in turn, the forward
+            and backward, then the optimizer (``step_in_two_calls``). onnx-mlir: the session releases each state
+            array once the last piece that reads it has run, and the optimizer phase is cut further so that no
+            piece replaces more than ``STATE_SHARE_PER_PIECE`` of the state (a small graph too). The session's
+            state then holds the step's values even when the step is not finite: ``on_nonfinite="skip"`` is refused,
             ``"raise"`` says so.
     """
     if backend not in BACKENDS:

@@ -11,14 +11,15 @@ array are writes into the buffer; an array put in its place is copied as any inp
 A module compiled with ``in_place=True`` lists under ``IN_PLACE`` the state that the step overwrites in its
 own buffer: for those, ``updated_*`` is a view of the argument's buffer (a copy of an array given from
 outside is made first, so the caller's array is never written), and a step's values replace the previous
-step's in the same memory: copy what must outlive the next step.
+step's in the same memory: copy what must outlive the next step. Such a module holds the step as
+functions the session calls in turn (``PIECE``), each value one makes passed to the next as IREE's buffer.
 """
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -75,7 +76,7 @@ class IreeTrainingSession(StepSession):
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"not an IREE module (.vmfb): {exc}") from exc
         loaded = rt.load_vm_module(vm_module, self._config)
-        self._calls: list[tuple[object, list[str], list[str], list[str]]] = []  # function, inputs, outputs, in place
+        self._calls: list[tuple[Callable, list[str], list[str], list[str]]] = []  # function, inputs, outputs, in place
         for entry in _entry_functions(vm_module):
             reflection = vm_module.lookup_function(entry).reflection
             self._calls.append((getattr(loaded, entry), json.loads(reflection[INPUTS]), json.loads(reflection[OUTPUTS]),
@@ -104,18 +105,17 @@ class IreeTrainingSession(StepSession):
                 arguments[name] = self._rt.asdevicearray(self._config.device, np.array(value, order="C"))
             else:
                 arguments[name] = np.asarray(value, order="C")
-        values = dict(arguments)
-        for function, inputs, outputs, in_place in self._calls:
-            results = function(*(values[name] for name in inputs))
-            results = (results,) if len(outputs) == 1 else results or ()
-            values.update(zip(outputs, results, strict=True))
-            values.update((updated_name(name), values[name]) for name in in_place)
+        values: dict[str, Any] = dict(arguments)
+        for function, reads, makes, overwrites in self._calls:
+            results = function(*(values[name] for name in reads))
+            values.update(zip(makes, (results,) if len(makes) == 1 else results or (), strict=True))
+            values.update((updated_name(name), values[name]) for name in overwrites)
         outputs, self._resident = {}, {}
         for name in [*self.output_names, *(updated_name(name) for name in self.in_place)]:
-            value = values[name]
-            outputs[name] = value.to_host()
-            if name.startswith(UPDATED_PREFIX) and getattr(value, "_is_mappable", lambda: False)():
-                self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], value)  # a view, not a copy
+            result = values[name]
+            outputs[name] = result.to_host()
+            if name.startswith(UPDATED_PREFIX) and getattr(result, "_is_mappable", lambda: False)():
+                self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], result)  # a view, not a copy
         return outputs
 
 
