@@ -214,6 +214,36 @@ def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
         np.testing.assert_array_equal(initial[name], value, err_msg=name)
 
 
+def test_the_outputs_a_step_returns_keep_none_of_its_gradients_alive(tmp_path):
+    """``in_place=True`` runs the step in two calls, the first returning the gradients together with the loss:
+    while the caller holds the outputs of a step that returns no gradients (``bridge.Trainer``'s: the loss, and
+    the state, which lives in its own buffers anyway), IREE holds the state's buffers and not the gradients.
+    ``local-sync``: every buffer comes from the device allocator, whose statistics count the bytes it holds."""
+    import iree.runtime as rt
+
+    allocator = rt.get_device("local-sync").allocator
+    if not allocator.has_statistics:
+        pytest.skip("this IREE runtime keeps no allocator statistics")
+    torch.manual_seed(0)
+    source = tmp_path / "wide.onnx"
+    wide = torch.nn.Sequential(torch.nn.Linear(6, 512), torch.nn.Tanh(), torch.nn.Linear(512, 3))
+    torch.onnx.export(wide.eval(), (torch.randn(2, 6),), str(source), dynamo=False, input_names=["x"], output_names=["y"])
+    tm = bridge.to_training_onnx(str(source), loss="ce", optim="adam")
+    state = tm.initial_state()
+    session = IreeTrainingSession(bridge.compile(tm, gradients=False, in_place=True), state, driver="local-sync", training_model=tm.model)
+
+    def held() -> int:
+        figures = allocator.statistics
+        return figures["device_bytes_allocated"] - figures["device_bytes_freed"]
+
+    before = held()
+    inputs, target = {"x": np.ones((2, 6), np.float32)}, np.zeros(tm.target_shape, tm.target_dtype)
+    outputs = [session.step(inputs, target) for _ in range(2)]
+    weight_bytes = sum(state[name].nbytes for name in tm.weights)
+    assert held() - before < sum(value.nbytes for value in state.values()) + weight_bytes / 2
+    assert all(np.isfinite(output["loss"]) for output in outputs)
+
+
 def test_in_place_refuses_what_it_cannot_keep(tmp_path):
     """An in-place module cannot restore the state after a non-finite step: ``on_nonfinite="skip"`` is refused
     and the ``"raise"`` error says the state holds the step; ``in_place`` is a bool."""

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from ..contract import (
+    GRAD_PREFIX,
     IN_PLACE,
     INPUT_SPECS,
     INPUTS,
@@ -114,6 +115,10 @@ class IreeTrainingSession(StepSession):
         for name in [*self.output_names, *(updated_name(name) for name in self.in_place)]:
             result = values[name]
             outputs[name] = result.to_host()
+            if not name.startswith((UPDATED_PREFIX, GRAD_PREFIX)):
+                # a view of the loss would keep the result allocation it shares (a step in two calls: every
+                # gradient) alive for as long as the caller keeps the outputs
+                outputs[name] = outputs[name].copy()
             if name.startswith(UPDATED_PREFIX) and getattr(result, "_is_mappable", lambda: False)():
                 self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], result)  # a view, not a copy
         return outputs
