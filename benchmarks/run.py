@@ -582,8 +582,8 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "fresh process after one warm-up step (glibc's mmap threshold fixed at 64 KiB, so freed blocks go "
                   "back to the system; onnxruntime's CPU arena off, except in `bridge-ort-arena`: the growth over the "
                   "first 3 steps with it on). Adam; eager torch's gradients are freed after its step. `memory=min`: "
-                  "graphs converted with `to_training_onnx(..., memory=\"min\")`. **held**: the RSS between steps above "
-                  "the RSS before the session was built, less the state's bytes (a second set of state buffers, a "
+                  "graphs converted with `to_training_onnx(..., memory=\"min\")`. **held**: the memory allocated between steps "
+                  "beyond what it was before the session was built, less the state's bytes (a second set of state buffers, a "
                   "runtime's pool); **peak + held**: the step's peak beyond the state. **footprint**: that step's peak "
                   "RSS above the RSS before the session (torch: its copy of the module and its optimizer) was built, after "
                   "the imports.",

@@ -10,9 +10,10 @@ the process's peak RSS (``/proc/self/clear_refs`` with ``5`` resets ``VmHWM``), 
 baseline: weights, optimizer state, the runtime and everything the warm-up left), runs one step and
 reports ``VmHWM`` minus that baseline: what the step itself adds at its peak. A session may keep memory between
 steps beyond its state (a second set of state buffers, the runtime's pool of the step's buffers): that is in the
-baseline, so the peak above it misses it. ``held_mib`` counts it: the baseline above the RSS before the session (or
-torch's copy of the module and its optimizer) was built, after the runtime's imports, less the state's own bytes
-(weights, buffers, optimizer moments). "peak + held" is the honest step peak: all the memory beyond the state.
+baseline, so the peak above it misses it. ``held_mib`` counts it: the anonymous RSS (memory allocated, not the
+pages of the libraries a first step runs) at the baseline above that before the session (or torch's copy of the
+module and its optimizer) was built, after the runtime's imports, less the state's own bytes (weights, buffers,
+optimizer moments). "peak + held" is the honest step peak: all the memory beyond the state.
 The footprint: the peak RSS of that step above the RSS before the session was built (the state, what the
 session keeps, and the step's peak together).
 
@@ -74,15 +75,16 @@ def _reset_peak() -> None:
 
 def measure_step(step) -> dict[str, float]:
     """Run ``step`` once to warm up, reset the peak, read the baseline RSS, run ``step`` once more: ``peak_mib``
-    is the peak RSS during that step above the baseline (``baseline_mib``)."""
+    is the peak RSS during that step above the baseline (``baseline_mib``; ``allocated_mib``: its anonymous
+    part, the memory the process allocated, without the pages of libraries and files it has read)."""
     step()
     _reset_peak()
-    baseline = _status_mib("VmRSS")
+    baseline, allocated = _status_mib("VmRSS"), _status_mib("RssAnon")
     start, cpu_start = time.perf_counter(), time.process_time()
     step()
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    return {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "step_s": seconds,
-            "step_cpu_s": cpu_seconds}
+    return {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "allocated_mib": allocated,
+            "step_s": seconds, "step_cpu_s": cpu_seconds}
 
 
 def import_runtime(backend: str) -> None:
@@ -159,24 +161,24 @@ def child(args: argparse.Namespace) -> None:
     # the model's builder is seeded: the same weights as the converted graph's; built (its libraries imported)
     # before the footprint's start, from which torch's step copies the module as bridge's session loads its state
     bench = MODELS[args.model]() if args.backend == "torch" else None
-    before_session = _status_mib("VmRSS")
+    before_session, allocated_before = _status_mib("VmRSS"), _status_mib("RssAnon")
     if bench is not None:
         step, state_mib = torch_step(bench, args.threads)
     else:
         step, state_mib = bridge_step(args.backend, Path(args.graph), inputs, data["target"], args.threads)
     if args.backend == "bridge-ort-arena":  # the arena keeps what the steps used: measure the first steps
         _reset_peak()
-        baseline = _status_mib("VmRSS")
+        baseline, allocated = _status_mib("VmRSS"), _status_mib("RssAnon")
         for _ in range(ARENA_STEPS - 1):
             step()
         start = time.perf_counter()
         step()
-        figures = {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline,
+        figures = {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "allocated_mib": allocated,
                    "step_s": time.perf_counter() - start}
     else:
         figures = measure_step(step)
     figures["footprint_mib"] = figures["baseline_mib"] + figures["peak_mib"] - before_session
-    figures["held_mib"] = figures["baseline_mib"] - before_session - state_mib()
+    figures["held_mib"] = figures.pop("allocated_mib") - allocated_before - state_mib()
     print(json.dumps(figures))
 
 
