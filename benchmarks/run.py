@@ -65,6 +65,7 @@ from graph_size import onnxsim_counts, with_loss  # noqa: E402
 from models import MODELS, STACKS, BenchModel, torch_loss  # noqa: E402
 from step_memory import BACKENDS as STEP_MEMORY_BACKENDS  # noqa: E402
 from step_memory import measure as measure_step_memory  # noqa: E402
+from step_memory import step_peak_mib  # noqa: E402
 from step_memory import table as step_memory_table  # noqa: E402
 
 THREADED = ("bridge-ort", "bridge-iree", "torch", "torch-compile", "ort-training")
@@ -480,7 +481,7 @@ def _joined(values: list[str]) -> str:
 def summary_table(results: list[dict], step_memory: list[dict] | None) -> list[str]:
     """The top table: one row per model with its conversion time, node count (and its ratio to onnxsim's), step
     time per backend against eager torch, compile times and step peak memory against torch's."""
-    peaks = {(r["model"], r["backend"]): r["peak_mib"] for r in step_memory or [] if r["memory"] in ("-", "default")}
+    peaks = {(r["model"], r["backend"]): step_peak_mib(r) for r in step_memory or [] if r["memory"] in ("-", "default")}
     lines = ["| model | convert s | nodes (x onnxsim) | step / torch: onnxruntime / IREE (2 threads) / onnx-mlir (1 "
              "thread) | torch step ms: 2 / 1 threads | compile s: IREE / onnx-mlir | torch step peak MiB | step peak "
              "/ torch: onnxruntime / IREE / onnx-mlir |", "|---" * 8 + "|"]
@@ -546,7 +547,7 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "onnxsim's: its Adam step of the same module with a one-hot cross-entropy appended "
                   "(benchmarks/graph_size.py), where it builds. **step / torch**: the median per-round ratio to eager "
                   "torch at the same thread count (< 1: faster than torch). **step peak**: one step's peak RSS above "
-                  "the RSS before it (benchmarks/step_memory.py, default graphs; IREE and onnx-mlir compiled with `in_place=True`, in the "
+                  "the RSS before it, plus what the session holds between steps beyond its state (benchmarks/step_memory.py, default graphs; IREE and onnx-mlir compiled with `in_place=True`, in the "
                   "step column too). The tables below give the figures "
                   "behind each column.", "", *summary_table(results, step_memory), ""]
         lines += ["Median step time in ms (25th-75th percentile) and the median per-round ratio to eager torch at "
@@ -581,7 +582,9 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "fresh process after one warm-up step (glibc's mmap threshold fixed at 64 KiB, so freed blocks go "
                   "back to the system; onnxruntime's CPU arena off, except in `bridge-ort-arena`: the growth over the "
                   "first 3 steps with it on). Adam; eager torch's gradients are freed after its step. `memory=min`: "
-                  "graphs converted with `to_training_onnx(..., memory=\"min\")`. **footprint**: that step's peak "
+                  "graphs converted with `to_training_onnx(..., memory=\"min\")`. **held**: the memory allocated between steps "
+                  "beyond what it was before the session was built, less the state's bytes (a second set of state buffers, a "
+                  "runtime's pool); **peak + held**: the step's peak beyond the state. **footprint**: that step's peak "
                   "RSS above the RSS before the session (torch: its copy of the module and its optimizer) was built, after "
                   "the imports.",
                   "",

@@ -8,10 +8,14 @@ with each ``--memory`` setting of ``to_training_onnx``, and the compiled backend
 Each measurement then runs in a fresh child process: it builds the session, runs one warm-up step, resets
 the process's peak RSS (``/proc/self/clear_refs`` with ``5`` resets ``VmHWM``), reads its RSS (the
 baseline: weights, optimizer state, the runtime and everything the warm-up left), runs one step and
-reports ``VmHWM`` minus that baseline: what the step itself adds at its peak. Beside it, the footprint: the
-peak RSS of that step above the RSS before the session (or torch's copy of the module and its optimizer) was
-built, after the runtime's imports: the state, what the session keeps between steps, and the step's peak together, so that
-memory moved out of the step into the session shows.
+reports ``VmHWM`` minus that baseline: what the step itself adds at its peak. A session may keep memory between
+steps beyond its state (a second set of state buffers, the runtime's pool of the step's buffers): that is in the
+baseline, so the peak above it misses it. ``held_mib`` counts it: the anonymous RSS (memory allocated, not the
+pages of the libraries a first step runs) at the baseline above that before the session (or torch's copy of the
+module and its optimizer) was built, after the runtime's imports, less the state's own bytes (weights, buffers,
+optimizer moments). "peak + held" is the honest step peak: all the memory beyond the state.
+The footprint: the peak RSS of that step above the RSS before the session was built (the state, what the
+session keeps, and the step's peak together).
 
 The children run with glibc's mmap threshold fixed at 64 KiB (``MALLOC_MMAP_THRESHOLD_``): every larger
 block is mapped on allocation and unmapped on free, so RSS follows the live memory. With glibc's default
@@ -25,7 +29,7 @@ in bridge's sessions (bridge/training/runtime.py), so both rows are that.
 Backends: ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam``, then the gradients set to None:
 they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime, as ``bridge.Trainer`` runs it: no ``grad_*``
 outputs, the updated state written into the session's second set of state buffers), ``bridge-ort-arena``, ``bridge-iree``
-(``bridge.compile(in_place=True)``: the state no later read needs is updated in its own buffers) and ``bridge-onnx-mlir``
+(``bridge.compile(in_place=True)``: the state is updated in its own buffers) and ``bridge-onnx-mlir``
 (``bridge.compile(in_place=True)``: the session releases each old state array once the last piece reading it has
 run; present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
 """
@@ -71,15 +75,16 @@ def _reset_peak() -> None:
 
 def measure_step(step) -> dict[str, float]:
     """Run ``step`` once to warm up, reset the peak, read the baseline RSS, run ``step`` once more: ``peak_mib``
-    is the peak RSS during that step above the baseline (``baseline_mib``)."""
+    is the peak RSS during that step above the baseline (``baseline_mib``; ``allocated_mib``: its anonymous
+    part, the memory the process allocated, without the pages of libraries and files it has read)."""
     step()
     _reset_peak()
-    baseline = _status_mib("VmRSS")
+    baseline, allocated = _status_mib("VmRSS"), _status_mib("RssAnon")
     start, cpu_start = time.perf_counter(), time.process_time()
     step()
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    return {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "step_s": seconds,
-            "step_cpu_s": cpu_seconds}
+    return {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "allocated_mib": allocated,
+            "step_s": seconds, "step_cpu_s": cpu_seconds}
 
 
 def import_runtime(backend: str) -> None:
@@ -97,7 +102,8 @@ def import_runtime(backend: str) -> None:
 
 
 def torch_step(bench: BenchModel, threads: int):
-    """Eager torch's step on ``bench``: forward, loss, backward, ``torch.optim.Adam`` (gradients to None first)."""
+    """Eager torch's step on ``bench``: forward, loss, backward, ``torch.optim.Adam`` (gradients to None first);
+    and a function that gives the MiB of its state (weights, buffers, Adam's moments once a step has made them)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -111,12 +117,18 @@ def torch_step(bench: BenchModel, threads: int):
         optimizer.step()
         optimizer.zero_grad()  # the gradients are the step's memory: freed after it, as bridge's are
 
-    return step
+    def state_mib() -> float:
+        slots = [value for slot in optimizer.state.values() for value in slot.values() if torch.is_tensor(value)]
+        return sum(value.nbytes for value in [*module.state_dict().values(), *slots]) / 2**20
+
+    return step, state_mib
 
 
 def bridge_step(backend: str, graph: Path, inputs: dict[str, np.ndarray], target: np.ndarray, threads: int):
-    """bridge's step on the saved training ``graph`` (its state beside it) in ``backend``."""
+    """bridge's step on the saved training ``graph`` (its state beside it) in ``backend``, and a function that
+    gives the MiB of that state."""
     state = dict(np.load(str(graph) + ".state.npz"))
+    state_mib = sum(value.nbytes for value in state.values()) / 2**20
     if backend in COMPILED:
         import onnx
 
@@ -138,7 +150,7 @@ def bridge_step(backend: str, graph: Path, inputs: dict[str, np.ndarray], target
         if backend == "bridge-ort":
             runtime.session_options = without_arena
         session = runtime.TrainingSession(graph, state, threads=threads, gradients=False, swap_buffers=True)
-    return lambda: session.step(inputs, target)
+    return (lambda: session.step(inputs, target)), (lambda: state_mib)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -149,23 +161,24 @@ def child(args: argparse.Namespace) -> None:
     # the model's builder is seeded: the same weights as the converted graph's; built (its libraries imported)
     # before the footprint's start, from which torch's step copies the module as bridge's session loads its state
     bench = MODELS[args.model]() if args.backend == "torch" else None
-    before_session = _status_mib("VmRSS")
+    before_session, allocated_before = _status_mib("VmRSS"), _status_mib("RssAnon")
     if bench is not None:
-        step = torch_step(bench, args.threads)
+        step, state_mib = torch_step(bench, args.threads)
     else:
-        step = bridge_step(args.backend, Path(args.graph), inputs, data["target"], args.threads)
+        step, state_mib = bridge_step(args.backend, Path(args.graph), inputs, data["target"], args.threads)
     if args.backend == "bridge-ort-arena":  # the arena keeps what the steps used: measure the first steps
         _reset_peak()
-        baseline = _status_mib("VmRSS")
+        baseline, allocated = _status_mib("VmRSS"), _status_mib("RssAnon")
         for _ in range(ARENA_STEPS - 1):
             step()
         start = time.perf_counter()
         step()
-        figures = {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline,
+        figures = {"peak_mib": _status_mib("VmHWM") - baseline, "baseline_mib": baseline, "allocated_mib": allocated,
                    "step_s": time.perf_counter() - start}
     else:
         figures = measure_step(step)
     figures["footprint_mib"] = figures["baseline_mib"] + figures["peak_mib"] - before_session
+    figures["held_mib"] = figures.pop("allocated_mib") - allocated_before - state_mib()
     print(json.dumps(figures))
 
 
@@ -233,21 +246,28 @@ def measure_model(name: str, backends: list[str], memory_settings: list[str], th
     return rows
 
 
+def step_peak_mib(row: dict) -> float:
+    """The step's peak beyond the state: its own peak above the baseline and what the session holds between
+    steps (see the module docstring)."""
+    return row["peak_mib"] + row["held_mib"]
+
+
 def table(rows: list[dict]) -> list[str]:
-    """Markdown rows: peak step memory and footprint per model and backend, and their ratios to eager torch's."""
+    """Markdown rows: step memory (its own peak, what the session holds between steps, both together) and
+    footprint per model and backend, and the ratios of the last two to eager torch's."""
     torch_rows = {r["model"]: r for r in rows if r["backend"] == "torch"}
 
-    def ratio(row: dict, key: str) -> str:
+    def ratio(row: dict, figure) -> str:
         torch_row = torch_rows.get(row["model"])
-        return f"{row[key] / torch_row[key]:.2f}" if torch_row and torch_row[key] > 0 else "-"
+        return f"{figure(row) / figure(torch_row):.2f}" if torch_row and figure(torch_row) > 0 else "-"
 
-    lines = ["| model | backend | memory= | peak MiB above baseline | / torch | footprint MiB | / torch | "
-             "baseline RSS MiB | step s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | backend | memory= | peak MiB above baseline | held between steps MiB | peak + held MiB | / torch "
+             "| footprint MiB | / torch | baseline RSS MiB | step s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['backend']} | {r['memory']} | {r['peak_mib']:.1f} | {ratio(r, 'peak_mib')} | "
-                     f"{r['footprint_mib']:.1f} | {ratio(r, 'footprint_mib')} | {r['baseline_mib']:.0f} | "
-                     f"{r['step_s']:.3f} |")
+        lines.append(f"| {r['model']} | {r['backend']} | {r['memory']} | {r['peak_mib']:.1f} | {r['held_mib']:.1f} | "
+                     f"{step_peak_mib(r):.1f} | {ratio(r, step_peak_mib)} | {r['footprint_mib']:.1f} | "
+                     f"{ratio(r, lambda row: row['footprint_mib'])} | {r['baseline_mib']:.0f} | {r['step_s']:.3f} |")
     return lines
 
 

@@ -137,6 +137,7 @@ INPUTS = "bridge.inputs"  # JSON list of input names, in argument order
 OUTPUTS = "bridge.outputs"  # JSON list of output names, in result order
 INPUT_SPECS = "bridge.input_specs"  # JSON {name: [shape (an int, or None: symbolic), numpy dtype name]}
 IN_PLACE = "bridge.in_place"  # JSON list of the state inputs the step overwrites with their updated_* value
+PIECE = "bridge.piece"  # JSON {"index", "inputs", "outputs"}: a function the step runs in turn, and the step's names
 
 
 def encode_random_inputs(names: Iterable[str]) -> str:
@@ -222,6 +223,8 @@ KEY_DOCS: dict[str, tuple[str, str]] = {  # key -> (where, the value)
     INPUT_SPECS: ("IREE reflection", "JSON {input name: [shape (a symbolic dim: null), numpy dtype name]}"),
     IN_PLACE: ("IREE reflection (`bridge.compile(in_place=True)`)", "JSON list of the state inputs whose "
                "`updated_*` value the step writes into the input's own buffer (not among the results)"),
+    PIECE: ("IREE reflection (`bridge.compile(in_place=True)`)", 'JSON {"index", "inputs", "outputs"}: the '
+            "function's place among those a step calls in turn, and the step's input and output names"),
     PADDING_IDX: ("source model: a `Gather` (axis 0) of a 2-D table", "the row that gets no gradient (torch's "
                   "`nn.Embedding(padding_idx=...)`; `export_for_training` writes it, bridge reads it)"),
 }

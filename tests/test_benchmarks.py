@@ -169,10 +169,10 @@ def test_the_top_table_has_a_row_per_model_with_ratios_to_torch_and_onnxsim():
     mlp = {**resnet, "model": "mlp", "convert_s": 0.5, "onnxsim_nodes": None,
            "steps": bench.summarise({"torch": [0.002] * 5, "bridge-ort": [0.001] * 5})}
     del mlp["iree_compile_s"], mlp["onnx_mlir_compile_s"]
-    memory = [{"model": "resnet18", "backend": "torch", "memory": "-", "peak_mib": 40.0},
-              {"model": "resnet18", "backend": "bridge-ort", "memory": "default", "peak_mib": 50.0},
-              {"model": "resnet18", "backend": "bridge-ort", "memory": "min", "peak_mib": 20.0},
-              {"model": "resnet18", "backend": "bridge-onnx-mlir", "memory": "default", "peak_mib": 30.0}]
+    memory = [{"model": "resnet18", "backend": "torch", "memory": "-", "peak_mib": 40.0, "held_mib": 0.0},
+              {"model": "resnet18", "backend": "bridge-ort", "memory": "default", "peak_mib": 50.0, "held_mib": 30.0},
+              {"model": "resnet18", "backend": "bridge-ort", "memory": "min", "peak_mib": 20.0, "held_mib": 30.0},
+              {"model": "resnet18", "backend": "bridge-onnx-mlir", "memory": "default", "peak_mib": 30.0, "held_mib": 10.0}]
     for row in memory:
         row.update(baseline_mib=500.0, footprint_mib=600.0, step_s=0.1)
     info = {"date": "d", "cores": 2, "cpu": "x", "memory_gib": 8, "threads": 2, "versions": {"torch": "t"},
@@ -184,11 +184,11 @@ def test_the_top_table_has_a_row_per_model_with_ratios_to_torch_and_onnxsim():
     rows = [line for line in top.splitlines() if line.startswith("|")]
     assert len(rows) == 4  # header, rule, two models
     assert rows[2] == ("| resnet18 | 1.25 | 600 (1.20x) | 0.50 / 1.50 / 0.50 | 2.0 / 4.0 | 61.0 / 33.0 | 40.0 "
-                       "| 1.25 / - / 0.75 |")
+                       "| 2.00 / - / 1.00 |")  # the step's peak and what the session holds between steps, over torch's
     assert rows[3] == "| mlp | 0.50 | 600 | 0.50 / - / - | 2.0 / - | - | - | - |"
     conversion = next(line for line in text.splitlines() if line.startswith("| resnet18 | 42.7 |"))
     assert "| 100 / 20 / 300 / 180 | 100 / 30 / 220 / 150 | 61.0 | 33.0 |" in conversion
-    assert "### Step memory" in text and "| resnet18 | bridge-ort | min | 20.0 | 0.50 |" in text
+    assert "### Step memory" in text and "| resnet18 | bridge-ort | min | 20.0 | 30.0 | 50.0 | 1.25 |" in text
 
 
 def test_the_depth_slope_is_the_least_squares_line():

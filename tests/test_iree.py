@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import bridge
 from bridge.cli import main as cli_main
+from bridge.contract import UPDATED_PREFIX, updated_name
 from bridge.errors import MissingExtraError
 from bridge.training.runtime_iree import IreeTrainingSession
 
@@ -188,8 +189,8 @@ def test_state_edits_between_steps_reach_compiled_step(compiled):
 
 def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
     """``in_place=True``: every step (3 batches, then state edits between steps) equals the step of the module
-    that returns new buffers bit for bit; the state updated in place (the optimizer slots among it) stays in
-    the same memory from step to step; the arrays given as the initial state are not written."""
+    that returns new buffers bit for bit; every state the step updates (the weights the backward reads among
+    it) stays in the same memory from step to step; the arrays given as the initial state are not written."""
     in_place = bridge.compile(compiled.tm, in_place=True)
     initial = compiled.tm.initial_state()
     given = {name: value.copy() for name, value in initial.items()}
@@ -198,6 +199,7 @@ def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
     assert any(name.startswith(weight + ".") for name in overwritten for weight in compiled.tm.weights)
     steps = [[{name: value.copy() for name, value in session.step(inputs, target).items()}
               for inputs, target in compiled.batches] for session in sessions]
+    assert {name for name in steps[0][0] if name.startswith(UPDATED_PREFIX)} == {updated_name(name) for name in overwritten}
     before = {name: sessions[1].state[name] for name in overwritten}
     steps = [runs + steps_with_state_edits(session, compiled.tm.weights, *compiled.batches[0])
              for runs, session in zip(steps, sessions, strict=True)]
@@ -210,6 +212,36 @@ def test_in_place_steps_are_bit_identical_and_reuse_the_state_buffers(compiled):
             assert np.shares_memory(sessions[1].state[name], before[name]), name
     for name, value in given.items():
         np.testing.assert_array_equal(initial[name], value, err_msg=name)
+
+
+def test_the_outputs_a_step_returns_keep_none_of_its_gradients_alive(tmp_path):
+    """``in_place=True`` runs the step in two calls, the first returning the gradients together with the loss:
+    while the caller holds the outputs of a step that returns no gradients (``bridge.Trainer``'s: the loss, and
+    the state, which lives in its own buffers anyway), IREE holds the state's buffers and not the gradients.
+    ``local-sync``: every buffer comes from the device allocator, whose statistics count the bytes it holds."""
+    import iree.runtime as rt
+
+    allocator = rt.get_device("local-sync").allocator
+    if not allocator.has_statistics:
+        pytest.skip("this IREE runtime keeps no allocator statistics")
+    torch.manual_seed(0)
+    source = tmp_path / "wide.onnx"
+    wide = torch.nn.Sequential(torch.nn.Linear(6, 512), torch.nn.Tanh(), torch.nn.Linear(512, 3))
+    torch.onnx.export(wide.eval(), (torch.randn(2, 6),), str(source), dynamo=False, input_names=["x"], output_names=["y"])
+    tm = bridge.to_training_onnx(str(source), loss="ce", optim="adam")
+    state = tm.initial_state()
+    session = IreeTrainingSession(bridge.compile(tm, gradients=False, in_place=True), state, driver="local-sync", training_model=tm.model)
+
+    def held() -> int:
+        figures = allocator.statistics
+        return figures["device_bytes_allocated"] - figures["device_bytes_freed"]
+
+    before = held()
+    inputs, target = {"x": np.ones((2, 6), np.float32)}, np.zeros(tm.target_shape, tm.target_dtype)
+    outputs = [session.step(inputs, target) for _ in range(2)]
+    weight_bytes = sum(state[name].nbytes for name in tm.weights)
+    assert held() - before < sum(value.nbytes for value in state.values()) + weight_bytes / 2
+    assert all(np.isfinite(output["loss"]) for output in outputs)
 
 
 def test_in_place_refuses_what_it_cannot_keep(tmp_path):

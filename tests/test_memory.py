@@ -144,13 +144,15 @@ def test_step_memory_grows_with_the_batch(tmp_path):
 def test_a_step_of_a_swapped_session_allocates_no_state(tmp_path):
     """bridge-ort, as bridge.Trainer runs it (the updated state written into the session's second set of
     buffers): a step whose state (weights and Adam's two moments, 3 x 9 MiB) dwarfs its batch adds far less
-    than that state at its peak; a new copy of the state would add all of it."""
+    than that state at its peak; a new copy of the state would add all of it. The second set is memory the
+    session holds between steps: the tool counts it as held."""
     arguments = _mlp_graph(tmp_path, 8, hidden=10)
     state_mib = sum(value.nbytes for value in np.load(arguments[-1] + ".state.npz").values()) / 2**20
     figures = step_memory.run_child([*arguments, "--backend", "bridge-ort"])
     assert state_mib > 25
     assert 0 < figures["peak_mib"] < state_mib / 2
     assert figures["footprint_mib"] > 2 * state_mib  # the state and its second set of buffers, resident
+    assert figures["held_mib"] > state_mib / 2  # the second set: in the RSS between steps, beyond the state
 
 
 def test_cli_memory_flag(tmp_path):

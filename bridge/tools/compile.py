@@ -41,7 +41,10 @@ from ..contract import (
     INPUTS,
     LAYER,
     OUTPUTS,
+    PHASE,
+    PIECE,
     RANDOM_INPUTS,
+    Phase,
     encode_random_inputs,
     props,
     updated_name,
@@ -141,37 +144,88 @@ def to_mlir(model: TrainingModel | onnx.ModelProto | str | os.PathLike, in_place
     returning it; the reflection lists them under ``IN_PLACE`` and leaves their outputs out of ``OUTPUTS``."""
     require_iree()
     from iree.compiler import ir
-    from iree.compiler.extras import onnx_importer
 
-    proto = read_model(model)
+    proto = _shapes_inferred(read_model(model))
+    context = ir.Context()
+    module = _define_function(ir, _new_module(context, proto), proto, proto, list(in_place))
+    module.verify()
+    return module.get_asm(enable_debug_info=True)
+
+
+def step_in_two_calls(model: onnx.ModelProto) -> str:
+    """The step as MLIR with two functions that a session calls in turn, every state updated in place: the
+    forward and backward (loss, gradients, and the state they update, such as batch-norm statistics), then
+    the optimizer. Between the calls every read of the old weights has run, so the optimizer overwrites
+    each state it updates (``in_place_state`` of its piece); a graph without optimizer nodes is one function
+    (``to_mlir`` with ``in_place_state``). Each function's reflection carries ``PIECE``: its place in the
+    run order and the graph's inputs and outputs."""
+    require_iree()
+    from iree.compiler import ir
+
+    proto = _shapes_inferred(model)
+    nodes = [node for node in proto.graph.node if not (node.op_type == "Constant" and not node.input)]
+    first_update = next((index for index, node in enumerate(nodes)
+                         if props(node.metadata_props).get(PHASE) == Phase.OPTIMIZER), 0)
+    if first_update == 0:
+        return to_mlir(proto, in_place_state(proto))
+    pieces = split(proto, cuts=[first_update])
+    context = ir.Context()
+    module = _new_module(context, proto)
+    # a state a later piece reads stays whole until that piece has run
+    in_place = [[name for name in in_place_state(piece.model)
+                 if not any(name in later.inputs for later in pieces[index + 1:])] for index, piece in enumerate(pieces)]
+    overwritten = {updated_name(name) for names in in_place for name in names}
+    step = {"inputs": [v.name for v in proto.graph.input],
+            "outputs": [v.name for v in proto.graph.output if v.name not in overwritten]}
+    for index, piece in enumerate(pieces):
+        _define_function(ir, module, _shapes_inferred(piece.model), proto, in_place[index], {"index": index, **step})
+    module.verify()
+    return module.get_asm(enable_debug_info=True)
+
+
+def _shapes_inferred(proto: onnx.ModelProto) -> onnx.ModelProto:
     try:
-        proto = onnx.shape_inference.infer_shapes(proto, check_type=True, data_prop=True)
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError) as exc:
         raise CompileError(f"ONNX shape inference failed before import: {exc}") from exc
-    context = ir.Context()
+
+
+def _new_module(context, proto: onnx.ModelProto):
+    """An empty MLIR module for the functions imported from ``proto`` (or its pieces)."""
+    from iree.compiler.extras import onnx_importer
+
+    return onnx_importer.ModelInfo(proto).create_module(context=context).operation
+
+
+def _define_function(ir, module, proto: onnx.ModelProto, graph: onnx.ModelProto, in_place: list[str],
+                     piece: dict | None = None):
+    """Import ``proto`` into ``module`` as a function (named after its graph), with its reflection:
+    input and output names, ``in_place`` (``to_mlir``), and ``graph``'s input specs and random inputs
+    (``graph``: the whole step, of which ``proto`` may be a piece: ``PIECE``)."""
+    from iree.compiler.extras import onnx_importer
+
     info = onnx_importer.ModelInfo(proto)
-    module = info.create_module(context=context).operation
     try:
-        importer = onnx_importer.NodeImporter.define_function(info.main_graph, module)
-        importer.import_all()
+        onnx_importer.NodeImporter.define_function(info.main_graph, module).import_all()
     except onnx_importer.OnnxImportError as exc:
         raise CompileError(f"the ONNX importer (torch-mlir) rejected graph '{proto.graph.name}': {exc}") from exc
-    function = module.regions[0].blocks[0].operations[0]
+    block = module.regions[0].blocks[0]
+    function = block.operations[len(block.operations) - 1]
     outputs = [v.name for v in proto.graph.output]
-    with context:
+    with module.context:
         if in_place:
             _overwrite_arguments(ir, function, [v.name for v in proto.graph.input], outputs, in_place)
             outputs = [name for name in outputs if name not in {updated_name(state) for state in in_place}]
         function.attributes["iree.reflection"] = ir.DictAttr.get({
-            **({IN_PLACE: ir.StringAttr.get(json.dumps(list(in_place)))} if in_place else {}),
+            **({IN_PLACE: ir.StringAttr.get(json.dumps(in_place))} if in_place else {}),
+            **({PIECE: ir.StringAttr.get(json.dumps(piece))} if piece is not None else {}),
             INPUTS: ir.StringAttr.get(json.dumps([v.name for v in proto.graph.input])),
             OUTPUTS: ir.StringAttr.get(json.dumps(outputs)),
-            INPUT_SPECS: ir.StringAttr.get(json.dumps(_input_specs(proto))),
+            INPUT_SPECS: ir.StringAttr.get(json.dumps(_input_specs(graph))),
             # the same payload as the model metadata's
-            RANDOM_INPUTS: ir.StringAttr.get(props(proto.metadata_props).get(RANDOM_INPUTS, encode_random_inputs([]))),
+            RANDOM_INPUTS: ir.StringAttr.get(props(graph.metadata_props).get(RANDOM_INPUTS, encode_random_inputs([]))),
         })
-    module.verify()
-    return module.get_asm(enable_debug_info=True)
+    return module
 
 
 def in_place_state(model: onnx.ModelProto) -> list[str]:
@@ -269,12 +323,12 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         pieces: onnx-mlir: how many pieces of contiguous nodes the graph is compiled in (compiled in parallel
             on the machine's cores, run in sequence; ``module`` is then a zip of their libraries);
             ``"auto"``: pieces of about ``NODES_PER_PIECE`` nodes, one for a smaller graph. IREE: 1 or ``"auto"``.
-        in_place: the step's new state takes the memory of the old. IREE: the step writes the updated state
-            into the state's own buffers where no later read needs the old value (``in_place_state``: optimizer
-            moments, biases, the first layer's weights). onnx-mlir: the session releases each state array once
-            the last piece that reads it has run, and the optimizer phase is cut further so that no piece
-            replaces more than ``STATE_SHARE_PER_PIECE`` of the state (a small graph too). The session's state then
-            holds the step's values even when the step is not finite: ``on_nonfinite="skip"`` is refused,
+        in_place: the step's new state takes the memory of the old. IREE: the step writes every updated state
+            into the state's own buffer; the module holds two functions the session calls in turn, the forward
+            and backward, then the optimizer (``step_in_two_calls``). onnx-mlir: the session releases each state
+            array once the last piece that reads it has run, and the optimizer phase is cut further so that no
+            piece replaces more than ``STATE_SHARE_PER_PIECE`` of the state (a small graph too). The session's
+            state then holds the step's values even when the step is not finite: ``on_nonfinite="skip"`` is refused,
             ``"raise"`` says so.
     """
     if backend not in BACKENDS:
@@ -312,7 +366,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     import iree.compiler.tools as iree_tools
 
     report(f"import: {len(proto.graph.node)} ONNX nodes -> MLIR (torch-mlir's ONNX importer)")
-    mlir = to_mlir(proto, in_place_state(proto) if in_place else ())
+    mlir = step_in_two_calls(proto) if in_place else to_mlir(proto)
     report(f"import: done ({time.perf_counter() - start:.1f} s)")
     report(f"compile: iree-compile, llvm-cpu, target cpu {target_cpu}")
     try:

@@ -11,23 +11,26 @@ array are writes into the buffer; an array put in its place is copied as any inp
 A module compiled with ``in_place=True`` lists under ``IN_PLACE`` the state that the step overwrites in its
 own buffer: for those, ``updated_*`` is a view of the argument's buffer (a copy of an array given from
 outside is made first, so the caller's array is never written), and a step's values replace the previous
-step's in the same memory: copy what must outlive the next step.
+step's in the same memory: copy what must outlive the next step. Such a module holds the step as
+functions the session calls in turn (``PIECE``), each value one makes passed to the next as IREE's buffer.
 """
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from ..contract import (
+    GRAD_PREFIX,
     IN_PLACE,
     INPUT_SPECS,
     INPUTS,
     OUTPUTS,
+    PIECE,
     UPDATED_PREFIX,
     decode_random_inputs,
     strip_prefix,
@@ -73,16 +76,20 @@ class IreeTrainingSession(StepSession):
             vm_module = rt.VmModule.copy_buffer(self._config.vm_instance, module)
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"not an IREE module (.vmfb): {exc}") from exc
-        entry = _entry_function(vm_module)
-        reflection = vm_module.lookup_function(entry).reflection
-        self.input_names = json.loads(reflection[INPUTS])
-        self.output_names = json.loads(reflection[OUTPUTS])
-        self._set_in_place(json.loads(reflection.get(IN_PLACE, "[]")))
+        loaded = rt.load_vm_module(vm_module, self._config)
+        self._calls: list[tuple[Callable, list[str], list[str], list[str]]] = []  # function, inputs, outputs, in place
+        for entry in _entry_functions(vm_module):
+            reflection = vm_module.lookup_function(entry).reflection
+            self._calls.append((getattr(loaded, entry), json.loads(reflection[INPUTS]), json.loads(reflection[OUTPUTS]),
+                                json.loads(reflection.get(IN_PLACE, "[]"))))
+        step = json.loads(reflection.get(PIECE, "{}"))  # a step in several calls: its own names
+        self.input_names = step.get("inputs", self._calls[0][1])
+        self.output_names = step.get("outputs", self._calls[0][2])
+        self._set_in_place([name for call in self._calls for name in call[3]])
         specs = json.loads(reflection.get(INPUT_SPECS, "{}"))
         for name in decode_random_inputs(reflection):
             shape, dtype = specs[name]
             self.random_inputs[name] = (shape, np.dtype(dtype))
-        self._function = getattr(rt.load_vm_module(vm_module, self._config), entry)
         self._rt = rt
         self._resident: dict[str, tuple[np.ndarray, object]] = {}  # state name -> (host view, its device array)
 
@@ -99,28 +106,42 @@ class IreeTrainingSession(StepSession):
                 arguments[name] = self._rt.asdevicearray(self._config.device, np.array(value, order="C"))
             else:
                 arguments[name] = np.asarray(value, order="C")
-        results = self._function(*arguments.values())
-        if len(self.output_names) == 1:
-            results = (results,)
+        values: dict[str, Any] = dict(arguments)
+        for function, reads, makes, overwrites in self._calls:
+            results = function(*(values[name] for name in reads))
+            values.update(zip(makes, (results,) if len(makes) == 1 else results or (), strict=True))
+            values.update((updated_name(name), values[name]) for name in overwrites)
         outputs, self._resident = {}, {}
-        returned = zip(self.output_names, results, strict=True)
-        overwritten = ((updated_name(name), arguments[name]) for name in self.in_place)
-        for name, value in [*returned, *overwritten]:
-            outputs[name] = value.to_host()
-            if name.startswith(UPDATED_PREFIX) and getattr(value, "_is_mappable", lambda: False)():
-                self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], value)  # a view, not a copy
+        for name in [*self.output_names, *(updated_name(name) for name in self.in_place)]:
+            result = values[name]
+            outputs[name] = result.to_host()
+            if not name.startswith((UPDATED_PREFIX, GRAD_PREFIX)):
+                # a view of the loss would keep the result allocation it shares (a step in two calls: every
+                # gradient) alive for as long as the caller keeps the outputs
+                outputs[name] = outputs[name].copy()
+            if name.startswith(UPDATED_PREFIX) and getattr(result, "_is_mappable", lambda: False)():
+                self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], result)  # a view, not a copy
         return outputs
 
 
-def _entry_function(vm_module) -> str:
-    """The (synchronous) function that ``bridge.compile`` tagged with the graph's input names."""
+def _entry_functions(vm_module) -> list[str]:
+    """The (synchronous) functions that ``bridge.compile`` tagged with their input names, in run order
+    (``PIECE``: a step in several calls)."""
+    tagged = []
     for name in vm_module.function_names:
         if "$" in name:  # IREE's generated variants (``<name>$async`` takes fences)
             continue
         function = vm_module.lookup_function(name)
         if function is not None and INPUTS in function.reflection:
-            return name
-    raise ModelLoadError("the module was not compiled by bridge.compile (no function lists its inputs)")
+            tagged.append((json.loads(function.reflection.get(PIECE, "{}")).get("index", 0), name))
+    if not tagged:
+        raise ModelLoadError("the module was not compiled by bridge.compile (no function lists its inputs)")
+    return [name for _, name in sorted(tagged)]
+
+
+def _entry_function(vm_module) -> str:
+    """The first function a step calls (``_entry_functions``)."""
+    return _entry_functions(vm_module)[0]
 
 
 class IreeGraph(SessionGraph):
