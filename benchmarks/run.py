@@ -478,13 +478,24 @@ def _joined(values: list[str]) -> str:
     return "-" if all(v == "-" for v in values) else " / ".join(values)
 
 
+def _memory_ratios(figures: dict, model: str) -> str:
+    """Each bridge backend's memory figure for ``model`` over torch's, joined; ``-`` where one is missing."""
+    theirs = figures.get((model, "torch"))
+    return _joined([f"{figures[model, b] / theirs:.2f}" if theirs and (model, b) in figures else "-"
+                    for b in ("bridge-ort", "bridge-iree", "bridge-onnx-mlir")])
+
+
 def summary_table(results: list[dict], step_memory: list[dict] | None) -> list[str]:
     """The top table: one row per model with its conversion time, node count (and its ratio to onnxsim's), step
-    time per backend against eager torch, compile times and step peak memory against torch's."""
-    peaks = {(r["model"], r["backend"]): step_peak_mib(r) for r in step_memory or [] if r["memory"] in ("-", "default")}
+    time per backend against eager torch, compile times, and step memory against torch's: the step's own peak, and
+    that peak with what the session holds between steps beyond its state."""
+    rows = [r for r in step_memory or [] if r["memory"] in ("-", "default")]
+    peaks = {(r["model"], r["backend"]): r["peak_mib"] for r in rows}
+    with_held = {(r["model"], r["backend"]): step_peak_mib(r) for r in rows}
     lines = ["| model | convert s | nodes (x onnxsim) | step / torch: onnxruntime / IREE (2 threads) / onnx-mlir (1 "
-             "thread) | torch step ms: 2 / 1 threads | compile s: IREE / onnx-mlir | torch step peak MiB | step peak "
-             "/ torch: onnxruntime / IREE / onnx-mlir |", "|---" * 8 + "|"]
+             "thread) | torch step ms: 2 / 1 threads | compile s: IREE / onnx-mlir | torch step peak MiB: peak / + held "
+             "| step peak / torch: onnxruntime / IREE / onnx-mlir | peak + held / torch: onnxruntime / IREE / onnx-mlir |",
+             "|---" * 9 + "|"]
     for r in results:
         steps = r["steps"]
         nodes = sum(r["nodes"].values())
@@ -493,12 +504,11 @@ def summary_table(results: list[dict], step_memory: list[dict] | None) -> list[s
                           for b in ("bridge-ort", "bridge-iree", "bridge-onnx-mlir")])
         torch_ms = _joined([f"{steps[b]['median_ms']:.1f}" if b in steps else "-" for b in ("torch", "torch@1")])
         compiles = _joined([f"{r[key]:.1f}" if key in r else "-" for key in ("iree_compile_s", "onnx_mlir_compile_s")])
-        torch_peak = peaks.get((r["model"], "torch"))
-        memory = _joined([f"{peaks[r['model'], b] / torch_peak:.2f}" if torch_peak and (r["model"], b) in peaks
-                          else "-" for b in ("bridge-ort", "bridge-iree", "bridge-onnx-mlir")])
+        memory = [_memory_ratios(figures, r["model"]) for figures in (peaks, with_held)]
+        torch_peaks = _joined([f"{figures[r['model'], 'torch']:.1f}" if (r["model"], "torch") in figures else "-"
+                               for figures in (peaks, with_held)])
         lines.append(f"| {r['model']} | {r['convert_s']:.2f} | {nodes}" + (f" ({nodes / onnxsim:.2f}x)" if onnxsim else "")
-                     + f" | {ratios} | {torch_ms} | {compiles} | "
-                     + (f"{torch_peak:.1f}" if torch_peak is not None else "-") + f" | {memory} |")
+                     + f" | {ratios} | {torch_ms} | {compiles} | {torch_peaks} | {memory[0]} | {memory[1]} |")
     return lines
 
 
@@ -547,7 +557,9 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "onnxsim's: its Adam step of the same module with a one-hot cross-entropy appended "
                   "(benchmarks/graph_size.py), where it builds. **step / torch**: the median per-round ratio to eager "
                   "torch at the same thread count (< 1: faster than torch). **step peak**: one step's peak RSS above "
-                  "the RSS before it, plus what the session holds between steps beyond its state (benchmarks/step_memory.py, default graphs; IREE and onnx-mlir compiled with `in_place=True`, in the "
+                  "the RSS before it; **peak + held**: with what the session holds between steps beyond its state (a "
+                  "second set of state buffers, a runtime's pool of the step's buffers) (benchmarks/step_memory.py, "
+                  "default graphs; IREE and onnx-mlir compiled with `in_place=True`, in the "
                   "step column too). The tables below give the figures "
                   "behind each column.", "", *summary_table(results, step_memory), ""]
         lines += ["Median step time in ms (25th-75th percentile) and the median per-round ratio to eager torch at "

@@ -183,9 +183,9 @@ def test_the_top_table_has_a_row_per_model_with_ratios_to_torch_and_onnxsim():
     assert "the fastest of 3 runs" in top
     rows = [line for line in top.splitlines() if line.startswith("|")]
     assert len(rows) == 4  # header, rule, two models
-    assert rows[2] == ("| resnet18 | 1.25 | 600 (1.20x) | 0.50 / 1.50 / 0.50 | 2.0 / 4.0 | 61.0 / 33.0 | 40.0 "
-                       "| 2.00 / - / 1.00 |")  # the step's peak and what the session holds between steps, over torch's
-    assert rows[3] == "| mlp | 0.50 | 600 | 0.50 / - / - | 2.0 / - | - | - | - |"
+    assert rows[2] == ("| resnet18 | 1.25 | 600 (1.20x) | 0.50 / 1.50 / 0.50 | 2.0 / 4.0 | 61.0 / 33.0 | 40.0 / 40.0 "
+                       "| 1.25 / - / 0.75 | 2.00 / - / 1.00 |")  # the step's peak; with what the session holds, over torch's
+    assert rows[3] == "| mlp | 0.50 | 600 | 0.50 / - / - | 2.0 / - | - | - | - | - |"
     conversion = next(line for line in text.splitlines() if line.startswith("| resnet18 | 42.7 |"))
     assert "| 100 / 20 / 300 / 180 | 100 / 30 / 220 / 150 | 61.0 | 33.0 |" in conversion
     assert "### Step memory" in text and "| resnet18 | bridge-ort | min | 20.0 | 30.0 | 50.0 | 1.25 |" in text
