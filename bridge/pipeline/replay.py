@@ -254,18 +254,6 @@ def _fake_run(layouts: dict, signature: object, args: tuple, fn: Callable[[], ob
     return result
 
 
-def fake_like(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as a fake tensor of ``fake_mode`` at static sizes. A plain dense tensor (a weight, buffer or
-    optimizer slot, each its own storage) becomes one of its shape, strides, dtype and ``requires_grad`` made
-    directly, a small fraction of the cost of ``from_tensor``'s conversion, which also records views and storage
-    sharing (such a tensor has none); any other tensor goes through ``from_tensor``."""
-    if type(tensor) is not torch.Tensor or tensor.layout != torch.strided or tensor.storage_offset() != 0 \
-            or not tensor.is_contiguous() or tensor._base is not None:
-        return fake_mode.from_tensor(tensor, static_shapes=True)
-    meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-    return FakeTensor(fake_mode, meta, tensor.device).requires_grad_(tensor.requires_grad)
-
-
 def _symbolic(value) -> bool:
     """A symbolic size (``SymInt``, ``SymFloat``, ``SymBool``), or a tensor with one among its sizes or strides."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
