@@ -56,7 +56,7 @@ from .losses import Loss
 from .lowering import LOWERINGS, decomposition_table
 from .mixed_precision import Precision, autocast, found_nonfinite, keep_if, unscale, update_scale
 from .optimizers import Optimizer, clip_grad_norm
-from .replay import BlockReplay, Replay, Unkeyable
+from .replay import BlockReplay, Replay, Unkeyable, fake_of
 from .replay import key as replay_key
 
 
@@ -425,7 +425,7 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     if fake_mode is None:
         fake_mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
         data = [fake_mode.from_tensor(t, static_shapes=True) for t in data]
-    flat_args = [_fake_state(fake_mode, t) for t in flat_args] + list(data)
+    flat_args = [fake_of(fake_mode, t) for t in flat_args] + list(data)
     mode = "symbolic" if fake_mode.shape_env is not None else "fake"
     with fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True):
         graph_module = _make_fx(step, _LoweringReplay().table(), mode)(*flat_args)
@@ -436,18 +436,6 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     graph_module.meta[DIM_NAMES] = dim_names
     graph_module.meta[DIM_BOUNDS] = bounds
     return graph_module
-
-
-def _fake_state(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
-    """A state argument of the trace as a fake tensor of ``fake_mode``: for a plain dense tensor (a weight,
-    buffer or optimizer slot: each its own storage), one of its shape, strides, dtype and ``requires_grad`` made
-    directly, a small fraction of the cost of ``from_tensor``'s conversion (which also records views and storage
-    sharing, which such a tensor has none of); any other tensor through ``from_tensor``."""
-    if type(tensor) is not torch.Tensor or tensor.layout != torch.strided or tensor.storage_offset() != 0 \
-            or not tensor.is_contiguous() or tensor._base is not None:
-        return fake_mode.from_tensor(tensor, static_shapes=True)
-    meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-    return FakeTensor(fake_mode, meta, tensor.device).requires_grad_(tensor.requires_grad)
 
 
 def _make_fx(fn: Callable, table: dict, mode: str) -> Callable[..., torch.fx.GraphModule]:
