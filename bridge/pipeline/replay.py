@@ -257,7 +257,7 @@ def replayed(fn: Callable[..., object], *args) -> object:
     except Unkeyable:
         return fn(*args)
     if mode is None:
-        return _fake_run(_LAYOUTS.setdefault(fake, {}), (fn, signature), args, lambda: fn(*args))
+        return _fake_run(fake, _LAYOUTS.setdefault(fake, {}), (fn, signature), args, lambda: fn(*args))
     replay = _REPLAYS.setdefault(mode.tracer, Replay())
     return replay.run((fn, signature), [arg for arg in args if isinstance(arg, torch.Tensor)], lambda: fn(*args))
 
@@ -266,15 +266,13 @@ def _active_fake_mode() -> FakeTensorMode | None:
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
 
 
-def _fake_run(layouts: dict, signature: object, args: tuple, fn: Callable[[], object]) -> object:
-    """``fn()`` in the active fake mode, its result's layout recorded under ``signature``; a later call with
-    ``signature`` gets fresh (fake) tensors of that layout instead. Recorded only where that is all the result
+def _fake_run(fake_mode: FakeTensorMode, layouts: dict, signature: object, args: tuple, fn: Callable[[], object]) -> object:
+    """``fn()`` in the active fake mode ``fake_mode``, its result's layout recorded under ``signature``; a later call
+    with ``signature`` gets fresh (fake) tensors of that layout instead. Recorded only where that is all the result
     is: every leaf None or a tensor outside autograd's graph, at storage offset 0, sharing no argument's storage."""
     if signature in layouts:
         layout, spec = layouts[signature]
-        return pytree.tree_unflatten([None if leaf is None else torch.empty_strided(leaf[0], leaf[1], dtype=leaf[2],
-                                                                                     device=leaf[3])
-                                      for leaf in layout], spec)
+        return pytree.tree_unflatten([None if leaf is None else _dense_fake(fake_mode, *leaf) for leaf in layout], spec)
     result = fn()
     leaves, spec = pytree.tree_flatten(result)
     storages = {StorageWeakRef(arg.untyped_storage()) for arg in args if isinstance(arg, torch.Tensor)}
