@@ -194,7 +194,7 @@ def to_training_onnx(
         parameters = None if parameters is None else [*parameters, *plan.adapter_names]
     with phase("loading the model"):
         source, pins = load_pinned(model, buffer_inputs(), constant_inputs)
-        source_hash = model_digest(source)
+        source_hash = model_digest(source, by_parts=True)  # no serialized copy of the weights just to hash them
         if parameters is None:
             check_export(source, strict=strict)
         declared = [o.name for o in source.graph.output]

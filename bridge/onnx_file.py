@@ -175,11 +175,11 @@ def external_copy(model: onnx.ModelProto) -> Iterator[str]:
         yield path
 
 
-def model_digest(model: onnx.ModelProto) -> str:
+def model_digest(model: onnx.ModelProto, by_parts: bool = False) -> str:
     """sha256 identifying ``model``: of its serialization, or for a model with over
-    ``DIGEST_BY_PARTS_BYTES`` of tensors, of its parts one at a time (nodes, values, tensors), so that
-    no serialized copy of the whole model is made."""
-    if tensor_bytes(model) < DIGEST_BY_PARTS_BYTES:
+    ``DIGEST_BY_PARTS_BYTES`` of tensors (any model with ``by_parts``), of its parts one at a time (nodes,
+    values, tensors), so that no serialized copy of the whole model is made."""
+    if not by_parts and tensor_bytes(model) < DIGEST_BY_PARTS_BYTES:
         return hashlib.sha256(model.SerializeToString()).hexdigest()
     digest = hashlib.sha256()
     graph = model.graph
@@ -187,7 +187,8 @@ def model_digest(model: onnx.ModelProto) -> str:
         digest.update(part.SerializeToString())
     for tensor in graph.initializer:
         digest.update(f"{tensor.name}:{tensor.data_type}:{list(tensor.dims)}".encode())
-        digest.update(tensor.raw_data)
+        # a tensor without raw_data holds its values in a typed field (float_data, int64_data, ...)
+        digest.update(tensor.raw_data if tensor.HasField("raw_data") else tensor.SerializeToString())
     return digest.hexdigest()
 
 

@@ -118,11 +118,42 @@ class Replay:
             if out is None or out in template_inputs:
                 results.append(None if out is None else values[env[out]])
                 continue
-            with disable_proxy_modes_tracing():
-                result = torch.empty_like(env[out].meta["val"])
+            result = _fresh_like(env[out].meta["val"])
             track_tensor_tree(result, torch.fx.Proxy(env[out], tracer), constant=None, tracer=tracer)
             results.append(result)
         return pytree.tree_unflatten(results, spec)
+
+
+def _fresh_like(value: torch.Tensor) -> torch.Tensor:
+    """``torch.empty_like(value)`` of a recorded value, outside the proxy mode; for a contiguous fake tensor of
+    static sizes made directly (``_dense_fake``)."""
+    if isinstance(value, FakeTensor) and value.layout == torch.strided and not _symbolic(value) \
+            and value.is_contiguous():
+        return _dense_fake(value.fake_mode, value.shape, value.stride(), value.dtype, value.device)
+    with disable_proxy_modes_tracing():
+        return torch.empty_like(value)
+
+
+def fake_of(fake_mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a fake tensor of ``fake_mode`` at static sizes: a plain contiguous tensor (a weight, buffer or
+    optimizer slot, each its own storage) as a ``_dense_fake`` of its layout with its ``requires_grad``, a small
+    fraction of the cost of ``from_tensor``'s conversion, which also records views and storage sharing (such a
+    tensor has none); any other tensor through ``from_tensor``."""
+    if type(tensor) is not torch.Tensor or tensor.layout != torch.strided or tensor.storage_offset() != 0 \
+            or not tensor.is_contiguous() or tensor._base is not None:
+        return fake_mode.from_tensor(tensor, static_shapes=True)
+    return _dense_fake(fake_mode, tensor.shape, tensor.stride(), tensor.dtype, tensor.device).requires_grad_(
+        tensor.requires_grad)
+
+
+def _dense_fake(fake_mode: FakeTensorMode, shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+               device: torch.device) -> FakeTensor:
+    """A fake tensor of ``fake_mode`` of this layout at storage offset 0, what ``torch.empty_strided`` makes in
+    the mode, made without dispatching through it (nor through a running trace): a small fraction of the cost,
+    for the hundreds a trace makes."""
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return FakeTensor(fake_mode, meta, device)
 
 
 def _copy_node(tracer, node: torch.fx.Node, read: Callable[[torch.fx.Node], object]) -> torch.fx.Node:
@@ -226,7 +257,7 @@ def replayed(fn: Callable[..., object], *args) -> object:
     except Unkeyable:
         return fn(*args)
     if mode is None:
-        return _fake_run(_LAYOUTS.setdefault(fake, {}), (fn, signature), args, lambda: fn(*args))
+        return _fake_run(fake, _LAYOUTS.setdefault(fake, {}), (fn, signature), args, lambda: fn(*args))
     replay = _REPLAYS.setdefault(mode.tracer, Replay())
     return replay.run((fn, signature), [arg for arg in args if isinstance(arg, torch.Tensor)], lambda: fn(*args))
 
@@ -235,15 +266,13 @@ def _active_fake_mode() -> FakeTensorMode | None:
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
 
 
-def _fake_run(layouts: dict, signature: object, args: tuple, fn: Callable[[], object]) -> object:
-    """``fn()`` in the active fake mode, its result's layout recorded under ``signature``; a later call with
-    ``signature`` gets fresh (fake) tensors of that layout instead. Recorded only where that is all the result
+def _fake_run(fake_mode: FakeTensorMode, layouts: dict, signature: object, args: tuple, fn: Callable[[], object]) -> object:
+    """``fn()`` in the active fake mode ``fake_mode``, its result's layout recorded under ``signature``; a later call
+    with ``signature`` gets fresh (fake) tensors of that layout instead. Recorded only where that is all the result
     is: every leaf None or a tensor outside autograd's graph, at storage offset 0, sharing no argument's storage."""
     if signature in layouts:
         layout, spec = layouts[signature]
-        return pytree.tree_unflatten([None if leaf is None else torch.empty_strided(leaf[0], leaf[1], dtype=leaf[2],
-                                                                                     device=leaf[3])
-                                      for leaf in layout], spec)
+        return pytree.tree_unflatten([None if leaf is None else _dense_fake(fake_mode, *leaf) for leaf in layout], spec)
     result = fn()
     leaves, spec = pytree.tree_flatten(result)
     storages = {StorageWeakRef(arg.untyped_storage()) for arg in args if isinstance(arg, torch.Tensor)}

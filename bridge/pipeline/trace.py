@@ -56,7 +56,7 @@ from .losses import Loss
 from .lowering import LOWERINGS, decomposition_table
 from .mixed_precision import Precision, autocast, found_nonfinite, keep_if, unscale, update_scale
 from .optimizers import Optimizer, clip_grad_norm
-from .replay import BlockReplay, Replay, Unkeyable
+from .replay import BlockReplay, Replay, Unkeyable, fake_of
 from .replay import key as replay_key
 
 
@@ -425,7 +425,7 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     if fake_mode is None:
         fake_mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
         data = [fake_mode.from_tensor(t, static_shapes=True) for t in data]
-    flat_args = [fake_mode.from_tensor(t, static_shapes=True) for t in flat_args] + list(data)
+    flat_args = [fake_of(fake_mode, t) for t in flat_args] + list(data)
     mode = "symbolic" if fake_mode.shape_env is not None else "fake"
     with fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True):
         graph_module = _make_fx(step, _LoweringReplay().table(), mode)(*flat_args)

@@ -6,8 +6,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ...errors import BridgeError, InvalidOptionError
+from ..replay import fake_of
 from .program import OnnxProgram
 
 
@@ -29,8 +31,9 @@ def example_run(program: OnnxProgram, inputs: dict[str, torch.Tensor], output_in
     would allocate its weights' size again).
     """
     candidates = program.floating_initializers()
-    tensors = {name: program.initializer_tensor(name).requires_grad_(True) for name in candidates}
-    tensors.update({name: program.initializer_tensor(name) for name in program.buffer_names})
+    tensors = {name: _example_tensor(program, name) for name in candidates + program.buffer_names}
+    for name in candidates:
+        tensors[name].requires_grad_(True)
     random: dict[str, torch.Tensor] = {}
     outputs, updated = program.run(inputs, tensors, training=True, random=random)
     output = outputs[output_index]
@@ -42,6 +45,18 @@ def example_run(program: OnnxProgram, inputs: dict[str, torch.Tensor], output_in
     reached = _leaves(output) if output.requires_grad else set()
     return ExampleRun([name for name in candidates if id(tensors[name]) in reached], output.detach(),
                       [name for name in program.buffer_names if name in updated], random)
+
+
+def _example_tensor(program: OnnxProgram, name: str) -> torch.Tensor:
+    """Initializer ``name`` as a tensor; in a fake mode (``bridge.api``'s probe), made outside it and then as a fake
+    of its layout (``fake_of``): a tensor made inside the mode is lifted into it, at several times the cost. A
+    one-element tensor is still lifted: the mode keeps such a value, which a converter may read."""
+    fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if not isinstance(fake_mode, FakeTensorMode) or program.initializers[name].size <= 1:
+        return program.initializer_tensor(name)
+    with unset_fake_temporarily():
+        tensor = program.initializer_tensor(name)
+    return fake_of(fake_mode, tensor)
 
 
 def differentiable_initializers(
