@@ -183,7 +183,7 @@ def model_digest(model: onnx.ModelProto, by_parts: bool = False) -> str:
         return hashlib.sha256(model.SerializeToString()).hexdigest()
     digest = hashlib.sha256()
     graph = model.graph
-    for part in [*graph.node, *graph.input, *graph.output, *model.metadata_props]:
+    for part in [*model.opset_import, *graph.node, *graph.input, *graph.output, *model.metadata_props]:
         digest.update(part.SerializeToString())
     for tensor in graph.initializer:
         digest.update(f"{tensor.name}:{tensor.data_type}:{list(tensor.dims)}".encode())

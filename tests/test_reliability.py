@@ -697,3 +697,24 @@ def test_constants_are_written_in_place_as_from_array_writes_them(array):
     builder.write_initializers(graph)
     assert graph.initializer[0] == numpy_helper.from_array(np.array(array), name)
     assert not builder.initializers
+
+
+@pytest.mark.parametrize("by_parts", [False, True])
+def test_source_digest_tells_models_apart_by_any_weight_value_or_opset(by_parts):
+    """``model_digest`` (the source's ``bridge.source_sha256``), whole or by parts: the same for a copy, different
+    where one weight value differs, whether stored as raw bytes or in a typed field, or where the opset differs."""
+    def model(value: float, raw: bool = True, opset: int = 17) -> onnx.ModelProto:
+        weight = (numpy_helper.from_array(np.array([1.0, value], np.float32), "w") if raw
+                  else helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, value]))
+        graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [weight])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+    def digest(m: onnx.ModelProto) -> str:
+        return bridge.onnx_file.model_digest(m, by_parts=by_parts)
+
+    for raw in (True, False):
+        assert digest(model(2.0, raw)) == digest(model(2.0, raw))
+        assert digest(model(2.0, raw)) != digest(model(3.0, raw))
+    assert digest(model(2.0, opset=17)) != digest(model(2.0, opset=18))
