@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -505,13 +505,13 @@ class TrainingSession(StepSession):
             self._set_in_place([name for name in self.input_names if updated_name(name) in self.output_names])
             self._piecewise = PiecewiseStep(pieces, self.output_names, self.in_place, _run_ort_piece,
                                             "TrainingSession(in_place=True)")
-            graphs = [piece.session for piece in pieces]
+            graphs = [cast(OrtGraph, piece.session) for piece in pieces]
         else:
             self._graph = OrtGraph(model, providers, threads, spinning, dropped)
             self.input_names, self.output_names = self._graph.input_names, self._graph.output_names
             graphs = [self._graph]
-        for graph in graphs:
-            self.random_inputs.update(random_inputs(model, graph))
+        noise = {name: spec for graph in graphs for name, spec in random_inputs(model, graph).items()}
+        self.random_inputs.update({name: noise[name] for name in self.input_names if name in noise})  # drawn in this order
         self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
         self.covered_outputs = covered_outputs(model)
         updated = [strip_prefix(name, UPDATED_PREFIX) for name in self.output_names if name.startswith(UPDATED_PREFIX)]
@@ -547,9 +547,7 @@ def _in_place_pieces(model: onnx.ModelProto, providers, threads: int | None, spi
 
 def _run_ort_piece(piece: LoadedPiece, values: dict[str, np.ndarray]) -> list[np.ndarray]:
     """One piece of an in_place step, its outputs in ``piece.output_names``' order."""
-    graph = piece.session
-    assert isinstance(graph, OrtGraph)
-    return graph._run(piece.output_names, {name: values[name] for name in piece.input_names}, None)
+    return cast(OrtGraph, piece.session)._run(piece.output_names, {name: values[name] for name in piece.input_names}, None)
 
 
 class StateBuffers:
