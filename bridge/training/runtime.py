@@ -331,10 +331,12 @@ class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
     def __init__(self, model: onnx.ModelProto, providers=None, threads: int | None = None, spinning: bool = True,
-                 dropped_outputs: Callable[[str], bool] | None = None, arena: bool = True):
+                 dropped_outputs: Callable[[str], bool] | None = None, piece: bool = False):
         """``dropped_outputs``: graph outputs (by name) the session does not return; onnxruntime then
-        plans their buffers as intermediate values (reused in place once read). ``arena=False``: without
-        onnxruntime's CPU arena, memory a value frees goes back to the process's allocator."""
+        plans their buffers as intermediate values (reused in place once read). ``piece=True``: the graph is
+        one of a step's pieces, run in turn (``TrainingSession(in_place=True)``): without the CPU arena, so that
+        the memory it frees serves the next piece, and its threads stop spinning when its run ends, leaving
+        the cores to the next piece's threads."""
         import onnxruntime as ort
 
         options = session_options(threads, spinning)
@@ -344,8 +346,9 @@ class OrtGraph:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
         disabled = _low_memory(options) if MEMORY in props(model.metadata_props) else []
-        if not arena:
+        if piece:
             options.enable_cpu_mem_arena = False
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         with outputs_dropped(model, dropped_outputs), _kernels_checked():
             if is_large(model):  # past protobuf's 2 GiB: through a file with external data
                 with external_copy(model) as path:
@@ -484,7 +487,8 @@ class TrainingSession(StepSession):
         ``in_place=True``: the graph runs in pieces, its optimizer phase cut so that no piece replaces more than
         ``STATE_SHARE_PER_PIECE`` of the state, and the session drops each old state array once the last piece
         reading it has run, so each piece's new state takes the old's memory (``PiecewiseStep``); each piece
-        runs without onnxruntime's CPU arena, which would keep the memory freed in one piece from the next.
+        runs without onnxruntime's CPU arena, which would keep the memory freed in one piece from the next
+        (``OrtGraph(piece=True)``).
         The old state is gone after a step: ``on_nonfinite="skip"`` is refused."""
         for option, value in (("gradients", gradients), ("swap_buffers", swap_buffers), ("in_place", in_place)):
             if not isinstance(value, bool):
@@ -531,7 +535,7 @@ def _in_place_pieces(model: onnx.ModelProto, providers, threads: int | None, spi
     """``model`` (without the ``dropped`` outputs) cut as ``TrainingSession(in_place=True)`` runs it, and its
     output names: one piece up to the optimizer phase, which is cut so that no piece replaces more than
     ``STATE_SHARE_PER_PIECE`` of the state; one onnxruntime session per piece, with the graph's options (its
-    metadata) and no arena."""
+    metadata) and ``OrtGraph(piece=True)``'s."""
     from ..tools.pieces import STATE_SHARE_PER_PIECE, split
 
     with outputs_dropped(model, dropped):
@@ -540,7 +544,7 @@ def _in_place_pieces(model: onnx.ModelProto, providers, threads: int | None, spi
     loaded = []
     for piece in pieces:
         piece.model.metadata_props.extend(model.metadata_props)
-        graph = OrtGraph(piece.model, providers, threads, spinning, arena=False)
+        graph = OrtGraph(piece.model, providers, threads, spinning, piece=True)
         loaded.append(LoadedPiece(graph, graph.input_names, graph.output_names))
     return loaded, output_names
 
