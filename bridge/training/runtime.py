@@ -533,8 +533,9 @@ class TrainingSession(StepSession):
 def _in_place_pieces(model: onnx.ModelProto, providers, threads: int | None, spinning: bool,
                      dropped: Callable[[str], bool] | None) -> tuple[list[LoadedPiece], list[str]]:
     """``model`` (without the ``dropped`` outputs) cut as ``TrainingSession(in_place=True)`` runs it, and its
-    output names: one piece up to the optimizer phase, which is cut so that no piece replaces more than
-    ``STATE_SHARE_PER_PIECE`` of the state; one onnxruntime session per piece, with the graph's options (its
+    output names: cut only in the optimizer phase (the first piece is the forward, the backward and the first
+    updates), so that no piece replaces more than ``STATE_SHARE_PER_PIECE`` of the state (``state_bounded_cuts``);
+    one onnxruntime session per piece, with the graph's options (its
     metadata) and ``OrtGraph(piece=True)``'s."""
     from ..tools.pieces import STATE_SHARE_PER_PIECE, split
 
