@@ -22,13 +22,14 @@ block is mapped on allocation and unmapped on free, so RSS follows the live memo
 (a threshold that rises after frees), freed blocks stay in the heap and the figure would depend on what
 the warm-up left there. onnxruntime's CPU arena is off for the same reason (an arena keeps what the
 warm-up step used, so the measured step would add nothing); ``bridge-ort-arena`` measures with it on, as
-``TrainingSession`` runs a default graph: the RSS growth over the first three steps, from before the first
-(the arena holds the state fed in and the state returned). A ``memory="min"`` graph runs without the arena
-in bridge's sessions (bridge/training/runtime.py), so both rows are that.
+``bridge.Trainer`` runs a default graph (``swap_buffers=True``): the RSS growth over the first three steps, from
+before the first. A ``memory="min"`` graph runs without the arena in bridge's sessions
+(bridge/training/runtime.py), so both rows are that.
 
 Backends: ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam``, then the gradients set to None:
-they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime, as ``bridge.Trainer`` runs it: no ``grad_*``
-outputs, the updated state written into the session's second set of state buffers), ``bridge-ort-arena``, ``bridge-iree``
+they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime, no ``grad_*`` outputs,
+``TrainingSession(in_place=True)``: the step in pieces, each old state array released once the last piece reading
+it has run), ``bridge-ort-arena`` (as ``bridge.Trainer`` runs it), ``bridge-iree``
 (``bridge.compile(in_place=True)``: the state is updated in its own buffers) and ``bridge-onnx-mlir``
 (``bridge.compile(in_place=True)``: the session releases each old state array once the last piece reading it has
 run; present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
@@ -147,9 +148,11 @@ def bridge_step(backend: str, graph: Path, inputs: dict[str, np.ndarray], target
             options.enable_cpu_mem_arena = False
             return options
 
-        if backend == "bridge-ort":
+        if backend == "bridge-ort":  # its pieces run without the arena anyway
             runtime.session_options = without_arena
-        session = runtime.TrainingSession(graph, state, threads=threads, gradients=False, swap_buffers=True)
+            session = runtime.TrainingSession(graph, state, threads=threads, gradients=False, in_place=True)
+        else:
+            session = runtime.TrainingSession(graph, state, threads=threads, gradients=False, swap_buffers=True)
     return (lambda: session.step(inputs, target)), (lambda: state_mib)
 
 

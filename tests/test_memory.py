@@ -140,19 +140,34 @@ def test_step_memory_grows_with_the_batch(tmp_path):
     assert large["peak_mib"] - small["peak_mib"] > 8  # at least one [4096, 512] float32 activation more
 
 
-@pytest.mark.slow
-def test_a_step_of_a_swapped_session_allocates_no_state(tmp_path):
-    """bridge-ort, as bridge.Trainer runs it (the updated state written into the session's second set of
-    buffers): a step whose state (weights and Adam's two moments, 3 x 9 MiB) dwarfs its batch adds far less
-    than that state at its peak; a new copy of the state would add all of it. The second set is memory the
-    session holds between steps: the tool counts it as held."""
+def _adam_heavy_step(tmp_path: Path, backend: str) -> tuple[float, dict]:
+    """A step whose state (weights and Adam's two moments, 3 x 9 MiB) dwarfs its batch, measured by the tool
+    for ``backend``: the state's MiB and the figures."""
     arguments = _mlp_graph(tmp_path, 8, hidden=10)
     state_mib = sum(value.nbytes for value in np.load(arguments[-1] + ".state.npz").values()) / 2**20
-    figures = step_memory.run_child([*arguments, "--backend", "bridge-ort"])
     assert state_mib > 25
+    return state_mib, step_memory.run_child([*arguments, "--backend", backend])
+
+
+@pytest.mark.slow
+def test_a_step_of_a_swapped_session_allocates_no_state(tmp_path):
+    """bridge-ort-arena, as bridge.Trainer runs it (the updated state written into the session's second set of
+    buffers): its steps add far less than the state; a new copy of the state would add all of it. The second
+    set is memory the session holds between steps: the tool counts it as held."""
+    state_mib, figures = _adam_heavy_step(tmp_path, "bridge-ort-arena")
     assert 0 < figures["peak_mib"] < state_mib / 2
     assert figures["footprint_mib"] > 2 * state_mib  # the state and its second set of buffers, resident
     assert figures["held_mib"] > state_mib / 2  # the second set: in the RSS between steps, beyond the state
+
+
+@pytest.mark.slow
+def test_an_in_place_step_replaces_the_state_in_its_memory(tmp_path):
+    """bridge-ort, ``TrainingSession(in_place=True)``: at its peak the step holds the gradients (a third of
+    Adam's state) and the new state of a piece, not a whole new state beside the old (4/3 of the state with the
+    gradients): under 2/3 of the state; between steps the session holds no second set (under half the state)."""
+    state_mib, figures = _adam_heavy_step(tmp_path, "bridge-ort")
+    assert 0 < figures["peak_mib"] < 2 / 3 * state_mib
+    assert figures["held_mib"] < state_mib / 2
 
 
 def test_cli_memory_flag(tmp_path):

@@ -164,13 +164,13 @@ def test_a_step_in_pieces_drops_each_value_after_its_last_reader():
     at once); the graph's outputs and inputs are kept, but for the inputs named (``in_place``'s state)."""
     from types import SimpleNamespace
 
-    from bridge.training.runtime_onnx_mlir import _released_after
+    from bridge.training.piecewise import released_after
 
     pieces = [SimpleNamespace(input_names=["x", "w"], output_names=["a", "b", "unread", "loss"]),
               SimpleNamespace(input_names=["a", "w"], output_names=["c"]),
               SimpleNamespace(input_names=["b", "c", "w"], output_names=["updated_w"])]
-    assert _released_after(pieces, ["loss", "updated_w"]) == [["unread"], ["a"], ["b", "c"]]
-    assert _released_after(pieces, ["loss", "updated_w"], ["w", "x"]) == [["x"], [], ["w"]]
+    assert released_after(pieces, ["loss", "updated_w"]) == [["unread"], ["a"], ["b", "c"]]
+    assert released_after(pieces, ["loss", "updated_w"], ["w", "x"]) == [["x"], [], ["w"]]
 
 
 @needs_onnx_mlir
@@ -222,7 +222,7 @@ def test_in_place_step_that_fails_after_releasing_state_says_the_state_is_lost()
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
                                  optim_options=case.options, dynamic_batch=case.dynamic)
     session = bridge.compile(tm, backend="onnx-mlir", pieces=3, in_place=True).session(seed=0)
-    first_release = next(index for index, names in enumerate(session._state_released) if names)
+    first_release = next(index for index, names in enumerate(session._step.state_released) if names)
     failing = first_release + 1
 
     def out_of_memory(_inputs):
@@ -348,7 +348,7 @@ def test_in_place_step_holds_no_array_past_the_piece_that_last_reads_it():
             return results
 
         session._pieces[index] = SimpleNamespace(**{**vars(piece), "session": SimpleNamespace(run=run_piece)})
-    assert len(session._pieces) > 1 and any(session._state_released[:-1])
+    assert len(session._pieces) > 1 and any(session._step.state_released[:-1])
     session.step(*batch)
     assert not alive_too_long
 

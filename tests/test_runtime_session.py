@@ -202,3 +202,97 @@ def test_bad_swap_buffers_is_refused_by_name():
     tm = _batchnorm_mlp()
     with pytest.raises(bridge.InvalidOptionError, match="swap_buffers='yes'"):
         bridge.TrainingSession(tm.model, tm.initial_state(), swap_buffers="yes")
+
+
+def _dropout_batchnorm_mlp() -> bridge.TrainingModel:
+    """``_batchnorm_mlp`` with two Dropouts: noise inputs drawn each step, read by the first piece of an
+    in_place step."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                 torch.nn.Linear(16, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 3))
+    return bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=torch.randn(5, 6))
+
+
+@pytest.mark.parametrize("gradients", [True, False])
+def test_in_place_steps_the_same_and_leaves_the_given_arrays_alone(gradients):
+    """``in_place=True``: every output (loss, ``grad_*``, every ``updated_*``) and the state after 3 steps equal a
+    plain session's bit for bit, Dropout noise included; the caller's initial state and batches are not written."""
+    tm = _dropout_batchnorm_mlp()
+    initial = tm.initial_state()
+    kept = {name: value.copy() for name, value in initial.items()}
+    batches = random_batches(tm, 3, classes=3)
+    fed = [({name: value.copy() for name, value in inputs.items()}, target.copy()) for inputs, target in batches]
+    plain = bridge.TrainingSession(tm.model, tm.initial_state(), seed=0, gradients=gradients)
+    in_place = bridge.TrainingSession(tm.model, initial, seed=0, gradients=gradients, in_place=True)
+    assert len(in_place.random_inputs) == 2 and set(in_place.in_place) >= set(tm.weights)
+    for inputs, target in batches:
+        want, got = plain.step(inputs, target), in_place.step(inputs, target)
+        assert set(got) == set(want) and any(name.startswith("grad_") for name in got) == gradients
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+    _assert_same_state(in_place, plain)
+    for name, value in kept.items():
+        np.testing.assert_array_equal(initial[name], value, err_msg=name)
+    for (inputs, target), (copies, target_copy) in zip(batches, fed, strict=True):
+        np.testing.assert_array_equal(target, target_copy)
+        for name, value in inputs.items():
+            np.testing.assert_array_equal(value, copies[name], err_msg=name)
+
+
+@pytest.mark.parametrize(("options", "match"), [({"in_place": "yes"}, "in_place='yes'"),
+                                                ({"in_place": True, "swap_buffers": True}, "swap_buffers=True"),
+                                                ({"in_place": True, "on_nonfinite": "skip"}, "on_nonfinite='skip'")])
+def test_in_place_refuses_what_it_cannot_keep(options, match):
+    """A non-bool ``in_place``, and with it a second set of state buffers or skipping a non-finite step (the old
+    state is gone after a step), are refused by name."""
+    tm = _batchnorm_mlp()
+    with pytest.raises(bridge.InvalidOptionError, match=match):
+        bridge.TrainingSession(tm.model, tm.initial_state(), **options)
+
+
+def test_in_place_step_holds_no_old_state_past_the_piece_that_last_reads_it():
+    """During an in_place step, when a piece starts, no old state array and no value passed between pieces that
+    an earlier piece last read is alive anywhere in the process (weak references to them are dead)."""
+    import gc
+    import weakref
+
+    tm = _batchnorm_mlp()
+    session = bridge.TrainingSession(tm.model, tm.initial_state(), gradients=False, in_place=True)
+    batch = random_batches(tm, 1, classes=3)[0]
+    session.step(*batch)  # from here the session's state is onnxruntime's output arrays, held by nothing else
+    pieces = session._piecewise.pieces
+    last_reader = {name: index for index, piece in enumerate(pieces) for name in piece.input_names}
+    watched = {name: weakref.ref(session.state[name]) for name in session.in_place}
+    alive_too_long: list[tuple[int, str]] = []
+    for index, piece in enumerate(pieces):
+        graph = piece.session
+        inner = graph._run
+
+        def run_piece(names: list[str], feed: dict, options, index: int = index, inner=inner) -> list:
+            gc.collect()
+            alive_too_long.extend((index, name) for name, ref in watched.items()
+                                  if last_reader.get(name, len(pieces)) < index and ref() is not None)
+            results = inner(names, feed, options)
+            watched.update({name: weakref.ref(value) for name, value in zip(names, results, strict=True)
+                            if name not in session.output_names})
+            return results
+
+        graph._run = run_piece
+    assert len(pieces) > 2 and all(session._piecewise.state_released[1:])
+    session.step(*batch)
+    assert not alive_too_long
+
+
+def test_in_place_step_that_fails_after_releasing_state_says_the_state_is_lost():
+    """A piece that fails after earlier pieces released old state: a ``StepStateLostError`` naming the piece and
+    saying to restore the state (a later step would miss it), not onnxruntime's own error."""
+    tm = _batchnorm_mlp()
+    session = bridge.TrainingSession(tm.model, tm.initial_state(), in_place=True)
+    failing = 1 + next(index for index, names in enumerate(session._piecewise.state_released) if names)
+
+    def out_of_memory(*_arguments):
+        raise RuntimeError("out of memory")
+
+    session._piecewise.pieces[failing].session._run = out_of_memory
+    with pytest.raises(bridge.StepStateLostError, match=f"piece {failing} of the step failed .*restore the state"):
+        session.step(*random_batches(tm, 1, classes=3)[0])

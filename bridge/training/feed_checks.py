@@ -31,7 +31,8 @@ class NonFiniteError(BridgeError, FloatingPointError):
 
 
 class StepStateLostError(BridgeError, RuntimeError):
-    """A step of a module compiled with ``in_place=True`` failed after it had released state it replaces."""
+    """A step run in pieces with in_place state (a module compiled with ``in_place=True``, a
+    ``TrainingSession(in_place=True)``) failed after it had released state it replaces."""
 
 
 @dataclass(frozen=True)

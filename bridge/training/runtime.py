@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -40,6 +40,7 @@ from ..contract import (
 from ..errors import BridgeError, InvalidOptionError, ModelLoadError, positive_int
 from ..onnx_file import external_copy, is_large, model_digest, read_model
 from .feed_checks import NonFiniteError, StepChecks, StepInputError, check_policy, covered_outputs, nonfinite_outputs
+from .piecewise import LoadedPiece, PiecewiseStep
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -330,9 +331,12 @@ class OrtGraph:
     """One ONNX graph in onnxruntime, run by input name."""
 
     def __init__(self, model: onnx.ModelProto, providers=None, threads: int | None = None, spinning: bool = True,
-                 dropped_outputs: Callable[[str], bool] | None = None):
+                 dropped_outputs: Callable[[str], bool] | None = None, piece: bool = False):
         """``dropped_outputs``: graph outputs (by name) the session does not return; onnxruntime then
-        plans their buffers as intermediate values (reused in place once read)."""
+        plans their buffers as intermediate values (reused in place once read). ``piece=True``: the graph is
+        one of a step's pieces, run in turn (``TrainingSession(in_place=True)``): without the CPU arena, so that
+        the memory it frees serves the next piece, and its threads stop spinning when its run ends, leaving
+        the cores to the next piece's threads."""
         import onnxruntime as ort
 
         options = session_options(threads, spinning)
@@ -342,6 +346,9 @@ class OrtGraph:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
         disabled = _low_memory(options) if MEMORY in props(model.metadata_props) else []
+        if piece:
+            options.enable_cpu_mem_arena = False
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         with outputs_dropped(model, dropped_outputs), _kernels_checked():
             if is_large(model):  # past protobuf's 2 GiB: through a file with external data
                 with external_copy(model) as path:
@@ -468,7 +475,7 @@ class TrainingSession(StepSession):
     def __init__(self, model: onnx.ModelProto | str | os.PathLike, state: Mapping[str, np.ndarray], providers=None,
                  seed: int | None = None, *, eval_model: onnx.ModelProto | None = None, on_nonfinite: str = "raise",
                  threads: int | None = None, spinning: bool = True, gradients: bool = True,
-                 swap_buffers: bool = False):
+                 swap_buffers: bool = False, in_place: bool = False):
         """``threads``, ``spinning``: onnxruntime's intra-op thread count (default: its own, one per
         physical core) and whether they spin between parallel ops (``session_options``).
         ``gradients=False``: ``step`` does not return the ``grad_*`` outputs, so onnxruntime need not
@@ -476,26 +483,76 @@ class TrainingSession(StepSession):
         ``swap_buffers=True``: the updated state is written into a second set of state buffers, allocated
         once with the session, and the two sets swap roles each step, so a step allocates no state of its
         own (``StateBuffers``). The state arrays and the ``updated_*`` a step returns are then reused two
-        steps later: copy what must outlive that."""
-        for option, value in (("gradients", gradients), ("swap_buffers", swap_buffers)):
+        steps later: copy what must outlive that.
+        ``in_place=True``: the graph runs in pieces, its optimizer phase cut so that no piece replaces more than
+        ``STATE_SHARE_PER_PIECE`` of the state, and the session drops each old state array once the last piece
+        reading it has run, so each piece's new state takes the old's memory (``PiecewiseStep``); each piece
+        runs without onnxruntime's CPU arena, which would keep the memory freed in one piece from the next
+        (``OrtGraph(piece=True)``).
+        The old state is gone after a step: ``on_nonfinite="skip"`` is refused."""
+        for option, value in (("gradients", gradients), ("swap_buffers", swap_buffers), ("in_place", in_place)):
             if not isinstance(value, bool):
                 raise InvalidOptionError(f"{option}={value!r} is not valid; give True or False")
+        if in_place and swap_buffers:
+            raise InvalidOptionError("in_place=True and swap_buffers=True cannot be combined: swap_buffers writes the "
+                                     "new state into a second set of state buffers kept between steps, which in_place "
+                                     "avoids by releasing the old state as the step goes; give one of them")
         model = read_model(model)
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
                          graph_hash=graph_hash(model), eval_model=eval_model)
         dropped = None if gradients else is_gradient
-        self._graph = OrtGraph(model, providers, threads, spinning, dropped)
-        self.input_names, self.output_names = self._graph.input_names, self._graph.output_names
-        self.random_inputs.update(random_inputs(model, self._graph))
+        self._graph: OrtGraph | None = None
+        self._piecewise: PiecewiseStep | None = None
+        if in_place:
+            pieces, self.output_names = _in_place_pieces(model, providers, threads, spinning, dropped)
+            self.input_names = [value.name for value in model.graph.input]
+            self._set_in_place([name for name in self.input_names if updated_name(name) in self.output_names])
+            self._piecewise = PiecewiseStep(pieces, self.output_names, self.in_place, _run_ort_piece,
+                                            "TrainingSession(in_place=True)")
+            graphs = [cast(OrtGraph, piece.session) for piece in pieces]
+        else:
+            self._graph = OrtGraph(model, providers, threads, spinning, dropped)
+            self.input_names, self.output_names = self._graph.input_names, self._graph.output_names
+            graphs = [self._graph]
+        noise = {name: spec for graph in graphs for name, spec in random_inputs(model, graph).items()}
+        self.random_inputs.update({name: noise[name] for name in self.input_names if name in noise})  # drawn in this order
         self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
         self.covered_outputs = covered_outputs(model)
         updated = [strip_prefix(name, UPDATED_PREFIX) for name in self.output_names if name.startswith(UPDATED_PREFIX)]
         self._buffers = StateBuffers(self.state, updated) if swap_buffers else None
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._piecewise is not None:
+            return self._piecewise(feed, self.state)
+        assert self._graph is not None
         if self._buffers is None:
             return self._graph(feed)
         return self._graph.run_into(feed, self._buffers.targets(self.state))
+
+
+def _in_place_pieces(model: onnx.ModelProto, providers, threads: int | None, spinning: bool,
+                     dropped: Callable[[str], bool] | None) -> tuple[list[LoadedPiece], list[str]]:
+    """``model`` (without the ``dropped`` outputs) cut as ``TrainingSession(in_place=True)`` runs it, and its
+    output names: cut only in the optimizer phase (the first piece is the forward, the backward and the first
+    updates), so that no piece replaces more than ``STATE_SHARE_PER_PIECE`` of the state (``state_bounded_cuts``);
+    one onnxruntime session per piece, with the graph's options (its
+    metadata) and ``OrtGraph(piece=True)``'s."""
+    from ..tools.pieces import STATE_SHARE_PER_PIECE, split
+
+    with outputs_dropped(model, dropped):
+        pieces = split(model, 1, state_share=STATE_SHARE_PER_PIECE)
+        output_names = [value.name for value in model.graph.output]
+    loaded = []
+    for piece in pieces:
+        piece.model.metadata_props.extend(model.metadata_props)
+        graph = OrtGraph(piece.model, providers, threads, spinning, piece=True)
+        loaded.append(LoadedPiece(graph, graph.input_names, graph.output_names))
+    return loaded, output_names
+
+
+def _run_ort_piece(piece: LoadedPiece, values: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """One piece of an in_place step, its outputs in ``piece.output_names``' order."""
+    return cast(OrtGraph, piece.session)._run(piece.output_names, {name: values[name] for name in piece.input_names}, None)
 
 
 class StateBuffers:

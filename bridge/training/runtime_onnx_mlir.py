@@ -33,7 +33,8 @@ import onnx
 
 from ..contract import DIM_BOUNDS, decode_random_inputs, props, updated_name
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
-from .feed_checks import StepStateLostError, covered_outputs
+from .feed_checks import covered_outputs
+from .piecewise import LoadedPiece, PiecewiseStep
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
@@ -164,10 +165,10 @@ class OnnxMlirTrainingSession(StepSession):
         self._folder = tempfile.TemporaryDirectory(prefix="bridge-onnx-mlir-")  # lives as long as the session
         keep_freed_memory()
         self._pieces, self.input_names, self.output_names, in_place = _load_pieces(library, Path(self._folder.name), source)
-        self._released = _released_after(self._pieces, self.output_names)
         if in_place:
             self._set_in_place([name for name in self.input_names if updated_name(name) in self.output_names])
-        self._state_released = _released_after(self._pieces, [], self.in_place)
+        self._step = PiecewiseStep(self._pieces, self.output_names, self.in_place, _run_piece,
+                                   "bridge.compile(in_place=True)")
         if training_model is not None:
             meta = props(training_model.metadata_props)
             for name in decode_random_inputs(meta):
@@ -183,50 +184,15 @@ class OnnxMlirTrainingSession(StepSession):
         if missing:
             hint = "" if self.checks is not None else " (noise inputs are drawn only with training_model=, the ONNX graph)"
             raise InvalidOptionError(f"missing inputs {missing}; the library takes {self.input_names}{hint}")
-        # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
-        values = dict(feed)
-        gone: list[str] = []  # in_place: state released by the pieces run so far
-        for index, (piece, released, state_released) in enumerate(
-                zip(self._pieces, self._released, self._state_released, strict=True)):
-            try:
-                results = piece.session.run([np.asarray(values[name], order="C") for name in piece.input_names])
-            except Exception as exc:
-                if not gone:
-                    raise
-                raise StepStateLostError(f"piece {index} of the step failed ({exc}) after the session released "
-                                         f"{len(gone)} state arrays it updates in place (bridge.compile(in_place=True)), "
-                                         f"e.g. {gone[0]!r}: restore the state from a checkpoint") from exc
-            values.update(zip(piece.output_names, results, strict=True))
-            gone += state_released
-            for name in released:
-                del values[name]
-            for name in state_released:  # in_place: the session's own reference too (step()'s feed holds one)
-                del values[name], feed[name], self.state[name]
-        return {name: values[name] for name in self.output_names}
+        return self._step(feed, self.state)
 
 
-def _released_after(pieces: list[_LoadedPiece], outputs: list[str], inputs: list[str] | None = None) -> list[list[str]]:
-    """Per piece, the values pieces compute (else the graph ``inputs`` given) that no later piece reads and
-    the graph does not return: dropped once that piece has run, so that a step holds each piece's results
-    only as long as it needs them."""
-    last_reader = {name: index for index, piece in enumerate(pieces) for name in [*piece.output_names, *piece.input_names]}
-    dropped = set(inputs) if inputs is not None else {name for piece in pieces for name in piece.output_names} - set(outputs)
-    released: list[list[str]] = [[] for _ in pieces]
-    for name in sorted(dropped & set(last_reader)):
-        released[last_reader[name]].append(name)
-    return released
+def _run_piece(piece: LoadedPiece, values: dict[str, np.ndarray]) -> list[np.ndarray]:
+    # arrays of the graph's ranks (the runtime refuses a 1-element 1-d step or lr; ascontiguousarray would make one)
+    return piece.session.run([np.asarray(values[name], order="C") for name in piece.input_names])
 
 
-@dataclass(frozen=True)
-class _LoadedPiece:
-    """One loaded library and the names it takes and returns, in its signature's order."""
-
-    session: object
-    input_names: list[str]
-    output_names: list[str]
-
-
-def _load_pieces(module: bytes, folder: Path, source: str) -> tuple[list[_LoadedPiece], list[str], list[str], bool]:
+def _load_pieces(module: bytes, folder: Path, source: str) -> tuple[list[LoadedPiece], list[str], list[str], bool]:
     """The libraries of ``module`` (one ``.so`` or a ``pack_pieces`` archive, read from ``source``), written
     to ``folder`` and loaded, with the graph's input and output names and the archive's ``in_place``."""
     session_class = _execution_session_class()
@@ -245,7 +211,7 @@ def _load_pieces(module: bytes, folder: Path, source: str) -> tuple[list[_Loaded
     for path in paths:
         try:
             session = session_class(str(path), tag="NONE")  # the untagged entry points: any file name
-            pieces.append(_LoadedPiece(session, [v["name"] for v in json.loads(session.input_signature())],
+            pieces.append(LoadedPiece(session, [v["name"] for v in json.loads(session.input_signature())],
                                        [v["name"] for v in json.loads(session.output_signature())]))
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"{source} ({path.name}) is not a model library compiled by onnx-mlir: {exc}") from exc
