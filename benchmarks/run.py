@@ -559,7 +559,7 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "torch at the same thread count (< 1: faster than torch). **step peak**: one step's peak RSS above "
                   "the RSS before it; **peak + held**: with what the session holds between steps beyond its state (a "
                   "second set of state buffers, a runtime's pool of the step's buffers) (benchmarks/step_memory.py, "
-                  "default graphs; IREE and onnx-mlir compiled with `in_place=True`, in the "
+                  "default graphs; onnxruntime as `bridge.Trainer` runs it, IREE and onnx-mlir compiled with `in_place=True`, in the "
                   "step column too). The tables below give the figures "
                   "behind each column.", "", *summary_table(results, step_memory), ""]
         lines += ["Median step time in ms (25th-75th percentile) and the median per-round ratio to eager torch at "
@@ -593,7 +593,9 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                   "benchmarks/step_memory.py: the peak RSS of one training step above the RSS before it, each in a "
                   "fresh process after one warm-up step (glibc's mmap threshold fixed at 64 KiB, so freed blocks go "
                   "back to the system; onnxruntime's CPU arena off, except in `bridge-ort-arena`: the growth over the "
-                  "first 3 steps with it on). Adam; eager torch's gradients are freed after its step. `memory=min`: "
+                  "first 3 steps with it on). `bridge-ort-in-place`: `TrainingSession(in_place=True)`, the step in pieces, "
+                  "each old state array released after the last piece that reads it. Adam; eager torch's gradients are "
+                  "freed after its step. `memory=min`: "
                   "graphs converted with `to_training_onnx(..., memory=\"min\")`. **held**: the memory allocated between steps "
                   "beyond what it was before the session was built, less the state's bytes (a second set of state buffers, a "
                   "runtime's pool); **peak + held**: the step's peak beyond the state. **footprint**: that step's peak "
@@ -724,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         if "step" in args.sections:
             results = [bench_model(name, args, workdir, notes) for name in args.models]
         if "step-memory" in args.sections:  # the step section's graphs and compiled modules, where it ran
-            wanted = [*args.backends, "bridge-ort-arena"] if "bridge-ort" in args.backends else args.backends
+            wanted = [*args.backends, "bridge-ort-in-place", "bridge-ort-arena"] if "bridge-ort" in args.backends else args.backends
             converted = {r["model"]: {"default": workdir / f"{r['model']}.train.onnx"} for r in results}
             step_memory, memory_notes = measure_step_memory(
                 args.models, [b for b in wanted if b in STEP_MEMORY_BACKENDS], ["default"], args.threads, converted)

@@ -27,9 +27,10 @@ before the first. A ``memory="min"`` graph runs without the arena in bridge's se
 (bridge/training/runtime.py), so both rows are that.
 
 Backends: ``torch`` (eager: forward, loss, backward, ``torch.optim.Adam``, then the gradients set to None:
-they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime, no ``grad_*`` outputs,
-``TrainingSession(in_place=True)``: the step in pieces, each old state array released once the last piece reading
-it has run), ``bridge-ort-arena`` (as ``bridge.Trainer`` runs it), ``bridge-iree``
+they count in the step, as bridge's do), ``bridge-ort`` (onnxruntime as ``bridge.Trainer`` runs it, without the
+arena: no ``grad_*`` outputs, the updated state written into the session's second set of state buffers,
+``swap_buffers=True``), ``bridge-ort-in-place`` (``TrainingSession(in_place=True)``: the step in pieces, each old
+state array released once the last piece reading it has run), ``bridge-ort-arena`` (as ``bridge.Trainer`` runs it), ``bridge-iree``
 (``bridge.compile(in_place=True)``: the state is updated in its own buffers) and ``bridge-onnx-mlir``
 (``bridge.compile(in_place=True)``: the session releases each old state array once the last piece reading it has
 run; present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
@@ -52,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from models import MODELS, BenchModel, torch_loss  # noqa: E402
 
-BACKENDS = ("torch", "bridge-ort", "bridge-ort-arena", "bridge-iree", "bridge-onnx-mlir")
+BACKENDS = ("torch", "bridge-ort", "bridge-ort-in-place", "bridge-ort-arena", "bridge-iree", "bridge-onnx-mlir")
 BRIDGE_BACKENDS = BACKENDS[1:]
 COMPILED = {"bridge-iree": "iree", "bridge-onnx-mlir": "onnx-mlir"}
 MEMORY_SETTINGS = ("default", "min")
@@ -148,10 +149,11 @@ def bridge_step(backend: str, graph: Path, inputs: dict[str, np.ndarray], target
             options.enable_cpu_mem_arena = False
             return options
 
-        if backend == "bridge-ort":  # its pieces run without the arena anyway
-            runtime.session_options = without_arena
+        if backend == "bridge-ort-in-place":  # its pieces run without the arena anyway
             session = runtime.TrainingSession(graph, state, threads=threads, gradients=False, in_place=True)
         else:
+            if backend == "bridge-ort":
+                runtime.session_options = without_arena
             session = runtime.TrainingSession(graph, state, threads=threads, gradients=False, swap_buffers=True)
     return (lambda: session.step(inputs, target)), (lambda: state_mib)
 

@@ -162,10 +162,10 @@ def test_a_step_of_a_swapped_session_allocates_no_state(tmp_path):
 
 @pytest.mark.slow
 def test_an_in_place_step_replaces_the_state_in_its_memory(tmp_path):
-    """bridge-ort, ``TrainingSession(in_place=True)``: at its peak the step holds the gradients (a third of
+    """bridge-ort-in-place, ``TrainingSession(in_place=True)``: at its peak the step holds the gradients (a third of
     Adam's state) and the new state of a piece, not a whole new state beside the old (4/3 of the state with the
     gradients): under 2/3 of the state; between steps the session holds no second set (under half the state)."""
-    state_mib, figures = _adam_heavy_step(tmp_path, "bridge-ort")
+    state_mib, figures = _adam_heavy_step(tmp_path, "bridge-ort-in-place")
     assert 0 < figures["peak_mib"] < 2 / 3 * state_mib
     assert figures["held_mib"] < state_mib / 2
 
