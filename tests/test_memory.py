@@ -200,3 +200,60 @@ def test_steps_without_memory_pattern_are_bit_identical(build, monkeypatch):
         assert sorted(got) == sorted(want)
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+_VIEWS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}  # a view of its input in onnx-mlir: no copy
+_COPIES = {"Slice", "Gather", "Transpose", *_VIEWS}  # nodes that only move values: cheap to make where they are read
+
+
+def _live_peak(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> int:
+    """The most bytes of node outputs alive at once when ``nodes`` run in that order, each output freed after its
+    last reader (onnx-mlir allocates and frees in program order); a view (``_VIEWS``) keeps its input alive."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    sizes = {}
+    for value in inferred.graph.value_info:
+        tensor = value.type.tensor_type
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
+        sizes[value.name] = int(np.prod([d.dim_value for d in tensor.shape.dim])) * itemsize
+    root = {node.output[0]: node.input[0] for node in nodes if node.op_type in _VIEWS}
+    while any(source in root for source in root.values()):
+        root = {view: root.get(source, source) for view, source in root.items()}
+    last = {root.get(name, name): index for index, node in enumerate(nodes) for name in [*node.input, *node.output]}
+    live: dict[str, int] = {}
+    peak = 0
+    for index, node in enumerate(nodes):
+        live.update({name: sizes.get(name, 0) for name in node.output if name not in root})
+        peak = max(peak, sum(live.values()))
+        for name in [name for name in live if last[name] <= index]:
+            del live[name]
+    return peak
+
+
+def _copies_at_their_readers(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """``nodes`` with each ``_COPIES`` node moved to just before its first reader in the same phase (the last
+    node first, so that a moved reader takes its producers along)."""
+    order = list(nodes)
+    for node in reversed(nodes):
+        at = order.index(node)
+        readers = [index for index, other in enumerate(order) if set(node.output) & set(other.input)]
+        phase = props(node.metadata_props)[PHASE]
+        if node.op_type in _COPIES and readers and all(props(other.metadata_props)[PHASE] == phase
+                                                       for other in order[at:min(readers)]):
+            order.insert(min(readers) - 1, order.pop(at))
+    return order
+
+
+@pytest.mark.parametrize("target", ["onnx-mlir", "iree"])
+def test_copies_are_made_where_they_are_read(target):
+    """A target whose convolutions are im2col MatMuls (``dense_conv_as_matmul``): no Slice, Gather, Transpose or
+    view is made earlier than its first reader needs it at the cost of memory: moving each to just before that
+    reader does not lower the step's peak of live bytes in graph order, the order in which onnx-mlir allocates and
+    frees. The input gradient's per-offset slices of its columns are each made just before they are added back."""
+    torch.manual_seed(3)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                 torch.nn.Linear(16 * 8 * 8, 5))
+    model = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=torch.randn(4, 3, 8, 8),
+                                    target=target).model
+    nodes = list(model.graph.node)
+    assert _live_peak(model, nodes) <= _live_peak(model, _copies_at_their_readers(nodes))

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -111,21 +111,26 @@ def window_slices(x: torch.Tensor, kernel: Sequence[int], stride: Sequence[int],
     return windows
 
 
-def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel: Sequence[int],
+def scatter_windows(parts: Iterable[torch.Tensor], sizes: Sequence[int], kernel: Sequence[int],
                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                     channels_last: bool = False) -> torch.Tensor:
-    """The adjoint of ``window_slices`` (col2im): ``parts[j]`` ``[N, C, O...]`` (kernel offset ``j``;
+    """The adjoint of ``window_slices`` (col2im): part ``j`` ``[N, C, O...]`` (kernel offset ``j``;
     ``[N, O..., C]`` when ``channels_last``) added onto ``[N, C, sizes...]`` (``[N, sizes..., C]``),
-    output ``o`` of offset ``j`` at ``o*s + j*d - p``.
+    output ``o`` of offset ``j`` at ``o*s + j*d - p``. ``parts`` is consumed in offset order, one part at a
+    time: given as a generator, each part is traced just before it is added, so that the graph order (in which
+    onnx-mlir allocates and frees) keeps one part alive at a time instead of all of them.
 
     Offsets that land on the same stride phase ``(j*d - p) mod s`` are shifted and added on the
     small output grid; the phases are then interleaved when all are there on one grid, else each
     is spread once at its phase: at most ``s**rank`` spreads of the input size instead of one per
     offset (or a Conv over a zero-inserted stack).
     """
-    outputs = _spatial(parts[0], channels_last)
+    remaining = iter(parts)
+    first = next(remaining)
+    outputs = _spatial(first, channels_last)
     phases: dict[tuple[int, ...], torch.Tensor] = {}
-    for offset, part in zip(itertools.product(*[range(k) for k in kernel]), parts, strict=True):
+    for offset, part in zip(itertools.product(*[range(k) for k in kernel]), itertools.chain([first], remaining),
+                            strict=True):
         shifts = [j * d - p for j, d, p in zip(offset, dilation, padding, strict=True)]
         phase = tuple(shift % s for shift, s in zip(shifts, stride, strict=True))
         grid = [-(-(size - r) // s) for size, r, s in zip(sizes, phase, stride, strict=True)]  # positions m*s + r < size
@@ -141,8 +146,8 @@ def scatter_windows(parts: Sequence[torch.Tensor], sizes: Sequence[int], kernel:
         spread = fit_spatial(zero_insert(summed, stride, phase, channels_last), sizes, channels_last)
         total = spread if total is None else aten.add.Tensor(total, spread)
     if total is None:  # every window reads padding only
-        n, c = parts[0].shape[0], parts[0].shape[-1 if channels_last else 1]
-        return aten.new_zeros.default(parts[0], [n] + list(sizes) + [c] if channels_last else [n, c] + list(sizes))
+        n, c = first.shape[0], first.shape[-1 if channels_last else 1]
+        return aten.new_zeros.default(first, [n] + list(sizes) + [c] if channels_last else [n, c] + list(sizes))
     return total
 
 
@@ -324,7 +329,7 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     w = aten.reshape.default(w, [out_channels, count * in_channels])
     cols = aten.mm.default(aten.t.default(w), _channel_rows(grad_output))  # a Gemm (transA): [K*Cin, N*O]
     cols = aten.reshape.default(cols, [count, in_channels, -1] + outputs)  # [K, Cin, N, O...]
-    parts = [aten.select.int(cols, 0, j) for j in range(count)]
+    parts = (aten.select.int(cols, 0, j) for j in range(count))  # each sliced where it is added
     swapped = scatter_windows(parts, input_size, kernel, stride, padding, dilation)  # [Cin, N, L...]
     return aten.permute.default(swapped, [1, 0] + list(range(2, 2 + rank)))
 
