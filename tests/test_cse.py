@@ -136,3 +136,17 @@ def test_backward_reads_the_forward_values_it_would_recompute(monkeypatch):
         assert a.keys() == b.keys()
         for key in a:
             assert np.array_equal(a[key], b[key]), key
+
+
+def test_a_conv_weight_read_as_rows_forward_and_backward_is_one_view():
+    """A Conv whose forward is one product with the weight as ``[Cout, Cin*K]`` rows (a 2x2 output plane) and whose
+    input gradient reads the same rows (onnxruntime's select form, many output channels): one Reshape of the weight
+    serves both."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 8, 3, padding=1), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(8, 64, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(64 * 2 * 2, 3))
+    tm = bridge.to_training_onnx(module, loss="ce", optim="sgd", example_inputs=torch.randn(4, 2, 2, 2))
+    graph = bridge.ir.load(tm.model)
+    weight = next(name for name in graph.weights if name.endswith("2.weight"))
+    rows = [node for node in graph.nodes() if node.op_type == "Reshape" and weight in node.inputs]
+    assert len(rows) == 1 and {user.phase for user in graph.consumers(rows[0].outputs[0])} == {"forward", "backward"}

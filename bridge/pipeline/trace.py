@@ -50,6 +50,7 @@ from ..contract import (
 )
 from ..errors import LoweringError, ShapeError
 from .cse import eliminate_common_subexpressions, eliminate_dead_code
+from .fold import fold_constants
 from .importer.program import OnnxProgram
 from .importer.weights import autograd_nodes
 from .losses import Loss
@@ -429,6 +430,7 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     mode = "symbolic" if fake_mode.shape_env is not None else "fake"
     with fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True):
         graph_module = _make_fx(step, _LoweringReplay().table(), mode)(*flat_args)
+    fold_constants(graph_module)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
     eliminate_dead_code(graph_module.graph)
     eliminate_common_subexpressions(graph_module.graph)

@@ -334,6 +334,12 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     return aten.permute.default(swapped, [1, 0] + list(range(2, 2 + rank)))
 
 
+def _weight_rows(weight: torch.Tensor) -> torch.Tensor:
+    """A Conv weight as ``[Cout, Cin*K]``, one view with the same arguments wherever a form reads it so (a forward
+    and a backward product of one Conv then share it: common subexpression elimination merges equal views)."""
+    return aten.reshape.default(weight, [weight.shape[0], math.prod(weight.shape[1:])])
+
+
 def _input_grad_select(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
     """col2im as one MatMul (groups 1): the columns ``grad_output^T [N*O, Cout] @ weight [Cout, Cin*K]``
     (the weight as it is), as ``[N*Cin, O*K]``, times the constant ``[O*K, L]`` of
@@ -344,7 +350,7 @@ def _input_grad_select(grad_output, weight, input_size, stride, padding, dilatio
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     positions, count = math.prod(outputs), math.prod(kernel)
     rows = aten.reshape.default(grad_output if positions == 1 else to_channels_last(grad_output), [-1, out_channels])
-    cols = aten.mm.default(rows, aten.reshape.default(weight, [out_channels, in_channels * count]))  # [N*O, Cin*K]
+    cols = aten.mm.default(rows, _weight_rows(weight))  # [N*O, Cin*K]
     cols = aten.permute.default(aten.reshape.default(cols, [n, positions, in_channels, count]), [0, 2, 1, 3])
     cols = aten.reshape.default(cols, [-1, positions * count])  # [N*Cin, O*K]
     select = scatter_matrix(input_size, kernel, stride, padding, dilation, outputs)
@@ -536,7 +542,7 @@ def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor
         return _forward_rows(x, weight, stride, padding, dilation, outputs, product_form)
     columns = _selected_columns if product_form == "select" else _channel_first_columns
     cols = columns(x, kernel, stride, padding, dilation, outputs)
-    product = aten.mm.default(aten.reshape.default(weight, [out_channels, -1]), cols)  # [Cout, N*O]
+    product = aten.mm.default(_weight_rows(weight), cols)  # [Cout, N*O]
     product = aten.reshape.default(product, [out_channels, -1] + outputs)
     return aten.permute.default(product, [1, 0] + list(range(2, 2 + rank)))
 
@@ -549,7 +555,7 @@ def _forward_rows(x, weight, stride, padding, dilation, outputs, product_form: s
     rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
     cols = _channels_last_columns(x, kernel, stride, padding, dilation, outputs)
     if product_form == "rows_gemm":
-        transposed = aten.t.default(aten.reshape.default(weight, [out_channels, -1]))  # read by a Gemm (transB)
+        transposed = aten.t.default(_weight_rows(weight))  # read by a Gemm (transB)
     else:
         transposed = aten.reshape.default(aten.permute.default(weight, list(range(1, rank + 2)) + [0]), [-1, out_channels])
     product = aten.reshape.default(aten.mm.default(cols, transposed), [-1] + list(outputs) + [out_channels])

@@ -38,9 +38,10 @@ def index_put(x, indices, values, accumulate=False):
         raise LoweringError("index_put with index tensors on non-consecutive dims has no dense lowering")
     first, count = used[0], len(used)
     index_tensors = torch.broadcast_tensors(*[indices[d] for d in used])
-    linear = torch.zeros_like(index_tensors[0])
-    for d, index in zip(used, index_tensors, strict=True):
-        linear = linear * x.shape[d] + _wrap(index, x.shape[d])
+    wrapped = [_wrap(index, x.shape[d]) for d, index in zip(used, index_tensors, strict=True)]
+    linear = wrapped[0]
+    for d, index in zip(used[1:], wrapped[1:], strict=True):
+        linear = linear * x.shape[d] + index
     pre, post = list(x.shape[:first]), list(x.shape[first + count:])
     positions = math.prod(x.shape[first:first + count])
     batch = linear.numel()
