@@ -2,7 +2,7 @@
 shape: it is elementwise) and replayed, bridge's
 lowerings traced once per call signature and replayed (arguments keyed by type and value; constants they capture
 captured again), BatchNorm's forward and
-backward traced once per shape and replayed, the eval step traced only when its graph is asked for."""
+backward traced once per shape and replayed (its running statistics once for every channel count), the eval step traced only when its graph is asked for."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 import bridge
 import bridge.api
@@ -204,6 +204,46 @@ def test_batch_norm_traced_once_per_shape_same_graph(bn_path, monkeypatch, dynam
     # the example run (fake tensors, no trace) calls it once per shape too (bridge.pipeline.replay._fake_run); the trace
     # once per shape at a static batch, every time at a symbolic one
     assert calls["forward"] == every_calls["forward"] - (1 if dynamic else 2)
+    for part in ("model", "gradient_model", "eval_model"):
+        assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+@pytest.fixture(scope="module")
+def channels_path(tmp_path_factory) -> str:
+    """Two BatchNorms of different channel counts (4, 6) over the same number of values per channel (3x5x5)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(4, 6, 3, padding=1), torch.nn.BatchNorm2d(6), torch.nn.Flatten(),
+                                 torch.nn.Linear(150, 3))
+    for norm in (m for m in module if isinstance(m, torch.nn.BatchNorm2d)):
+        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)  # distinct: the exporter de-duplicates equal initializers
+        torch.nn.init.uniform_(norm.bias, -0.5, 0.5)
+    path = tmp_path_factory.mktemp("channels") / "channels.onnx"
+    torch.onnx.export(module.eval(), (torch.randn(3, 2, 5, 5),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    return str(path)
+
+
+def test_running_statistics_traced_once_for_every_channel_count_same_graph(channels_path, monkeypatch):
+    """BatchNorm's running-statistics update is elementwise over [C]: traced once for BatchNorms of any channel
+    count with the same momentum and values per channel, and replayed (bridge.pipeline.replay.replayed_pointwise)."""
+    norm = bridge.pipeline.importer.ops.normalization
+
+    def convert(replay: bool) -> tuple[bridge.TrainingModel, int]:
+        traced = []
+        fn = norm._running_statistics
+        with monkeypatch.context() as patch:
+            patch.setattr(norm, "_running_statistics",
+                          lambda *args: (get_proxy_mode() is not None and traced.append(1)) or fn(*args))
+            if not replay:
+                patch.setattr(norm, "replayed_pointwise", lambda fn, *args: fn(*args))
+            tm = bridge.to_training_onnx(channels_path, loss="ce", optim="adam")
+        return tm, len(traced)
+
+    replayed, traced = convert(replay=True)
+    every, every_traced = convert(replay=False)
+    assert every_traced == 2
+    assert traced == 1, "the running statistics of both channel counts are one trace, replayed"
     for part in ("model", "gradient_model", "eval_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
 

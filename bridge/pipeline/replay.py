@@ -262,6 +262,22 @@ def replayed(fn: Callable[..., object], *args) -> object:
     return replay.run((fn, signature), [arg for arg in args if isinstance(arg, torch.Tensor)], lambda: fn(*args))
 
 
+def replayed_pointwise(fn: Callable[..., object], *args) -> object:
+    """``replayed`` for an elementwise ``fn`` of tensors of one shape (and 0-d tensors): traced once per key of its
+    other arguments and layout, whatever that shape is, and replayed at the shape of each later call
+    (``Replay.run_pointwise``; traced once per shape where ``fn`` turns out not to be elementwise)."""
+    mode = get_proxy_mode()
+    if mode is None or any(_symbolic(arg) for arg in args):
+        return replayed(fn, *args)
+    try:
+        signature = tuple(None if isinstance(arg, torch.Tensor) else key(arg) for arg in args)
+    except Unkeyable:
+        return fn(*args)
+    replay = _REPLAYS.setdefault(mode.tracer, Replay())
+    return replay.run_pointwise((fn, signature), [arg for arg in args if isinstance(arg, torch.Tensor)],
+                                lambda: fn(*args))
+
+
 def _active_fake_mode() -> FakeTensorMode | None:
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
 
