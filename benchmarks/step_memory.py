@@ -33,7 +33,8 @@ arena: no ``grad_*`` outputs, the updated state written into the session's secon
 state array released once the last piece reading it has run), ``bridge-ort-arena`` (as ``bridge.Trainer`` runs it), ``bridge-iree``
 (``bridge.compile(in_place=True)``: the state is updated in its own buffers) and ``bridge-onnx-mlir``
 (``bridge.compile(in_place=True)``: the session releases each old state array once the last piece reading it has
-run; present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models).
+run; present when ``ONNX_MLIR_HOME`` names an install; onnx-mlir compiles take minutes on the larger models). The
+compiled backends run the graph converted for them (``target="iree"``, ``target="onnx-mlir"``), as a user converts it.
 """
 from __future__ import annotations
 
@@ -199,8 +200,8 @@ def run_child(argv: list[str]) -> dict:
 
 
 def prepare(bench: BenchModel, workdir: Path, memory: str, backends: list[str], notes: list[str]) -> Path:
-    """The training graph of ``bench`` with ``memory=``, saved with its state in ``workdir``, and compiled for
-    the compiled ``backends`` (a note for each that fails)."""
+    """The training graph of ``bench`` with ``memory=``, saved with its state in ``workdir``; for each compiled
+    backend, the graph converted for it (``target=``) compiled beside it (a note for each that fails)."""
     import bridge
 
     source = workdir / f"{bench.name}.onnx"
@@ -213,8 +214,12 @@ def prepare(bench: BenchModel, workdir: Path, memory: str, backends: list[str], 
     np.savez(str(graph) + ".state.npz", **tm.initial_state())
     for backend in backends:
         if backend in COMPILED:
-            try:
-                compiled = bridge.compile(graph, backend=COMPILED[backend], gradients=False, in_place=True)
+            try:  # the graph converted for that compiler, as a user converts it (same source, same state)
+                converted = bridge.to_training_onnx(source, loss=bench.loss, optim="adam", optim_options={"lr": LR},
+                                                    target=COMPILED[backend], **options)
+                target_graph = workdir / f"{bench.name}.{memory}.{COMPILED[backend]}.train.onnx"
+                converted.save(target_graph)
+                compiled = bridge.compile(target_graph, backend=COMPILED[backend], gradients=False, in_place=True)
             except Exception as exc:  # noqa: BLE001 - a benchmark reports a failing backend and goes on
                 notes.append(f"{bench.name} ({memory}): {backend} skipped: {str(exc).splitlines()[0][:200]}")
                 continue
