@@ -48,15 +48,20 @@ def _mlp() -> tuple[torch.nn.Module, torch.Tensor]:
     return module, torch.randn(6, 12)
 
 
-def _saved_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the forward values (forward and loss nodes' outputs) that a backward or optimizer node reads:
-    what stays alive from the forward into the backward."""
-    inferred = onnx.shape_inference.infer_shapes(model)
+def _value_bytes(model: onnx.ModelProto) -> dict[str, int]:
+    """Bytes of every intermediate value of ``model`` (its shapes inferred, all static)."""
     sizes = {}
-    for value in inferred.graph.value_info:
+    for value in onnx.shape_inference.infer_shapes(model).graph.value_info:
         tensor = value.type.tensor_type
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
         sizes[value.name] = int(np.prod([d.dim_value for d in tensor.shape.dim])) * itemsize
+    return sizes
+
+
+def _saved_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the forward values (forward and loss nodes' outputs) that a backward or optimizer node reads:
+    what stays alive from the forward into the backward."""
+    sizes = _value_bytes(model)
     phases = {}
     for node in model.graph.node:
         phase = {p.key: p.value for p in node.metadata_props}[PHASE]
@@ -209,12 +214,7 @@ _COPIES = {"Slice", "Gather", "Transpose", *_VIEWS}  # nodes that only move valu
 def _live_peak(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> int:
     """The most bytes of node outputs alive at once when ``nodes`` run in that order, each output freed after its
     last reader (onnx-mlir allocates and frees in program order); a view (``_VIEWS``) keeps its input alive."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    sizes = {}
-    for value in inferred.graph.value_info:
-        tensor = value.type.tensor_type
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
-        sizes[value.name] = int(np.prod([d.dim_value for d in tensor.shape.dim])) * itemsize
+    sizes = _value_bytes(model)
     root = {node.output[0]: node.input[0] for node in nodes if node.op_type in _VIEWS}
     while any(source in root for source in root.values()):
         root = {view: root.get(source, source) for view, source in root.items()}

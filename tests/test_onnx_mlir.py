@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from helpers.reference import assert_steps_match, steps_with_state_edits
+from helpers.reference import assert_batches_unchanged, assert_steps_match, copied_batches, steps_with_state_edits
 from lifecycle_models import features, small_mlp
 from onnx import TensorProto, helper, numpy_helper
 
@@ -189,7 +189,7 @@ def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
     sessions = [plain.session(seed=0), in_place.session(initial, seed=0)]
     assert set(sessions[1].in_place) == set(tm.weights) | {n for n in initial if n.startswith(tuple(tm.weights))} | {"step"}
     batches = _batches(sessions[0], case)
-    fed = [({name: value.copy() for name, value in inputs.items()}, target.copy()) for inputs, target in batches]
+    fed = copied_batches(batches)
     steps = [[{name: value.copy() for name, value in session.step(inputs, target).items()} for inputs, target in batches]
              + steps_with_state_edits(session, tm.weights, *batches[0]) for session in sessions]
     for untied, tied in zip(*steps, strict=True):
@@ -198,10 +198,7 @@ def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
             np.testing.assert_array_equal(tied[name], untied[name], err_msg=name)
     for name, value in given.items():
         np.testing.assert_array_equal(initial[name], value, err_msg=name)
-    for (inputs, target), (copies, target_copy) in zip(batches, fed, strict=True):
-        np.testing.assert_array_equal(target, target_copy)
-        for name, value in inputs.items():
-            np.testing.assert_array_equal(value, copies[name], err_msg=name)
+    assert_batches_unchanged(batches, fed)
     with pytest.raises(bridge.InvalidOptionError, match="on_nonfinite='skip'"):
         in_place.session(on_nonfinite="skip")
     session = sessions[1]

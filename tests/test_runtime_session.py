@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from helpers.reference import random_batches
+from helpers.reference import assert_batches_unchanged, copied_batches, random_batches
 from helpers.single_op import one_node_model
 from onnx import TensorProto, helper
 
@@ -221,7 +221,7 @@ def test_in_place_steps_the_same_and_leaves_the_given_arrays_alone(gradients):
     initial = tm.initial_state()
     kept = {name: value.copy() for name, value in initial.items()}
     batches = random_batches(tm, 3, classes=3)
-    fed = [({name: value.copy() for name, value in inputs.items()}, target.copy()) for inputs, target in batches]
+    fed = copied_batches(batches)
     plain = bridge.TrainingSession(tm.model, tm.initial_state(), seed=0, gradients=gradients)
     in_place = bridge.TrainingSession(tm.model, initial, seed=0, gradients=gradients, in_place=True)
     assert len(in_place.random_inputs) == 2 and set(in_place.in_place) >= set(tm.weights)
@@ -233,10 +233,7 @@ def test_in_place_steps_the_same_and_leaves_the_given_arrays_alone(gradients):
     _assert_same_state(in_place, plain)
     for name, value in kept.items():
         np.testing.assert_array_equal(initial[name], value, err_msg=name)
-    for (inputs, target), (copies, target_copy) in zip(batches, fed, strict=True):
-        np.testing.assert_array_equal(target, target_copy)
-        for name, value in inputs.items():
-            np.testing.assert_array_equal(value, copies[name], err_msg=name)
+    assert_batches_unchanged(batches, fed)
 
 
 @pytest.mark.parametrize(("options", "match"), [({"in_place": "yes"}, "in_place='yes'"),

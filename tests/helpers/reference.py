@@ -123,3 +123,17 @@ def steps_with_state_edits(session, weights, inputs, target) -> list[dict[str, n
     session.state[slot][...] = 0.0
     steps.append({name: value.copy() for name, value in session.step(inputs, target).items()})
     return steps
+
+
+def copied_batches(batches: Sequence[Batch]) -> list[Batch]:
+    """A copy of every array of ``batches``, for ``assert_batches_unchanged`` after the steps that read them."""
+    return [({name: value.copy() for name, value in inputs.items()}, target.copy()) for inputs, target in batches]
+
+
+def assert_batches_unchanged(batches: Sequence[Batch], copies: Sequence[Batch]) -> None:
+    """Every array the caller fed (``batches``) still equals its copy taken before the steps: no session wrote
+    into a caller's input."""
+    for (inputs, target), (input_copies, target_copy) in zip(batches, copies, strict=True):
+        np.testing.assert_array_equal(target, target_copy)
+        for name, value in inputs.items():
+            np.testing.assert_array_equal(value, input_copies[name], err_msg=name)
