@@ -161,6 +161,17 @@ def test_lowering_replay_keys_arguments_by_typed_value():
     assert len(muls) == len(values), "a replayed call still adds its ops to the graph"
 
 
+def _exported_batch_norms(module: torch.nn.Sequential, path) -> str:
+    """``module`` (input [3, 2, 5, 5]) exported in training mode to ``path``, each BatchNorm's scale and bias
+    drawn distinct (the exporter de-duplicates equal initializers)."""
+    for norm in (m for m in module if isinstance(m, torch.nn.BatchNorm2d)):
+        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+        torch.nn.init.uniform_(norm.bias, -0.5, 0.5)
+    torch.onnx.export(module.eval(), (torch.randn(3, 2, 5, 5),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def bn_path(tmp_path_factory) -> str:
     """Three BatchNorms: the last two on one shape (3x3 planes: Conv forwards, not ``conv_forward_gemm``'s
@@ -170,13 +181,7 @@ def bn_path(tmp_path_factory) -> str:
                                  torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
                                  torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
                                  torch.nn.Linear(36, 3))
-    for norm in (m for m in module if isinstance(m, torch.nn.BatchNorm2d)):
-        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)  # distinct: the exporter de-duplicates equal initializers
-        torch.nn.init.uniform_(norm.bias, -0.5, 0.5)
-    path = tmp_path_factory.mktemp("bn") / "bn.onnx"
-    torch.onnx.export(module.eval(), (torch.randn(3, 2, 5, 5),), str(path), dynamo=False, input_names=["x"],
-                      output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
-    return str(path)
+    return _exported_batch_norms(module, tmp_path_factory.mktemp("bn") / "bn.onnx")
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -193,7 +198,7 @@ def test_batch_norm_traced_once_per_shape_same_graph(bn_path, monkeypatch, dynam
                 patch.setattr(norm, f"_batch_norm_{part}",
                               lambda *args, _fn=fn, _part=part: calls.__setitem__(_part, calls[_part] + 1) or _fn(*args))
             if not replay:
-                patch.setattr(norm, "replayed", lambda fn, *args: fn(*args))
+                patch.setattr(norm, "replayed", lambda fn, *args, **_: fn(*args))
             tm = bridge.to_training_onnx(bn_path, loss="ce", optim="adam", dynamic_batch=dynamic)
         return tm, calls
 
@@ -215,18 +220,12 @@ def channels_path(tmp_path_factory) -> str:
     module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
                                  torch.nn.Conv2d(4, 6, 3, padding=1), torch.nn.BatchNorm2d(6), torch.nn.Flatten(),
                                  torch.nn.Linear(150, 3))
-    for norm in (m for m in module if isinstance(m, torch.nn.BatchNorm2d)):
-        torch.nn.init.uniform_(norm.weight, 0.5, 1.5)  # distinct: the exporter de-duplicates equal initializers
-        torch.nn.init.uniform_(norm.bias, -0.5, 0.5)
-    path = tmp_path_factory.mktemp("channels") / "channels.onnx"
-    torch.onnx.export(module.eval(), (torch.randn(3, 2, 5, 5),), str(path), dynamo=False, input_names=["x"],
-                      output_names=["y"], training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
-    return str(path)
+    return _exported_batch_norms(module, tmp_path_factory.mktemp("channels") / "channels.onnx")
 
 
 def test_running_statistics_traced_once_for_every_channel_count_same_graph(channels_path, monkeypatch):
     """BatchNorm's running-statistics update is elementwise over [C]: traced once for BatchNorms of any channel
-    count with the same momentum and values per channel, and replayed (bridge.pipeline.replay.replayed_pointwise)."""
+    count with the same momentum and values per channel, and replayed (bridge.pipeline.replay.replayed, pointwise=True)."""
     norm = bridge.pipeline.importer.ops.normalization
 
     def convert(replay: bool) -> tuple[bridge.TrainingModel, int]:
@@ -236,7 +235,7 @@ def test_running_statistics_traced_once_for_every_channel_count_same_graph(chann
             patch.setattr(norm, "_running_statistics",
                           lambda *args: (get_proxy_mode() is not None and traced.append(1)) or fn(*args))
             if not replay:
-                patch.setattr(norm, "replayed_pointwise", lambda fn, *args: fn(*args))
+                patch.setattr(norm, "replayed", lambda fn, *args, **_: fn(*args))
             tm = bridge.to_training_onnx(channels_path, loss="ce", optim="adam")
         return tm, len(traced)
 

@@ -237,11 +237,13 @@ _REPLAYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tracer -> i
 _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fake mode -> {key: layout of fn's result}
 
 
-def replayed(fn: Callable[..., object], *args) -> object:
+def replayed(fn: Callable[..., object], *args, pointwise: bool = False) -> object:
     """``fn(*args)``, traced once per ``(fn, key of every argument)`` in the running trace and replayed after
     that (``Replay``); ``fn``'s result must depend on nothing but its arguments (and on a tensor argument only
     through what ``key`` keys). An argument ``key`` does not know, a symbolic size or a tensor of symbolic size:
-    ``fn`` is traced.
+    ``fn`` is traced. ``pointwise``: ``fn`` is elementwise over tensors of one shape (and 0-d tensors), traced once
+    per key of its other arguments whatever that shape is and replayed at each call's shape
+    (``Replay.run_pointwise``; traced once per shape where ``fn`` turns out not to be elementwise).
     Outside tracing, in a fake-tensor run (the conversion's example run, ``bridge.api._probe``), where a result
     is only its layout: ``fn`` runs once per key, later calls get fresh tensors of that layout (``_fake_run``).
 
@@ -258,24 +260,11 @@ def replayed(fn: Callable[..., object], *args) -> object:
         return fn(*args)
     if mode is None:
         return _fake_run(fake, _LAYOUTS.setdefault(fake, {}), (fn, signature), args, lambda: fn(*args))
-    replay = _REPLAYS.setdefault(mode.tracer, Replay())
-    return replay.run((fn, signature), [arg for arg in args if isinstance(arg, torch.Tensor)], lambda: fn(*args))
-
-
-def replayed_pointwise(fn: Callable[..., object], *args) -> object:
-    """``replayed`` for an elementwise ``fn`` of tensors of one shape (and 0-d tensors): traced once per key of its
-    other arguments and layout, whatever that shape is, and replayed at the shape of each later call
-    (``Replay.run_pointwise``; traced once per shape where ``fn`` turns out not to be elementwise)."""
-    mode = get_proxy_mode()
-    if mode is None or any(_symbolic(arg) for arg in args):
-        return replayed(fn, *args)
-    try:
-        signature = tuple(None if isinstance(arg, torch.Tensor) else key(arg) for arg in args)
-    except Unkeyable:
-        return fn(*args)
-    replay = _REPLAYS.setdefault(mode.tracer, Replay())
-    return replay.run_pointwise((fn, signature), [arg for arg in args if isinstance(arg, torch.Tensor)],
-                                lambda: fn(*args))
+    replay, tensors = _REPLAYS.setdefault(mode.tracer, Replay()), [arg for arg in args if isinstance(arg, torch.Tensor)]
+    if pointwise:
+        shapeless = tuple(None if isinstance(arg, torch.Tensor) else part for arg, part in zip(args, signature, strict=True))
+        return replay.run_pointwise((fn, shapeless), tensors, lambda: fn(*args))
+    return replay.run((fn, signature), tensors, lambda: fn(*args))
 
 
 def _active_fake_mode() -> FakeTensorMode | None:

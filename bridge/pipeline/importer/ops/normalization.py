@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ....errors import ShapeError
 from ... import targets
 from ...primitives import affine
-from ...replay import replayed, replayed_pointwise
+from ...replay import replayed
 from ..registry import converter
 
 
@@ -60,7 +60,7 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
         )
     y, batch_mean, batch_var = _BatchNormTraining.apply(x, scale, bias, epsilon)
     statistics = (running_mean, running_var, batch_mean, batch_var, momentum, count, ctx.training)
-    new_mean, new_var, spec_var = replayed_pointwise(_running_statistics, *statistics)
+    new_mean, new_var, spec_var = replayed(_running_statistics, *statistics, pointwise=True)
     if ctx.training:
         ctx.update_buffer(3, new_mean)
         ctx.update_buffer(4, new_var)
@@ -77,7 +77,7 @@ def _running_statistics(running_mean: torch.Tensor, running_var: torch.Tensor, b
     """BatchNorm's new running mean, the new running variance bridge trains with (from the unbiased batch
     variance; None unless ``training``) and the node's own running-variance output (from the biased one).
     Elementwise over [C]: traced once per ``momentum``, ``count`` and ``training``, whatever ``C``, and replayed
-    (``bridge.pipeline.replay.replayed_pointwise``); a symbolic ``count`` is traced every time."""
+    (``bridge.pipeline.replay.replayed(..., pointwise=True)``); a symbolic ``count`` is traced every time."""
     new_mean = momentum * running_mean + (1 - momentum) * batch_mean
     if not training:
         new_var = None
