@@ -58,7 +58,7 @@ def _form_cases():
         yield pytest.param(rank, stride, padding, dilation, size, id=f"{rank}d-s{stride}-p{padding}-d{dilation}-L{size}")
 
 
-INPUT_GRAD_FORMS = ("conv", "gemm", "gemm_select")
+INPUT_GRAD_FORMS = ("conv", "gemm", "gemm_offsets", "gemm_select")
 WEIGHT_GRAD_FORMS = ("conv", "gemm", "gemm_channel_first", "gather", "gather_offsets")
 
 
@@ -95,6 +95,28 @@ def test_forward_gemm_matches_aten(rank, stride, padding, dilation, size, produc
         w = torch.randn(out_channels, 3, *([3, 2, 1][:rank]), dtype=torch.float64)
         b = torch.randn(out_channels, dtype=torch.float64)
         _close(lowering.lower_convolution(x, w, b, *args), aten.convolution(x, w, b, *args))
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("rank, stride, padding, dilation, size", list(_form_cases()))
+def test_columns_in_parts_match_aten(rank, stride, padding, dilation, size, parts, monkeypatch):
+    """``conv_columns_in_parts`` (the onnx-mlir target) with the columns cut into ``parts``, whatever its rule would
+    cut: the forward per range of output positions, in both orientations of its row product and with bias (fewer
+    positions than parts: one range each), and the weight gradient per group of kernel offsets (``gather_parts``)."""
+    monkeypatch.setattr(targets, "conv_forward_form", lambda *args: "gemm")
+    monkeypatch.setattr(targets, "column_parts", lambda *args: parts)
+    x = torch.randn(2, 3, *[size] * rank, dtype=torch.float64)
+    w = torch.randn(5, 3, *([3, 2, 1][:rank]), dtype=torch.float64)
+    b = torch.randn(5, dtype=torch.float64)
+    args = ([stride] * rank, [padding] * rank, [dilation] * rank)
+    y = aten.convolution(x, w, b, *args, False, [0] * rank, 1)
+    gy = torch.randn_like(y)
+    want_w = aten.convolution_backward(gy, x, w, None, *args, False, [0] * rank, 1, [False, True, False])[1]
+    with targets.using("onnx-mlir"):
+        for product in ("rows_matmul", "rows_gemm"):
+            monkeypatch.setattr(targets, "conv_forward_product", lambda *args, product=product: product)
+            _close(lowering.lower_convolution(x, w, b, *args, False, [0] * rank, 1), y)
+        _close(lowering.weight_grad(gy, x, w.shape, *args, 1, form="gather_parts"), want_w)
 
 
 @pytest.mark.parametrize("target", ["onnxruntime", "plain"])

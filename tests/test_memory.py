@@ -257,3 +257,26 @@ def test_copies_are_made_where_they_are_read(target):
                                     target=target).model
     nodes = list(model.graph.node)
     assert _live_peak(model, nodes) <= _live_peak(model, _copies_at_their_readers(nodes))
+
+
+def _pooled_cnn() -> tuple[torch.nn.Module, torch.Tensor]:
+    """benchmarks/models.py's small_cnn at a quarter of its plane: RGB stem, ReLU, MaxPool, Conv, ReLU, AvgPool, Linear."""
+    torch.manual_seed(4)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                 torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AvgPool2d(2),
+                                 torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 10))
+    return module, torch.randn(8, 3, 16, 16)
+
+
+def test_onnx_mlir_conv_columns_add_at_most_one_conv_tensor_to_the_peak():
+    """The onnx-mlir target runs every Conv as im2col MatMuls, whose columns are ``K`` times the Conv's input: in graph
+    order (in which onnx-mlir allocates and frees) its step's live peak is at most the plain graph's, whose Convs make
+    no columns, plus the largest input or output of one Conv: the columns are made a part at a time, none larger."""
+    module, x = _pooled_cnn()
+    plain, compiled = (bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x, target=target).model
+                       for target in ("plain", "onnx-mlir"))
+    sizes = _value_bytes(plain)
+    largest = max(sizes.get(name, 0) for node in plain.graph.node if node.op_type == "Conv"
+                  for name in (node.input[0], node.output[0]))
+    assert largest > 0
+    assert _live_peak(compiled, list(compiled.graph.node)) <= _live_peak(plain, list(plain.graph.node)) + largest

@@ -92,9 +92,11 @@ FORM_MODEL = {  # the model each form applies to
     "conv_forward_gemm": "cnn", "conv_backward_gemm": "cnn", "constant_matmul_moves": "cnn",
     "relu_after_maxpool": "cnn", "affine_as_batch_norm": "mlp", "scalar_ranks": "mlp", "dense_conv_as_matmul": "cnn",
     "tanh_as_exp": "mlp", "conv_forward_rows": "cnn", "long_inner_gemm": "cnn", "explicit_transposes": "wide",
+    "conv_columns_in_parts": "cnn",
 }
 REQUIRES = {  # form -> the forms without which it has nothing to apply to (its products are dense_conv_as_matmul's)
     "conv_forward_rows": frozenset({"dense_conv_as_matmul"}), "long_inner_gemm": frozenset({"dense_conv_as_matmul"}),
+    "conv_columns_in_parts": frozenset({"dense_conv_as_matmul", "conv_forward_rows"}),
 }
 OPTIONS = {"lr": 0.05, "momentum": 0.9}  # linear in the gradient (Adam's first step, g / (|g| + eps), is not)
 

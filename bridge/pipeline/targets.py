@@ -45,6 +45,12 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
                          "columns [N*O, Cin*K] @ weight^T [Cin*K, Cout], where N*O is not small: onnx-mlir's and "
                          "IREE's tiled MatMuls run the weight-rows product [Cout, Cin*K] @ [Cin*K, N*O] (few rows, "
                          "many columns) several times slower",
+    "conv_columns_in_parts": "an ungrouped Conv's im2col columns, where larger than both its input and its output, "
+                             "made and multiplied a part at a time, each no larger than the larger of the two: the "
+                             "forward's per range of output positions (one Gather each), the input gradient's per "
+                             "kernel offset, the weight gradient's per group of kernel offsets: onnx-mlir allocates "
+                             "every value and frees it after its last reader, in graph order, so whole columns (K "
+                             "times the input) would set the step's peak",
     "long_inner_gemm": "a 2-D float product with a long inner dimension and not few result columns as a Gemm, its "
                        "operands as they are (conv_forward_rows: the weight read transposed, transB): onnx-mlir's Gemm "
                        "runs such a product several times faster than its MatMul, and slower where either is short",
@@ -60,11 +66,11 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
 
 TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
     "plain": frozenset(),
-    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm",
-                                       "tanh_as_exp", "explicit_transposes"},  # its rules pick per shape
+    "onnxruntime": frozenset(FORMS) - {"dense_conv_as_matmul", "conv_forward_rows", "conv_columns_in_parts",
+                                       "long_inner_gemm", "tanh_as_exp", "explicit_transposes"},  # its rules pick per shape
     "iree": frozenset({"dense_conv_as_matmul", "conv_forward_rows"}),
-    "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "long_inner_gemm", "tanh_as_exp",
-                            "explicit_transposes"}),
+    "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "conv_columns_in_parts", "long_inner_gemm",
+                            "tanh_as_exp", "explicit_transposes", "relu_after_maxpool"}),
 }
 
 DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise
@@ -151,6 +157,18 @@ def conv_forward_product(positions: int, inner: int, out_channels: int) -> str:
     return "rows_gemm" if product_is_gemm(inner, out_channels) else "rows_matmul"
 
 
+def column_parts(in_channels: int, out_channels: int, kernel: Sequence[int], outputs: Sequence[int],
+                 sizes: Sequence[int]) -> int:
+    """Into how many parts ``conv_columns_in_parts`` cuts an ungrouped Conv's im2col columns (``Cin*K`` values per
+    output position; ``sizes``: the input's spatial sizes): the fewest parts of which none is larger than the larger
+    of the Conv's input and output, which every form holds anyway; 1 without that form."""
+    if not enabled("conv_columns_in_parts"):
+        return 1
+    positions = math.prod(outputs)
+    held = max(in_channels * math.prod(sizes), out_channels * positions)
+    return -(-in_channels * math.prod(kernel) * positions // held)
+
+
 def _backward_form_before_shapes(groups: int) -> str | None:
     """The form of a Conv's input or weight gradient that no shape changes: ``gemm`` for an ungrouped Conv under
     ``dense_conv_as_matmul``, ``conv`` for a grouped one or without ``conv_backward_gemm``; None: the shape decides."""
@@ -161,15 +179,19 @@ def _backward_form_before_shapes(groups: int) -> str | None:
     return None
 
 
-def conv_input_grad_form(out_channels: int, groups: int, kernel: Sequence[int], outputs: Sequence[int],
-                         stride: Sequence[int], sizes: Sequence[int]) -> str:
-    """``conv``, ``gemm`` or ``gemm_select`` for a Conv's input gradient (lowering/conv.py).
+def conv_input_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
+                         outputs: Sequence[int], stride: Sequence[int], sizes: Sequence[int]) -> str:
+    """``conv``, ``gemm``, ``gemm_offsets`` or ``gemm_select`` for a Conv's input gradient (lowering/conv.py).
 
     ``conv`` flips and transposes the whole weight and, strided, convolves a zero-inserted gradient;
     ``gemm`` pays a per-offset scatter of input size. ``gemm`` wins once the weight dominates
     (``Cout >= 16 * O``) or the Conv is strided; ``gemm_select`` does its scatter as one MatMul
-    while the input plane is small (``select_is_cheap``). ``dense_conv_as_matmul``: ``gemm`` (groups 1)."""
+    while the input plane is small (``select_is_cheap``). ``dense_conv_as_matmul``: ``gemm`` (groups 1), or
+    ``gemm_offsets`` (one product per kernel offset, each about the input's size) where ``column_parts`` cuts the
+    columns."""
     if (form := _backward_form_before_shapes(groups)) is not None:
+        if form == "gemm" and column_parts(in_channels, out_channels, kernel, outputs, sizes) > 1:
+            return "gemm_offsets"
         return form
     if out_channels >= 16 * math.prod(outputs) or max(stride) > 1:
         return "gemm_select" if select_is_cheap(out_channels, sizes) else "gemm"
@@ -180,9 +202,10 @@ OFFSET_COLUMNS_BELOW = 256  # conv weight gradient: a gather product with fewer 
 
 
 def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kernel: Sequence[int],
-                          outputs: Sequence[int], stride: Sequence[int], forward_product: str | None = None) -> str:
-    """``conv``, ``gather``, ``gather_offsets``, ``gemm`` or ``gemm_channel_first`` for a Conv's weight gradient
-    (lowering/conv.py).
+                          outputs: Sequence[int], stride: Sequence[int], sizes: Sequence[int],
+                          forward_product: str | None = None) -> str:
+    """``conv``, ``gather``, ``gather_offsets``, ``gather_parts``, ``gemm`` or ``gemm_channel_first`` for a Conv's
+    weight gradient (lowering/conv.py).
 
     ``conv``'s inner dimension is the batch, the im2col forms' ``N * O``. Few input channels (an RGB
     stem): ``gemm_channel_first`` at stride 1, else ``conv``. A 1x1 kernel: ``gemm`` (its one window is a
@@ -193,10 +216,15 @@ def conv_weight_grad_form(in_channels: int, out_channels: int, groups: int, kern
     ``forward_product`` (this Conv's own forward, ``conv_forward_product``; None for a transposed Conv) reads the
     channels-last columns ``[N*O, Cin*K]`` and the kernel has several offsets: ``gemm`` would build those very
     columns, which common subexpression elimination (bridge's, onnx-mlir's, IREE's) merges with the forward's and
-    keeps alive until the backward at ``K`` times the input's size; ``gather``'s die in the backward."""
+    keeps alive until the backward at ``K`` times the input's size; ``gather``'s die in the backward. And
+    ``gather_parts`` where ``column_parts`` cuts the columns: a part per group of kernel offsets (the forward's
+    parts are ranges of output positions: no part is the forward's)."""
     if (form := _backward_form_before_shapes(groups)) is not None:
-        if form == "gemm" and math.prod(kernel) > 1 and forward_product in ("rows_gemm", "rows_matmul"):
-            return "gather"
+        if form == "gemm" and math.prod(kernel) > 1:
+            if column_parts(in_channels, out_channels, kernel, outputs, sizes) > 1:
+                return "gather_parts"
+            if forward_product in ("rows_gemm", "rows_matmul"):
+                return "gather"
         return form
     if math.prod(kernel) == 1:
         return "gemm"

@@ -14,6 +14,8 @@ reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current ta
   - ``gemm`` (groups 1): the columns ``weight^T [K*Cin, Cout] @ grad_output [Cout, N*O]`` (one Gemm
     reading the weight transposed), one ``[Cin, N, O]`` part per kernel offset, added back onto the
     input positions by ``scatter_windows`` (col2im, batch and channel swapped), then one Transpose.
+  - ``gemm_offsets`` (groups 1): ``gemm`` with one Gemm ``[Cin, N*O]`` per kernel offset, each made where it is
+    added back: a ``K``-th of the columns alive at a time.
   - ``gemm_select`` (groups 1): the columns ``grad_output^T @ weight`` as ``[N*Cin, O*K]``, col2im as
     one MatMul with a constant 0/1 ``[O*K, L]`` (``scatter_matrix``).
 * ``weight_grad``:
@@ -32,10 +34,13 @@ reshape/permute, ``add`` and ``flip``. Which form a shape gets is the current ta
     forward product's own (``_forward_rows``): built apart, they need not stay alive from the forward.
   - ``gather_offsets`` (groups 1): ``gather`` with one Gather ``[N*O, Cin]`` and one MatMul per kernel
     offset, the ``[Cout, Cin]`` products concatenated: a ``K``-th of the columns alive at a time.
+  - ``gather_parts`` (groups 1): ``gather`` with one Gather and one MatMul per group of kernel offsets, as many
+    groups as ``targets.column_parts`` says.
 * ``grad_bias``: a sum over batch and spatial dims.
 * the forward: an ONNX ``Conv``, or ``gemm`` (groups 1): the weight as it is, ``[Cout, Cin*K]``, times the
   input's columns ``[Cin*K, N*O]``, or (``targets.conv_forward_product``) the channels-last columns
-  ``[N*O, Cin*K]`` times the weight transposed.
+  ``[N*O, Cin*K]`` times the weight transposed; those gathered and multiplied per range of output positions
+  where ``targets.column_parts`` cuts them.
 
 A Gemm reads a transposed operand as it is (``transA``/``transB``), so ``grad_output`` is only
 ever transposed batch for channel (whole planes move), never to channels-last.
@@ -44,7 +49,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -274,12 +279,12 @@ def input_grad(
     form: str | None = None,
 ) -> torch.Tensor:
     """d(conv(x, weight))/dx applied to ``grad_output``; ``input_size`` is x's spatial size.
-    ``form`` (default: the current target's, ``targets.conv_input_grad_form``) is ``conv``, ``gemm`` or
-    ``gemm_select`` (module docstring)."""
-    form = form or targets.conv_input_grad_form(weight.shape[0], groups, list(weight.shape[2:]), _spatial(grad_output), stride,
-                                   input_size)
-    if form == "gemm":
-        return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
+    ``form`` (default: the current target's, ``targets.conv_input_grad_form``) is ``conv``, ``gemm``,
+    ``gemm_offsets`` or ``gemm_select`` (module docstring)."""
+    in_channels, out_channels, kernel, outputs = weight.shape[1], weight.shape[0], list(weight.shape[2:]), _spatial(grad_output)
+    form = form or targets.conv_input_grad_form(in_channels, out_channels, groups, kernel, outputs, stride, input_size)
+    if form in ("gemm", "gemm_offsets"):
+        return _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation, form == "gemm_offsets")
     if form == "gemm_select":
         return _input_grad_select(grad_output, weight, input_size, stride, padding, dilation)
     return _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation, groups)
@@ -312,9 +317,11 @@ def _input_grad_conv(grad_output, weight, input_size, stride, padding, dilation,
     return aten.convolution.default(spread, w, None, ones, conv_padding, list(dilation), False, [0] * len(kernel), groups)
 
 
-def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation) -> torch.Tensor:
+def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation, per_offset: bool = False
+                     ) -> torch.Tensor:
     """col2im (groups 1): columns ``weight^T [K*Cin, Cout] @ grad_output [Cout, N*O]`` (the weight
-    offset-major; one Gemm, ``transA``), scattered back per offset.
+    offset-major; one Gemm, ``transA``), scattered back per offset. ``per_offset``: one Gemm ``[Cin, N*O]`` per
+    kernel offset, each made just before it is added back: a ``K``-th of the columns alive at a time.
 
     Offset-major, channel-before-batch columns make each offset's part ``[Cin, N, O...]`` a
     contiguous slice, and the scatter runs with batch and channel roles swapped; then one
@@ -325,13 +332,25 @@ def _input_grad_gemm(grad_output, weight, input_size, stride, padding, dilation)
     rank, out_channels, in_channels = weight.dim() - 2, weight.shape[0], weight.shape[1]
     kernel, outputs = list(weight.shape[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_channels, count]), [0, 2, 1])
-    w = aten.reshape.default(w, [out_channels, count * in_channels])
-    cols = aten.mm.default(aten.t.default(w), _channel_rows(grad_output))  # a Gemm (transA): [K*Cin, N*O]
-    cols = aten.reshape.default(cols, [count, in_channels, -1] + outputs)  # [K, Cin, N, O...]
-    parts = (aten.select.int(cols, 0, j) for j in range(count))  # each sliced where it is added
-    swapped = scatter_windows(parts, input_size, kernel, stride, padding, dilation)  # [Cin, N, L...]
+    w = aten.permute.default(aten.reshape.default(weight, [out_channels, in_channels, count]), [0, 2, 1])  # [Cout, K, Cin]
+
+    def offset_parts() -> Iterator[torch.Tensor]:  # each group's columns made where its first offset is added
+        rows = None
+        for group in _offset_groups(count, count if per_offset else 1):
+            wg = w if len(group) == count else aten.slice.Tensor(w, 1, group.start, group.stop)
+            wt = aten.t.default(aten.reshape.default(wg, [out_channels, len(group) * in_channels]))
+            rows = _channel_rows(grad_output) if rows is None else rows  # [Cout, N*O]
+            cols = aten.mm.default(wt, rows)  # a Gemm (transA): [K_g*Cin, N*O]
+            cols = aten.reshape.default(cols, [len(group), in_channels, -1] + outputs)  # [K_g, Cin, N, O...]
+            yield from (aten.select.int(cols, 0, j) for j in range(len(group)))
+
+    swapped = scatter_windows(offset_parts(), input_size, kernel, stride, padding, dilation)  # [Cin, N, L...]
     return aten.permute.default(swapped, [1, 0] + list(range(2, 2 + rank)))
+
+
+def _offset_groups(count: int, parts: int) -> list[range]:
+    """The kernel offsets ``0 .. count - 1`` in ``min(parts, count)`` runs of consecutive offsets, as even as can be."""
+    return [range(int(group[0]), int(group[-1]) + 1) for group in np.array_split(np.arange(count), min(parts, count))]
 
 
 def _weight_rows(weight: torch.Tensor) -> torch.Tensor:
@@ -387,16 +406,18 @@ def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequenc
                 forward_product: str | None = None) -> torch.Tensor:
     """d(conv(x, w))/dw applied to ``grad_output``; ``form`` (default: the current target's,
     ``targets.conv_weight_grad_form``, told the Conv's ``forward_product`` if it has a forward) is ``conv``,
-    ``gather``, ``gather_offsets``, ``gemm`` or ``gemm_channel_first`` (see the module docstring)."""
-    kernel = list(weight_size[2:])
-    form = form or targets.conv_weight_grad_form(x.shape[1], grad_output.shape[1], groups, kernel, _spatial(grad_output),
-                                                 stride, forward_product)
+    ``gather``, ``gather_offsets``, ``gather_parts``, ``gemm`` or ``gemm_channel_first`` (see the module docstring)."""
+    kernel, in_channels, out_channels, outputs = list(weight_size[2:]), x.shape[1], grad_output.shape[1], _spatial(grad_output)
+    form = form or targets.conv_weight_grad_form(in_channels, out_channels, groups, kernel, outputs, stride, _spatial(x),
+                                                 forward_product)
     if form == "conv":
         return _weight_grad_conv(grad_output, x, weight_size, stride, padding, dilation, groups)
     if form == "gemm_channel_first":
         return _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation)
-    if form in ("gather", "gather_offsets"):
-        return _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation, form == "gather_offsets")
+    if form in ("gather", "gather_offsets", "gather_parts"):
+        parts = (1 if form == "gather" else math.prod(kernel) if form == "gather_offsets"
+                 else targets.column_parts(in_channels, out_channels, kernel, outputs, _spatial(x)))
+        return _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation, parts)
     return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation)
 
 
@@ -450,27 +471,33 @@ def window_indices(kernel: Sequence[int], stride: Sequence[int], dilation: Seque
     return (origins[:, None] + offsets[None, :]).reshape(-1)
 
 
-def _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation, per_offset: bool = False
-                        ) -> torch.Tensor:
+def _padded_rows(x, kernel, stride, padding, dilation, outputs) -> torch.Tensor:
+    """``x`` ``[N, Cin, L...]`` channels-last, padded to exactly what the windows read, as ``[N, Lp, Cin]``: the
+    rows that ``window_indices`` index."""
+    padded = _pad_to_windows(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
+    return aten.reshape.default(padded, [-1, math.prod(_spatial(padded, channels_last=True)), x.shape[1]])
+
+
+def _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation, parts: int = 1) -> torch.Tensor:
     """im2col by one Gather (groups 1): the padded channels-last input ``[N, Lp, Cin]`` gathered at
     ``window_indices`` into columns ``[N*O, K*Cin]`` (offset-major), one MatMul ``grad_output [Cout, N*O] @
     columns``, then the weight-sized product ``[Cout, k..., Cin]`` transposed to the weight's layout. The
     Gather copies whole ``Cin`` rows, as the strided slices of the other im2col forms do, in one node.
-    ``per_offset``: one Gather ``[N*O, Cin]`` and one MatMul per kernel offset, the products concatenated:
-    the same products, with a ``K``-th of the columns alive at a time."""
+    ``parts``: one Gather ``[N*O, K_g*Cin]`` and one MatMul per group of consecutive kernel offsets
+    (``_offset_groups``; ``gather_offsets``: one offset each), the products concatenated: the same products,
+    with a ``parts``-th of the columns alive at a time."""
     in_channels, out_channels = x.shape[1], grad_output.shape[1]
     kernel, outputs = list(weight_size[2:]), _spatial(grad_output)
     count = math.prod(kernel)
-    padded = _pad_to_windows(to_channels_last(x), kernel, stride, padding, dilation, outputs, first=1)
-    rows = aten.reshape.default(padded, [-1, math.prod(_spatial(padded, channels_last=True)), in_channels])
+    rows = _padded_rows(x, kernel, stride, padding, dilation, outputs)
     index = window_indices(kernel, stride, dilation, outputs).reshape(-1, count)  # [O, K]
-    parts = [np.ascontiguousarray(index[:, offset]) for offset in range(count)] if per_offset else [index.reshape(-1)]
     products, grad_rows = [], None
-    for part in parts:
+    for group in _offset_groups(count, parts):
+        part = np.ascontiguousarray(index[:, group.start:group.stop]).reshape(-1)
         cols = aten.reshape.default(aten.index_select.default(rows, 1, torch.from_numpy(part)),
-                                    [-1, count * in_channels // len(parts)])
+                                    [-1, len(group) * in_channels])
         grad_rows = _channel_rows(grad_output) if grad_rows is None else grad_rows  # [Cout, N*O]
-        products.append(aten.mm.default(grad_rows, cols))  # [Cout, K*Cin / len(parts)]
+        products.append(aten.mm.default(grad_rows, cols))  # [Cout, K_g*Cin]
     product = products[0] if len(products) == 1 else aten.cat.default(products, 1)  # [Cout, K*Cin]
     product = aten.reshape.default(product, [out_channels] + kernel + [in_channels])
     return aten.permute.default(product, [0, len(kernel) + 1] + list(range(1, len(kernel) + 1)))
@@ -550,16 +577,42 @@ def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor
 def _forward_rows(x, weight, stride, padding, dilation, outputs, product_form: str) -> torch.Tensor:
     """``conv(x, weight)`` (groups 1) as ``columns [N*O, Cin*K] @ weight^T [Cin*K, Cout]``, the columns from
     the channels-last windows: ``rows_gemm`` one Gemm reading the weight as it is (``transB``), ``rows_matmul``
-    a MatMul of the weight transposed once (one Transpose of weight size). The product ``[N, O..., Cout]``
-    is moved channels-first."""
-    rank, out_channels, kernel = x.dim() - 2, weight.shape[0], list(weight.shape[2:])
-    cols = _channels_last_columns(x, kernel, stride, padding, dilation, outputs)
-    if product_form == "rows_gemm":
-        transposed = aten.t.default(_weight_rows(weight))  # read by a Gemm (transB)
+    a MatMul of the weight transposed once (one Transpose of weight size). Where ``targets.column_parts`` cuts
+    the columns, they are offset-major, gathered and multiplied per range of output positions
+    (``_rows_in_parts``). The product ``[N, O..., Cout]`` is moved channels-first."""
+    rank, in_channels, out_channels, kernel = x.dim() - 2, x.shape[1], weight.shape[0], list(weight.shape[2:])
+    parts = min(targets.column_parts(in_channels, out_channels, kernel, outputs, _spatial(x)), math.prod(outputs))
+    spatial = list(range(2, rank + 2))
+    order = [0] + spatial + [1] if parts > 1 else [0, 1] + spatial  # offset-major [Cout, k..., Cin] or as it is
+    cols = _channels_last_columns(x, kernel, stride, padding, dilation, outputs) if parts == 1 else None
+    if product_form == "rows_gemm":  # read by a Gemm (transB)
+        rows = _weight_rows(weight) if parts == 1 else aten.reshape.default(aten.permute.default(weight, order),
+                                                                            [out_channels, -1])
+        transposed = aten.t.default(rows)
     else:
-        transposed = aten.reshape.default(aten.permute.default(weight, list(range(1, rank + 2)) + [0]), [-1, out_channels])
-    product = aten.reshape.default(aten.mm.default(cols, transposed), [-1] + list(outputs) + [out_channels])
+        transposed = aten.reshape.default(aten.permute.default(weight, order[1:] + [0]), [-1, out_channels])
+    if cols is None:
+        product = _rows_in_parts(x, transposed, kernel, stride, padding, dilation, outputs, parts)
+    else:
+        product = aten.mm.default(cols, transposed)
+    product = aten.reshape.default(product, [-1] + list(outputs) + [out_channels])
     return aten.permute.default(product, [0, rank + 1] + list(range(1, rank + 1)))
+
+
+def _rows_in_parts(x, transposed, kernel, stride, padding, dilation, outputs, parts: int) -> torch.Tensor:
+    """``columns [N*O, K*Cin] @ transposed [K*Cin, Cout]`` (offset-major) as ``[N, O, Cout]``, in ``parts`` ranges of
+    output positions: each range's columns one Gather of ``_padded_rows`` at its ``window_indices``, times the
+    weight, the products concatenated. A ``parts``-th of the columns is alive at a time; the gathers are not the
+    weight gradient's (``gather_parts``: groups of kernel offsets), so no merge keeps them alive until the backward."""
+    count = math.prod(kernel)
+    rows = _padded_rows(x, kernel, stride, padding, dilation, outputs)
+    index = window_indices(kernel, stride, dilation, outputs).reshape(-1, count)  # [O, K]
+    products = []
+    for chunk in np.array_split(index, parts):
+        cols = aten.index_select.default(rows, 1, torch.from_numpy(np.ascontiguousarray(chunk).reshape(-1)))
+        cols = aten.reshape.default(cols, [-1, count * x.shape[1]])  # [N*O_c, K*Cin]
+        products.append(aten.reshape.default(aten.mm.default(cols, transposed), [-1, len(chunk), transposed.shape[1]]))
+    return aten.cat.default(products, 1)
 
 
 @lowers(aten.convolution.default)
