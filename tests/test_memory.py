@@ -14,6 +14,7 @@ import bridge
 from bridge.cli import main
 from bridge.contract import LAYER, MEMORY, PHASE, Phase, props
 from bridge.errors import InvalidOptionError
+from bridge.tools.target_check import onnx_mlir_missing
 from tests.helpers.reference import bridge_steps, random_batches
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
@@ -280,3 +281,16 @@ def test_onnx_mlir_conv_columns_add_at_most_one_conv_tensor_to_the_peak():
                   for name in (node.input[0], node.output[0]))
     assert largest > 0
     assert _live_peak(compiled, list(compiled.graph.node)) <= _live_peak(plain, list(plain.graph.node)) + largest
+
+
+@pytest.mark.slow
+@pytest.mark.onnx_mlir
+@pytest.mark.skipif(onnx_mlir_missing() is not None, reason="onnx-mlir is not available (ONNX_MLIR_HOME or PATH)")
+def test_onnx_mlir_small_cnn_step_peak_is_within_one_and_a_half_torchs(tmp_path):
+    """benchmarks/step_memory.py's measurement of small_cnn (its im2col columns set the step's peak before they were
+    made a part at a time): the onnx-mlir step's peak above its baseline is at most 1.5 times eager torch's."""
+    notes: list[str] = []
+    rows = step_memory.measure_model("small_cnn", ["torch", "bridge-onnx-mlir"], ["default"], 1, tmp_path, notes)
+    assert not notes
+    peaks = {row["backend"]: row["peak_mib"] for row in rows}
+    assert 0 < peaks["bridge-onnx-mlir"] <= 1.5 * peaks["torch"]
