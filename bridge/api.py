@@ -252,6 +252,10 @@ def to_training_onnx(
         with phase("recomputing cheap activations in the backward"):
             rematerialize(graph_module)
         metadata[MEMORY] = memory
+    else:
+        with using(target):
+            if enabled("recompute_from_kept"):
+                rematerialize(graph_module, trade=False)
     eval_signature = signature.for_eval(list(program.output_names))
     gradient_signature, update_signature = signature.split()
     halves = functools.cache(lambda: split_step(graph_module, signature))

@@ -184,19 +184,20 @@ def test_cli_memory_flag(tmp_path):
 
 @pytest.mark.parametrize("build", [_cnn, _mlp], ids=["cnn", "mlp"])
 def test_steps_without_memory_pattern_are_bit_identical(build, monkeypatch):
-    """bridge's sessions run without onnxruntime's memory pattern (``session_options``): the same steps, bit
-    for bit, as with it."""
+    """bridge's sessions run without onnxruntime's memory pattern and buffer reuse (``session_options``): the same
+    steps, bit for bit, as with them."""
     from bridge.training import runtime
 
     module, x = build()
     tm = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x)
-    assert not runtime.session_options().enable_mem_pattern
+    options = runtime.session_options()
+    assert not options.enable_mem_pattern and not options.enable_mem_reuse
     ours = runtime.TrainingSession(tm.model, tm.initial_state(), seed=0)
     bridge_options = runtime.session_options
 
     def with_pattern(*args, **kwargs):
         options = bridge_options(*args, **kwargs)
-        options.enable_mem_pattern = True
+        options.enable_mem_pattern = options.enable_mem_reuse = True
         return options
 
     monkeypatch.setattr(runtime, "session_options", with_pattern)
@@ -294,3 +295,55 @@ def test_onnx_mlir_small_cnn_step_peak_is_within_one_and_a_half_torchs(tmp_path)
     assert not notes
     peaks = {row["backend"]: row["peak_mib"] for row in rows}
     assert 0 < peaks["bridge-onnx-mlir"] <= 1.5 * peaks["torch"]
+
+
+class _MlpHalf(torch.nn.Module):
+    """A transformer's MLP half as BERT's: LayerNorm, Linear, GELU (exported as Div, Erf, Add, Mul, Mul), Linear,
+    the residual, LayerNorm; then a classifier on the mean over the sequence."""
+
+    def __init__(self, width: int = 32, classes: int = 5):
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+        self.head = torch.nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = self.norm1(x)
+        return self.head(self.norm2(x + self.down(torch.nn.functional.gelu(self.up(x)))).mean(1))
+
+
+def _torch_saved_bytes(module: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the tensors eager torch keeps for its backward (each storage once, parameters excluded)."""
+    parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        torch.nn.functional.cross_entropy(module(x), torch.zeros(len(x), dtype=torch.long)).backward()
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "onnx-mlir"])
+def test_forward_values_kept_for_the_backward_are_no_more_than_torchs(target, monkeypatch):
+    """The graph converted for onnxruntime or onnx-mlir (``recompute_from_kept``) keeps no more bytes of forward values
+    for the backward than eager torch keeps for the same module, where GELU and LayerNorm are single ops: the values
+    the exported formulas add (x / sqrt(2), the GELU's output, the normalized input) are recomputed in the backward
+    from values kept anyway. Its steps are those of the graph without the form, bit for bit."""
+    from bridge.pipeline import targets
+
+    torch.manual_seed(4)
+    module, x = _MlpHalf(), torch.randn(8, 16, 32)
+    tm = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x, target=target)
+    assert _saved_bytes(tm.model) <= _torch_saved_bytes(module, x)
+    monkeypatch.setitem(targets.TARGETS, target, targets.TARGETS[target] - {"recompute_from_kept"})
+    without = bridge.to_training_onnx(module, loss="ce", optim="adam", example_inputs=x, target=target)
+    batches = random_batches(tm, 3, classes=5)
+    for want, got in zip(bridge_steps(without, batches), bridge_steps(tm, batches), strict=True):
+        assert sorted(got) == sorted(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)

@@ -32,7 +32,7 @@ STEPS = 3
 # (the CNN's gradients under onnxruntime's conv backward forms)
 NOISE_FACTOR = 4.0
 # forms that only move or regroup values: their graph's steps equal the plain graph's bit for bit
-EXACT = {"affine_as_batch_norm", "scalar_ranks", "relu_after_maxpool", "constant_matmul_moves"}
+EXACT = {"affine_as_batch_norm", "scalar_ranks", "relu_after_maxpool", "constant_matmul_moves", "recompute_from_kept"}
 FLOAT32_FLOOR = 2.0 ** -23  # the noise of a result torch computes exactly in both precisions
 
 
@@ -92,7 +92,7 @@ FORM_MODEL = {  # the model each form applies to
     "conv_forward_gemm": "cnn", "conv_backward_gemm": "cnn", "constant_matmul_moves": "cnn",
     "relu_after_maxpool": "cnn", "affine_as_batch_norm": "mlp", "scalar_ranks": "mlp", "dense_conv_as_matmul": "cnn",
     "tanh_as_exp": "mlp", "conv_forward_rows": "cnn", "long_inner_gemm": "cnn", "explicit_transposes": "wide",
-    "conv_columns_in_parts": "cnn",
+    "conv_columns_in_parts": "cnn", "recompute_from_kept": "mlp",
 }
 REQUIRES = {  # form -> the forms without which it has nothing to apply to (its products are dense_conv_as_matmul's)
     "conv_forward_rows": frozenset({"dense_conv_as_matmul"}), "long_inner_gemm": frozenset({"dense_conv_as_matmul"}),

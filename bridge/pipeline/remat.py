@@ -18,7 +18,15 @@ The recomputation is emitted once per backward layer (the source node whose back
 before the first node of that layer that reads it, so a recomputed value lives for one layer's backward.
 Every recomputed node is the same op on the same values as the forward's, so the step's results are the
 same bit for bit. A runtime must not merge the copies back into the forward's nodes (common
-subexpression elimination): bridge's onnxruntime sessions turn that pass off for these graphs.
+subexpression elimination): bridge's onnxruntime sessions turn that pass off.
+
+The target form ``recompute_from_kept`` (bridge/pipeline/targets.py) runs the same pass without trading:
+``rematerialize(..., trade=False)`` recomputes a saved value only when every value it comes from stays
+alive anyway (or is a constant), only through arithmetic, comparisons, views and casts (no
+transcendental function: an Erf computed twice costs onnx-mlir a C library call per element; no
+``affine``), and not when it is a view alone (no bytes of its own). The step then keeps no byte more
+than before and computes little more: a transformer's GELU keeps its input and its ``1 + erf``, not also
+``x / sqrt(2)`` and its output; a LayerNorm its centred input, not also the normalized one.
 """
 from __future__ import annotations
 
@@ -35,6 +43,9 @@ MEMORY_MODES = ("default", "min")
 MAX_CHAIN = 24  # recomputed nodes behind one saved value
 _FORWARD = (Phase.FORWARD, Phase.LOSS)
 _CHEAP = {AFFINE, torch.ops.aten._to_copy.default, torch.ops.aten.clone.default}
+_aten = torch.ops.aten
+_ARITHMETIC = {_aten.add, _aten.sub, _aten.rsub, _aten.mul, _aten.div, _aten.neg, _aten.where, _aten.eq, _aten.ne,
+               _aten.lt, _aten.le, _aten.gt, _aten.ge, _aten._to_copy, _aten.clone}  # recomputed without trading
 
 
 def check_memory(memory: str) -> str:
@@ -52,8 +63,9 @@ def _is_forward(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and _phase(node) in _FORWARD
 
 
-def _recomputable(node: torch.fx.Node) -> bool:
-    """A forward node whose output is cheap to compute again: elementwise, a view, a cast or ``affine``."""
+def _recomputable(node: torch.fx.Node, trade: bool = True) -> bool:
+    """A forward node whose output is cheap to compute again: elementwise, a view, a cast or ``affine``;
+    ``trade=False``: arithmetic, a comparison, a view or a cast only."""
     target = node.target
     if not _is_forward(node) or not isinstance(node.meta.get("val"), torch.Tensor):
         return False
@@ -61,10 +73,22 @@ def _recomputable(node: torch.fx.Node) -> bool:
         return False
     if "rand" in target._schema.name or "bernoulli" in target._schema.name:
         return False
-    if target in _CHEAP or torch.Tag.pointwise in target.tags:
+    if _is_view(node):
         return True
-    returns = target._schema.returns
-    return len(returns) == 1 and returns[0].alias_info is not None  # a view of its input
+    if not trade:
+        return target.overloadpacket in _ARITHMETIC
+    return target in _CHEAP or torch.Tag.pointwise in target.tags
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """An op that returns a view of its input."""
+    returns = node.target._schema.returns if isinstance(node.target, torch._ops.OpOverload) else ()
+    return len(returns) == 1 and returns[0].alias_info is not None
+
+
+def _constant(node: torch.fx.Node) -> bool:
+    """A node computed from captured constants only (a scalar of the formula lifted into a tensor)."""
+    return all(arg.op == "get_attr" for arg in node.all_input_nodes)
 
 
 def _bytes(node: torch.fx.Node) -> int:
@@ -78,9 +102,10 @@ def _bytes(node: torch.fx.Node) -> int:
     return count * value.element_size()
 
 
-def rematerialize(graph_module: torch.fx.GraphModule) -> int:
+def rematerialize(graph_module: torch.fx.GraphModule, trade: bool = True) -> int:
     """Rewrite the traced step so that its backward recomputes cheap forward values (module docstring);
-    returns how many saved values are recomputed."""
+    returns how many saved values are recomputed. ``trade=False``: only where nothing new stays alive for it
+    (the ``recompute_from_kept`` form)."""
     graph = graph_module.graph
     nodes = list(graph.nodes)
     saved = [n for n in nodes if _is_forward(n) and any(not _is_forward(u) and u.op != "output" for u in n.users)]
@@ -88,15 +113,16 @@ def rematerialize(graph_module: torch.fx.GraphModule) -> int:
     recomputed: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # saved value -> its chain, in graph order
     kept: set[torch.fx.Node] = set()  # forward values that stay alive into the backward
     for value in saved:
-        if not _recomputable(value):
+        if not _recomputable(value, trade):
             kept.add(value)
             continue
-        chain, roots = _chain(value, saved_set, recomputed, kept)
-        if chain is None:
+        chain, roots = _chain(value, saved_set, recomputed, kept, trade)
+        if chain is None or not trade and all(_is_view(node) for node in chain):  # a view: no bytes of its own
             kept.add(value)
             continue
-        fresh = [root for root in roots if root.op == "call_function" and root not in kept]
-        if sum(_bytes(root) for root in fresh) < _bytes(value):
+        fresh = [root for root in roots if root.op == "call_function" and root not in kept and not _constant(root)]
+        cost = sum(_bytes(root) for root in fresh)
+        if cost < _bytes(value) if trade else not fresh:
             recomputed[value] = chain
             kept.update(fresh)
         else:
@@ -108,7 +134,8 @@ def rematerialize(graph_module: torch.fx.GraphModule) -> int:
     return len(recomputed)
 
 
-def _chain(value: torch.fx.Node, saved: set[torch.fx.Node], recomputed: dict, kept: set[torch.fx.Node]):
+def _chain(value: torch.fx.Node, saved: set[torch.fx.Node], recomputed: dict, kept: set[torch.fx.Node],
+           trade: bool = True):
     """The nodes that recompute ``value`` (in graph order) and their roots; ``(None, None)`` past ``MAX_CHAIN``.
     The walk goes through recomputable nodes that are not saved and through saved values already recomputed;
     kept saved values, graph inputs and non-recomputable nodes are roots."""
@@ -119,7 +146,7 @@ def _chain(value: torch.fx.Node, saved: set[torch.fx.Node], recomputed: dict, ke
         node = stack.pop()
         if node in chain or node in roots:
             continue
-        through = node is value or (_recomputable(node) and (node not in saved or node in recomputed)
+        through = node is value or (_recomputable(node, trade) and (node not in saved or node in recomputed)
                                     and node not in kept)
         if not through:
             roots.add(node)

@@ -59,6 +59,11 @@ FORMS: dict[str, str] = {  # form -> why a target uses it
                            "Linear's weight gradient g^T @ x), the second where the inner dimension is not long (then "
                            "a MatMul): onnx-mlir's Gemm with transA, or with transB at such an inner dimension, runs "
                            "slower than the Transpose and the plain product together",
+    "recompute_from_kept": "a forward value the backward reads, recomputed by arithmetic and casts right before "
+                           "that read from values the step keeps alive anyway (bridge/pipeline/remat.py): onnx-mlir "
+                           "and bridge's onnxruntime sessions allocate each value when it is computed and free it "
+                           "after its last reader, so the forward's copy no longer lives through the backward (a "
+                           "transformer's GELU and LayerNorm intermediates)",
     "tanh_as_exp": "a float32 Tanh as 1 - 2 / (exp(2x) + 1), and as its Taylor polynomial where |x| < 0.55 (within "
                    "2 float32 rounding units of tanh): onnx-mlir calls the C library element by element for both, and "
                    "the C library's expf is several times faster than its tanhf",
@@ -70,7 +75,7 @@ TARGETS: dict[str, frozenset[str]] = {  # target -> the forms it uses
                                        "long_inner_gemm", "tanh_as_exp", "explicit_transposes"},  # its rules pick per shape
     "iree": frozenset({"dense_conv_as_matmul", "conv_forward_rows"}),
     "onnx-mlir": frozenset({"dense_conv_as_matmul", "conv_forward_rows", "conv_columns_in_parts", "long_inner_gemm",
-                            "tanh_as_exp", "explicit_transposes", "relu_after_maxpool"}),
+                            "tanh_as_exp", "explicit_transposes", "relu_after_maxpool", "recompute_from_kept"}),
 }
 
 DEFAULT_TARGET = "onnxruntime"  # what bridge.to_training_onnx and bridge convert emit unless told otherwise

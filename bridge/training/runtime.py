@@ -269,9 +269,12 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
 
     Without onnxruntime's memory pattern, each intermediate value is allocated when it is computed and
     freed after its last reader; the pattern instead lays every value of the step out in one block planned
-    from its first run, which can hold more than the values alive at once. The nodes keep onnxruntime's
-    default order (depth first back from the outputs), which runs a weight's update soon after its gradient:
-    the file's order (torch's) keeps every gradient alive until the optimizer at its end."""
+    from its first run, which can hold more than the values alive at once. Nor does a value take over the
+    buffer of an earlier one of its size (onnxruntime's buffer reuse): a buffer so shared stays allocated
+    from its first value to its last one's last reader, idle in between, and a step's buffers then outnumber
+    its values alive at once. The nodes keep onnxruntime's default order (depth first back from the outputs),
+    which runs a weight's update soon after its gradient: the file's order (torch's) keeps every gradient alive
+    until the optimizer at its end."""
     import onnxruntime as ort
 
     threads = positive_int(threads, "threads", "onnxruntime's default (one per physical core)")
@@ -280,6 +283,7 @@ def session_options(threads: int | None = None, spinning: bool = True) -> onnxru
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.enable_mem_pattern = False
+    options.enable_mem_reuse = False
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads is not None:
@@ -317,14 +321,10 @@ def _kernels_checked() -> Iterator[None]:
                           "float32 (docs/finetuning.md)") from exc
 
 
-def _low_memory(options: onnxruntime.SessionOptions) -> list[str]:
-    """``options`` set for a ``memory="min"`` graph; returns the graph optimizers to disable. That graph
-    recomputes forward values in its backward: onnxruntime's common subexpression elimination would merge those
-    nodes back into the forward's and keep the values alive. Without the CPU arena, freed values go back to
-    the system instead of staying reserved (the arena also holds two copies of the state across steps: the
-    one fed in and the one returned)."""
-    options.enable_cpu_mem_arena = False
-    return ["CommonSubexpressionElimination"]
+# bridge's graphs have been through bridge's own common subexpression elimination; onnxruntime's would merge the
+# forward values that a backward recomputes (memory="min", the recompute_from_kept form) back into the forward's
+# nodes and keep them alive through the backward
+_DISABLED_OPTIMIZERS = ["CommonSubexpressionElimination"]
 
 
 class OrtGraph:
@@ -345,7 +345,8 @@ class OrtGraph:
             # gradient that overflows in torch's autocast stays finite, and loss scaling no longer skips its step
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
-        disabled = _low_memory(options) if MEMORY in props(model.metadata_props) else []
+        if MEMORY in props(model.metadata_props):  # the arena would keep what the step frees reserved
+            options.enable_cpu_mem_arena = False
         if piece:
             options.enable_cpu_mem_arena = False
             options.add_session_config_entry("session.force_spinning_stop", "1")
@@ -353,10 +354,10 @@ class OrtGraph:
             if is_large(model):  # past protobuf's 2 GiB: through a file with external data
                 with external_copy(model) as path:
                     self.session = ort.InferenceSession(path, options, providers=providers,
-                                                        disabled_optimizers=disabled)
+                                                        disabled_optimizers=_DISABLED_OPTIMIZERS)
             else:
                 self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
-                                                    disabled_optimizers=disabled)
+                                                    disabled_optimizers=_DISABLED_OPTIMIZERS)
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.output_names = [value.name for value in self.session.get_outputs()]
         self._run = unchecked_run(self.session)
