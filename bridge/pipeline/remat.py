@@ -108,6 +108,7 @@ def rematerialize(graph_module: torch.fx.GraphModule, trade: bool = True) -> int
     (the ``recompute_from_kept`` form)."""
     graph = graph_module.graph
     nodes = list(graph.nodes)
+    order = {node: index for index, node in enumerate(nodes)}
     saved = [n for n in nodes if _is_forward(n) and any(not _is_forward(u) and u.op != "output" for u in n.users)]
     saved_set = set(saved)
     recomputed: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # saved value -> its chain, in graph order
@@ -116,7 +117,7 @@ def rematerialize(graph_module: torch.fx.GraphModule, trade: bool = True) -> int
         if not _recomputable(value, trade):
             kept.add(value)
             continue
-        chain, roots = _chain(value, saved_set, recomputed, kept, trade)
+        chain, roots = _chain(value, saved_set, recomputed, kept, order, trade)
         if chain is None or not trade and all(_is_view(node) for node in chain):  # a view: no bytes of its own
             kept.add(value)
             continue
@@ -135,8 +136,9 @@ def rematerialize(graph_module: torch.fx.GraphModule, trade: bool = True) -> int
 
 
 def _chain(value: torch.fx.Node, saved: set[torch.fx.Node], recomputed: dict, kept: set[torch.fx.Node],
-           trade: bool = True):
-    """The nodes that recompute ``value`` (in graph order) and their roots; ``(None, None)`` past ``MAX_CHAIN``.
+           order: dict[torch.fx.Node, int], trade: bool = True):
+    """The nodes that recompute ``value`` (in graph order: ``order``, each node's index) and their roots;
+    ``(None, None)`` past ``MAX_CHAIN``.
     The walk goes through recomputable nodes that are not saved and through saved values already recomputed;
     kept saved values, graph inputs and non-recomputable nodes are roots."""
     chain: set[torch.fx.Node] = set()
@@ -155,7 +157,6 @@ def _chain(value: torch.fx.Node, saved: set[torch.fx.Node], recomputed: dict, ke
         if len(chain) > MAX_CHAIN:
             return None, None
         stack.extend(node.all_input_nodes)
-    order = {node: index for index, node in enumerate(value.graph.nodes)}
     return sorted(chain, key=order.__getitem__), roots
 
 
