@@ -248,14 +248,12 @@ def to_training_onnx(
     example = StepExample(program, loss_fn, tensors, {**inputs, **random}, example_target, output_index, dims, mixed)
     with phase("tracing the training step"), using(target):
         graph_module = trace_training_step(example, optimizer, signature, max_grad_norm=max_grad_norm)
+        if memory != "min" and enabled("recompute_from_kept"):  # what costs no memory, without memory="min"
+            rematerialize(graph_module, trade=False)
     if memory == "min":
         with phase("recomputing cheap activations in the backward"):
             rematerialize(graph_module)
         metadata[MEMORY] = memory
-    else:
-        with using(target):
-            if enabled("recompute_from_kept"):
-                rematerialize(graph_module, trade=False)
     eval_signature = signature.for_eval(list(program.output_names))
     gradient_signature, update_signature = signature.split()
     halves = functools.cache(lambda: split_step(graph_module, signature))
