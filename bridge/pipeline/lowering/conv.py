@@ -415,8 +415,10 @@ def weight_grad(grad_output: torch.Tensor, x: torch.Tensor, weight_size: Sequenc
     if form == "gemm_channel_first":
         return _weight_grad_gemm_channel_first(grad_output, x, weight_size, stride, padding, dilation)
     if form in ("gather", "gather_offsets", "gather_parts"):
-        parts = (1 if form == "gather" else math.prod(kernel) if form == "gather_offsets"
-                 else targets.column_parts(in_channels, out_channels, kernel, outputs, _spatial(x)))
+        if form == "gather_parts":
+            parts = targets.column_parts(in_channels, out_channels, kernel, outputs, _spatial(x))
+        else:
+            parts = 1 if form == "gather" else math.prod(kernel)
         return _weight_grad_gather(grad_output, x, weight_size, stride, padding, dilation, parts)
     return _weight_grad_gemm(grad_output, x, weight_size, stride, padding, dilation)
 
@@ -576,27 +578,32 @@ def _forward_gemm(x, weight, stride, padding, dilation, outputs) -> torch.Tensor
 
 def _forward_rows(x, weight, stride, padding, dilation, outputs, product_form: str) -> torch.Tensor:
     """``conv(x, weight)`` (groups 1) as ``columns [N*O, Cin*K] @ weight^T [Cin*K, Cout]``, the columns from
-    the channels-last windows: ``rows_gemm`` one Gemm reading the weight as it is (``transB``), ``rows_matmul``
-    a MatMul of the weight transposed once (one Transpose of weight size). Where ``targets.column_parts`` cuts
-    the columns, they are offset-major, gathered and multiplied per range of output positions
-    (``_rows_in_parts``). The product ``[N, O..., Cout]`` is moved channels-first."""
+    the channels-last windows, the weight as ``product_form`` reads it (``_transposed_weight``). Where
+    ``targets.column_parts`` cuts the columns, they are offset-major, gathered and multiplied per range of output
+    positions (``_rows_in_parts``). The product ``[N, O..., Cout]`` is moved channels-first."""
     rank, in_channels, out_channels, kernel = x.dim() - 2, x.shape[1], weight.shape[0], list(weight.shape[2:])
     parts = min(targets.column_parts(in_channels, out_channels, kernel, outputs, _spatial(x)), math.prod(outputs))
-    spatial = list(range(2, rank + 2))
-    order = [0] + spatial + [1] if parts > 1 else [0, 1] + spatial  # offset-major [Cout, k..., Cin] or as it is
-    cols = _channels_last_columns(x, kernel, stride, padding, dilation, outputs) if parts == 1 else None
-    if product_form == "rows_gemm":  # read by a Gemm (transB)
-        rows = _weight_rows(weight) if parts == 1 else aten.reshape.default(aten.permute.default(weight, order),
-                                                                            [out_channels, -1])
-        transposed = aten.t.default(rows)
-    else:
-        transposed = aten.reshape.default(aten.permute.default(weight, order[1:] + [0]), [-1, out_channels])
-    if cols is None:
+    if parts > 1:
+        transposed = _transposed_weight(weight, product_form, offset_major=True)
         product = _rows_in_parts(x, transposed, kernel, stride, padding, dilation, outputs, parts)
     else:
-        product = aten.mm.default(cols, transposed)
+        cols = _channels_last_columns(x, kernel, stride, padding, dilation, outputs)
+        product = aten.mm.default(cols, _transposed_weight(weight, product_form, offset_major=False))
     product = aten.reshape.default(product, [-1] + list(outputs) + [out_channels])
     return aten.permute.default(product, [0, rank + 1] + list(range(1, rank + 1)))
+
+
+def _transposed_weight(weight: torch.Tensor, product_form: str, offset_major: bool) -> torch.Tensor:
+    """A Conv weight as ``[Cin*K, Cout]``, rows by input channel then kernel offset (``offset_major``: by offset
+    then channel): ``rows_gemm`` the transpose of its ``[Cout, Cin*K]`` rows, which a Gemm reads as they are
+    (``transB``); ``rows_matmul`` one Transpose of weight size."""
+    out_channels, spatial = weight.shape[0], list(range(2, weight.dim()))
+    order = [0, *spatial, 1] if offset_major else [0, 1, *spatial]
+    if product_form == "rows_gemm":
+        rows = (aten.reshape.default(aten.permute.default(weight, order), [out_channels, -1]) if offset_major
+                else _weight_rows(weight))
+        return aten.t.default(rows)
+    return aten.reshape.default(aten.permute.default(weight, order[1:] + [0]), [-1, out_channels])
 
 
 def _rows_in_parts(x, transposed, kernel, stride, padding, dilation, outputs, parts: int) -> torch.Tensor:
