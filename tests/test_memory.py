@@ -146,6 +146,35 @@ def test_step_memory_grows_with_the_batch(tmp_path):
     assert large["peak_mib"] - small["peak_mib"] > 8  # at least one [4096, 512] float32 activation more
 
 
+def _nodes(model: onnx.ModelProto) -> list[tuple[str, list[str]]]:
+    return [(node.op_type, list(node.input)) for node in model.graph.node]
+
+
+def test_compiled_rows_compile_the_graph_converted_for_their_compiler(tmp_path, monkeypatch):
+    """benchmarks/step_memory.py compiles, for each compiled backend, the graph converted for that compiler
+    (``target=``, as docs/onnx-mlir.md tells a user to), not the default graph it saves beside it."""
+    compiled: dict[str, onnx.ModelProto] = {}
+
+    class Compiled:
+        def save(self, path):
+            Path(path).write_bytes(b"")
+
+    def record(graph, backend, **options):
+        compiled[backend] = onnx.load(str(graph))
+        return Compiled()
+
+    monkeypatch.setattr(bridge, "compile", record)
+    notes: list[str] = []
+    default = step_memory.prepare(step_memory.MODELS["small_cnn"](), tmp_path, "default", ["bridge-iree", "bridge-onnx-mlir"],
+                                  notes)
+    assert not notes and set(compiled) == {"iree", "onnx-mlir"}
+    for target, graph in compiled.items():
+        converted = bridge.to_training_onnx(tmp_path / "small_cnn.onnx", loss="ce", optim="adam",
+                                            optim_options={"lr": step_memory.LR}, target=target).model
+        assert _nodes(graph) == _nodes(converted)
+    assert _nodes(compiled["onnx-mlir"]) != _nodes(onnx.load(str(default)))
+
+
 def _adam_heavy_step(tmp_path: Path, backend: str) -> tuple[float, dict]:
     """A step whose state (weights and Adam's two moments, 3 x 9 MiB) dwarfs its batch, measured by the tool
     for ``backend``: the state's MiB and the figures."""
