@@ -312,6 +312,29 @@ def test_in_place_pieces_each_replace_a_bounded_share_of_the_state(layer_tags):
     _assert_pieces_compute_the_whole_graph(tm, pieces, case)
 
 
+def test_in_place_pieces_release_a_dominant_old_state_array_before_making_its_update():
+    """An Adam step whose one Linear holds most of the state, in in_place's pieces: the old second moment of that
+    weight, which the optimizer reads (scaled by beta2) before it makes the new one, is last read by a piece
+    before the one that makes its update, so the session releases it first and the update takes its memory
+    instead of adding to it; the pieces compute the whole graph."""
+    from bridge.contract import slot_name
+    from bridge.tools.pieces import STATE_SHARE_PER_PIECE, split
+
+    case = replace(CASES["mlp-symbolic-batch"], dynamic=False, build=lambda: torch.nn.Sequential(
+        torch.nn.Linear(6, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3)), shape=(4, 6), sizes=(4,))
+    torch.manual_seed(0)
+    tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim="adam")
+    state = tm.initial_state()
+    weight = max(tm.signature.weights, key=lambda name: state[name].nbytes)
+    assert state[weight].nbytes > STATE_SHARE_PER_PIECE * sum(value.nbytes for value in state.values())
+    second_moment = slot_name(weight, "exp_avg_sq")
+    pieces = split(tm.model, 1, state_share=STATE_SHARE_PER_PIECE)
+    last_read = max(index for index, piece in enumerate(pieces) if second_moment in piece.inputs)
+    made = next(index for index, piece in enumerate(pieces) if f"updated_{second_moment}" in piece.outputs)
+    assert last_read < made
+    _assert_pieces_compute_the_whole_graph(tm, pieces, case)
+
+
 @needs_onnx_mlir
 def test_in_place_step_holds_no_array_past_the_piece_that_last_reads_it():
     """During an in_place step, when a piece starts, no old state array that an earlier piece last read and no

@@ -102,7 +102,8 @@ def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) ->
     output: one state array's update is complete there), placed so that no piece replaces more than ``share``
     of the state's bytes, or than the largest state array where that is more (some piece holds it anyway): a
     piece then holds the old and new arrays of only the state it replaces, and the session releases each old
-    array after it, without more piece calls than that bound needs."""
+    array after it, without more piece calls than that bound needs. An array that alone reaches that bound is
+    also cut after its last read where that read comes before its update (``_release_cuts``)."""
     nodes = [node for node in model.graph.node if not _constant_node(node)]
     in_optimizer = [any(prop.key == PHASE and prop.value == Phase.OPTIMIZER for prop in node.metadata_props)
                     for node in nodes]
@@ -120,7 +121,24 @@ def state_bounded_cuts(model: onnx.ModelProto, cuts: list[int], share: float) ->
             bounded.append(index)
             replaced = 0
         replaced += made
-    return sorted(bounded)
+    return sorted(set(bounded) | _release_cuts(model, nodes, in_optimizer, replaced_bytes, limit))
+
+
+def _release_cuts(model: onnx.ModelProto, nodes: list[onnx.NodeProto], in_optimizer: list[bool],
+                  replaced_bytes: dict[str, int], limit: float) -> set[int]:
+    """Cuts right after the last read of an old state array of at least ``limit`` bytes, where that read is an
+    optimizer node before the node that makes the array's update (Adam's ``exp_avg_sq * beta2``): the session
+    releases the old array there, so that the update and its temporaries take its memory instead of adding to
+    it (onnx-mlir allocates every result anew)."""
+    last_read: dict[str, int] = {}
+    made_at: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        last_read.update(dict.fromkeys(node_reads(node), index))
+        made_at.update(dict.fromkeys(node.output, index))
+    inputs = {updated_name(value.name): value.name for value in model.graph.input}
+    return {last_read[inputs[name]] + 1 for name, size in replaced_bytes.items()
+            if size >= limit and inputs[name] in last_read and name in made_at
+            and in_optimizer[last_read[inputs[name]]] and last_read[inputs[name]] < made_at[name]}
 
 
 def _replaced_bytes(model: onnx.ModelProto) -> dict[str, int]:
