@@ -344,8 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("-o", "--output", required=True, help="output module (.vmfb for iree, .so for onnx-mlir; a .zip of .so files when in pieces)")
     compile_.add_argument("--backend", default="iree", choices=BACKENDS,
                           help="compiler (default iree, llvm-cpu; onnx-mlir: --EmitLib -O3, found via ONNX_MLIR_HOME or PATH)")
-    compile_.add_argument("--target-cpu", help="LLVM CPU to compile for (iree: default host, 'generic' is portable; "
-                          "onnx-mlir: its --mcpu, default onnx-mlir's own)")
+    compile_.add_argument("--target-cpu", help="LLVM CPU to compile for ('host' or 'native': this machine's, for "
+                          "either backend; iree: default host, 'generic' is portable; onnx-mlir: its --mcpu, default "
+                          "onnx-mlir's own)")
     compile_.add_argument("--no-gradients", action="store_true",
                           help="the module does not return the grad_* outputs (a training loop never reads them)")
     compile_.add_argument("--timeout", type=float, metavar="SECONDS",

@@ -467,6 +467,18 @@ sessions[-1].step({"x": rng.standard_normal((6, 6)).astype(np.float32)}, rng.int
 """
 
 
+@pytest.mark.parametrize("backend, spelling", [("iree", "native"), pytest.param("onnx-mlir", "host", marks=needs_onnx_mlir)])
+def test_this_machines_cpu_is_host_or_native_for_either_backend(backend, spelling):
+    """IREE names the CPU it runs on ``host``, onnx-mlir ``native``, and each aborts on the other's name;
+    ``bridge.compile`` takes either for either backend: the module runs, and its steps match onnxruntime's."""
+    _, model = small_mlp()
+    tm = bridge.to_training_onnx(model, loss="ce", optim="sgd")
+    session = bridge.compile(tm, backend=backend, target_cpu=spelling).session()
+    reference = bridge.TrainingSession(tm.model, tm.initial_state())
+    batches = [features(8, seed) for seed in range(2)]
+    assert_steps_match([session.step({"x": x}, y) for x, y in batches], [reference.step({"x": x}, y) for x, y in batches])
+
+
 @needs_onnx_mlir
 def test_one_graph_compiled_with_other_flags_runs_its_own_code(tmp_path):
     """Two libraries of one graph, compiled with different flags, loaded in one process: the one loaded second

@@ -70,6 +70,7 @@ _MAX_ERRORS = 5
 # IREE demotes float64 to float32 by default; bridge's optimizer rules compute bias corrections
 # in float64 (Adam's 1 - beta2**step loses ~1e-5 relative in float32), so keep float64.
 _IREE_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+_HOST_CPU = {"iree": "host", "onnx-mlir": "native"}  # how each compiler names the CPU it runs on
 _ONNX_MLIR_FLAGS = ("--EmitLib", "-O3")  # onnx-mlir's defaults for a library, at its optimization level 3
 # pieces="auto": graphs are cut into pieces of about this many nodes (smaller graphs stay whole)
 NODES_PER_PIECE = 300
@@ -311,7 +312,8 @@ def compile(  # noqa: A001 - bridge.compile is the public name
         backend: ``"iree"`` (llvm-cpu target) or ``"onnx-mlir"`` (``--EmitLib -O3``; found by ``find_onnx_mlir``).
         output: where to write the ``.vmfb`` (IREE) or ``.so`` (onnx-mlir) (optional).
         target_cpu: IREE: ``--iree-llvmcpu-target-cpu`` (default ``host``; ``generic`` for a portable module);
-            onnx-mlir: ``--mcpu`` (default: onnx-mlir's own).
+            onnx-mlir: ``--mcpu`` (default: onnx-mlir's own). ``"host"`` and ``"native"`` both mean this machine's
+            CPU, for either backend (IREE spells it ``host``, onnx-mlir ``native``; each aborts on the other's).
         extra_args: further compiler flags (e.g. IREE's ``FAST_CONV_FLAGS``).
         progress: called with a line as each phase starts and ends, with the elapsed time (IREE:
             ``import``, ONNX -> MLIR, and ``compile``, iree-compile; onnx-mlir: each phase it reports,
@@ -327,7 +329,8 @@ def compile(  # noqa: A001 - bridge.compile is the public name
             into the state's own buffer; the module holds two functions the session calls in turn, the forward
             and backward, then the optimizer (``step_in_two_calls``). onnx-mlir: the session releases each state
             array once the last piece that reads it has run, and the optimizer phase is cut further so that no
-            piece replaces more than ``STATE_SHARE_PER_PIECE`` of the state (a small graph too). The session's
+            piece replaces more than ``STATE_SHARE_PER_PIECE`` of the state (a small graph too), and so that such a
+            large array is released before its update is made (``state_bounded_cuts``). The session's
             state then holds the step's values even when the step is not finite: ``on_nonfinite="skip"`` is refused,
             ``"raise"`` says so.
     """
@@ -353,6 +356,7 @@ def compile(  # noqa: A001 - bridge.compile is the public name
     proto = graph if gradients else _without_gradients(graph)  # a copy: the caller's model stays whole
     report = progress or (lambda line: None)
     start = time.perf_counter()
+    target_cpu = _HOST_CPU[backend] if target_cpu in _HOST_CPU.values() else target_cpu
     if backend == "onnx-mlir":
         flags = [*_ONNX_MLIR_FLAGS, *([f"--mcpu={target_cpu}"] if target_cpu else []), *extra_args]
         ready = _for_onnx_mlir(proto)
