@@ -123,3 +123,16 @@ def test_builder_reshapes_of_reshapes_and_of_constants_hold_numpy_s_values():
     onnx.checker.check_model(model, full_check=True)
     for got, expected in zip(_run(model, {"x": feed}), want, strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_moves_that_only_dead_moves_read_are_dead_too():
+    """A chain of moves nothing reads in the end (Transpose -> Reshape -> Identity) goes as a whole; a move that a
+    graph output or a live node reads stays."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 1]),
+             helper.make_node("Reshape", ["t", "s"], ["r"]),
+             helper.make_node("Identity", ["r"], ["unread"]),
+             helper.make_node("Transpose", ["x"], ["kept"], perm=[1, 0, 2]),
+             helper.make_node("Relu", ["kept"], ["y"])]
+    cleaned, counts = _cleaned(_model(nodes, [("x", [2, 3, 4])], [("y", [3, 2, 4])], [_shape("s", [4, 6])]), FEED)
+    assert counts == {"Identity": 1, "dead node": 3}  # the Identity is bypassed first, then dead like the rest
+    assert [n.op_type for n in cleaned.graph.node] == ["Transpose", "Relu"]

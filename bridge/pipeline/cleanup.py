@@ -103,16 +103,20 @@ def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
 
 
 def _drop_dead(graph: onnx.GraphProto, protected: set[str]) -> int:
-    """Remove Transpose/Reshape/Identity nodes whose outputs nothing reads (repeatedly); the count."""
-    removed = 0
-    while True:
-        read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output} | protected
-        dead = [node for node in graph.node if node.op_type in _PURE_SOURCES and not set(node.output) & read]
-        if not dead:
-            return removed
-        for node in dead:
-            graph.node.remove(node)
-        removed += len(dead)
+    """Remove Transpose/Reshape/Identity nodes whose outputs nothing reads, and those that only such nodes read;
+    the count. One pass from the last node back (the graph is in topological order, as bridge writes it: a node's
+    readers come after it), then one deletion per dead node by its index: linear in the graph's size."""
+    readers = collections.Counter(name for node in graph.node for name in node.input)
+    kept = {o.name for o in graph.output} | protected
+    dead = []
+    for index in reversed(range(len(graph.node))):
+        node = graph.node[index]
+        if node.op_type in _PURE_SOURCES and not any(readers[name] or name in kept for name in node.output):
+            dead.append(index)
+            readers.subtract(node.input)
+    for index in dead:  # from the last: the indices of those still to delete do not move
+        del graph.node[index]
+    return len(dead)
 
 
 def _shape_constants(graph: onnx.GraphProto) -> dict[str, list[int]]:
