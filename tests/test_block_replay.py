@@ -116,3 +116,53 @@ def test_blocks_differing_in_an_attribute_or_a_constant_are_not_replayed_as_each
     assert traced + 4 - blocks == 2, "blocks 2 and 4 are replays of block 1; block 3 is traced"
     every, _, _ = _convert(str(path), monkeypatch, replay=False, **options)
     _assert_same_steps(replayed, every, random_batches(replayed, 2))
+
+
+def _shape_scaled_stack(blocks: int) -> onnx.ModelProto:
+    """``_stack``'s blocks, each also scaled by the size of its own ``v`` (a weight read only through Shape: it
+    reaches the output, but not differentiably)."""
+    model = _stack([0.1] * blocks, [0.5] * blocks)
+    graph, rng = model.graph, np.random.default_rng(1)
+    for index in range(blocks):
+        graph.initializer.append(numpy_helper.from_array(rng.standard_normal((3,)).astype(np.float32), f"v{index}"))
+        add = next(node for node in graph.node if node.name == f"add{index}")
+        add.input[1] = f"q{index}"
+        at = list(graph.node).index(add)
+        for offset, node in enumerate([
+                helper.make_node("Shape", [f"v{index}"], [f"n{index}"], name=f"shape{index}"),
+                helper.make_node("Cast", [f"n{index}"], [f"c{index}"], name=f"cast{index}", to=TensorProto.FLOAT),
+                helper.make_node("Mul", [f"p{index}", f"c{index}"], [f"q{index}"], name=f"scaled{index}")]):
+            graph.node.insert(at + offset, node)
+    return model
+
+
+@pytest.mark.parametrize("model", ["resnet", "shape-scaled stack"])
+def test_the_example_run_on_fakes_shows_what_running_every_block_shows(resnet, monkeypatch, model):
+    """The conversion's example run on fake tensors (``bridge.api._probe``) runs a repeated block until two of its key
+    agree and then gives later ones only their results' layouts and autograd links (``BlockLayouts``): it finds the
+    same trained weights (not a weight read only through Shape), updated buffers and output as running every block."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bridge.pipeline.importer.program import OnnxProgram
+    from bridge.pipeline.importer.weights import example_run
+
+    source = onnx.load(resnet[0]) if model == "resnet" else _shape_scaled_stack(5)
+    inputs = {"x": torch.randn(4, 3, 6, 6) if model == "resnet" else torch.randn(4, 6)}
+    run = bridge.pipeline.replay.BlockLayouts.run
+    ran: list[int] = []
+
+    def probe(every: bool):
+        def counting(self, key, tensors, layers, fn):
+            return fn(list(tensors)) if every else run(self, key, tensors, layers, lambda t: ran.append(1) or fn(t))
+
+        with monkeypatch.context() as patch, FakeTensorMode(allow_non_fake_inputs=True):
+            patch.setattr(bridge.pipeline.replay.BlockLayouts, "run", counting)
+            found = example_run(OnnxProgram(source), inputs, 0)
+        return found.differentiable, found.buffers, list(found.random), found.output.shape, found.output.dtype
+
+    skipping, every = probe(every=False), probe(every=True)
+    assert skipping == every
+    blocks = 3 if model == "resnet" else 5
+    assert len(ran) == 2, f"{blocks} blocks alike: the first two run, the others are skipped"
+    if model == "shape-scaled stack":
+        assert sorted(skipping[0]) == sorted(["stem", *(f"w{index}" for index in range(5))])

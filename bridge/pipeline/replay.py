@@ -545,3 +545,100 @@ class _BlockFunction(torch.autograd.Function):
         call.env.update({p: _node_of(g, call.tracer) for p, g in zip(block.grad_outputs, given, strict=True)})
         call.copy(block.backward)
         return (None, *(None if node is None else call.tensor(node) for node in block.grad_inputs))
+
+
+class BlockLayouts:
+    """``BlockReplay``'s counterpart for a fake-tensor run outside tracing (the conversion's example run,
+    ``bridge.api._probe``), which reads only its results' layouts and which weights the model output reaches
+    differentiably. The blocks of a key run until two of them show the same facts (``_block_facts``: each
+    result's layout and the block inputs it reaches in autograd); a later block of that key gets fresh tensors of
+    those layouts, each linked in autograd to the inputs its counterpart reached (``_Reaches``): the output then
+    reaches the same weights as running every block would. At symbolic sizes, or inside a trace, ``fn`` runs."""
+
+    def __init__(self):
+        self._facts: dict[object, tuple | None] = {}  # key -> the first block's facts (None: not recordable)
+        self._confirmed: set[object] = set()  # keys whose second block showed the first one's facts
+
+    def run(self, key: object, tensors: Sequence[torch.Tensor], layers: Sequence[str],
+            fn: Callable[[list[torch.Tensor]], list]) -> list:
+        """``fn(tensors)``, the block (``BlockReplay.run``), or fresh tensors of its results' layouts."""
+        fake_mode = _active_fake_mode()
+        if fake_mode is None or get_proxy_mode() is not None or any(_symbolic(t) for t in tensors):
+            return fn(list(tensors))
+        full_key = (key, tuple((*_shape_key(t), t.requires_grad) for t in tensors))
+        if full_key in self._confirmed:
+            facts = self._facts[full_key]
+            assert facts is not None
+            return [None if fact is None else _linked(fake_mode, fact, tensors) for fact in facts]
+        results = fn(list(tensors))
+        facts = _block_facts(results, tensors)
+        if full_key not in self._facts:
+            self._facts[full_key] = facts
+        elif facts is not None and facts == self._facts[full_key]:
+            self._confirmed.add(full_key)
+        return results
+
+
+def _block_facts(results: list, tensors: Sequence[torch.Tensor]) -> tuple | None:
+    """Per result of a block run on ``tensors``: None, or its layout, ``requires_grad`` and the positions of the
+    inputs it reaches in autograd (``_reached``). None where a result is anything else (not a fake tensor, at a
+    storage offset, sharing an input's storage, or reaching a leaf that is not an input)."""
+    storages = {StorageWeakRef(t.untyped_storage()) for t in tensors}
+    facts = []
+    for result in results:
+        if result is None:
+            facts.append(None)
+            continue
+        if (not isinstance(result, FakeTensor) or result.storage_offset()
+                or StorageWeakRef(result.untyped_storage()) in storages):
+            return None
+        reached = _reached(result, tensors) if result.requires_grad else ()
+        if reached is None or bool(reached) != result.requires_grad:
+            return None
+        facts.append((tuple(result.shape), tuple(result.stride()), result.dtype, result.device, reached))
+    return tuple(facts)
+
+
+def _reached(result: torch.Tensor, tensors: Sequence[torch.Tensor]) -> tuple[int, ...] | None:
+    """The positions in ``tensors`` of the inputs ``result``'s autograd graph leads to, walking back from it and
+    stopping at each input (a computed input by its edge, an input leaf by its gradient accumulator); None where
+    the walk meets a leaf that is no input."""
+    edges = {(t.grad_fn, t.output_nr): index for index, t in enumerate(tensors) if t.grad_fn is not None}
+    leaves = {id(t): index for index, t in enumerate(tensors) if t.requires_grad and t.grad_fn is None}
+    reached: set[int] = set()
+    seen: set = set()
+    stack = [(result.grad_fn, result.output_nr)]
+    while stack:
+        fn, output = stack.pop()
+        if (fn, output) in edges:
+            reached.add(edges[(fn, output)])
+        elif fn is not None and fn not in seen:
+            seen.add(fn)
+            if hasattr(fn, "variable"):  # a gradient accumulator: a leaf
+                if id(fn.variable) not in leaves:
+                    return None
+                reached.add(leaves[id(fn.variable)])
+            else:
+                stack.extend(fn.next_functions)
+    return tuple(sorted(reached))
+
+
+def _linked(fake_mode: FakeTensorMode, fact: tuple, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A fresh fake tensor of ``fact``'s layout, reaching in autograd the inputs ``fact`` names (``_Reaches``)."""
+    shape, stride, dtype, device, reached = fact
+    if not reached:
+        return _dense_fake(fake_mode, shape, stride, dtype, device)
+    return _Reaches.apply((fake_mode, shape, stride, dtype, device), *(tensors[index] for index in reached))
+
+
+class _Reaches(torch.autograd.Function):
+    """A fresh fake tensor of a given layout whose autograd node leads to the tensors it is given (``_linked``): what a
+    walk of the autograd graph sees of a block's result, which no one differentiates."""
+
+    @staticmethod
+    def forward(ctx, layout, *inputs):
+        return _dense_fake(*layout)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise LoweringError("a stand-in for a repeated block's result in the conversion's example run has no gradient")

@@ -35,7 +35,7 @@ from ...errors import BridgeWarning, ShapeError, UnsupportedOpError
 from ...onnx_file import all_nodes, node_reads, skeleton
 from .. import targets
 from ..load import ML_OPS_HINT, default_opset
-from ..replay import BlockReplay, Unkeyable
+from ..replay import BlockLayouts, BlockReplay, Unkeyable
 from .blocks import Segment, repeated_segments
 from .registry import CONVERTERS, NodeContext, import_all_converters, op_key
 from .shape_folding import fold_symbolic, folds_symbolic, is_symbolic
@@ -269,7 +269,7 @@ class OnnxProgram:
         node_scope: NodeScope = _named_errors,
         random: dict[str, torch.Tensor] | None = None,
         evaluation: bool = False,
-        blocks: BlockReplay | None = None,
+        blocks: BlockReplay | BlockLayouts | None = None,
     ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """Evaluate the graph.
 
@@ -279,7 +279,8 @@ class OnnxProgram:
         a missing one is drawn and added to it. ``evaluation`` (bridge's eval graph) runs the
         model as torch's ``eval()`` would, also where a node asks for training behaviour
         (BatchNormalization ``training_mode=1`` from a train-mode export). ``blocks``: the tracer's
-        replay of repeated blocks (``repeated_segments``), given while tracing a training step. Returns
+        replay of repeated blocks (``repeated_segments``), given while tracing a training step, or their layouts in
+        the conversion's example run on fake tensors (``BlockLayouts``). Returns
         the graph outputs and the updated buffers (training mode).
         """
         random = {} if random is None else random
@@ -291,7 +292,7 @@ class OnnxProgram:
         return [_as_output(value, _declared_dtype(o)) for value, o in zip(outputs, self.graph.output, strict=True)], updated
 
     def _evaluate(self, graph: onnx.GraphProto, env: MutableMapping[str, object], run: tuple,
-                  blocks: BlockReplay | None = None) -> list:
+                  blocks: BlockReplay | BlockLayouts | None = None) -> list:
         """Run the nodes of ``graph`` (the main graph or a subgraph) over ``env``; its outputs.
 
         Subgraphs: a converter of an op with subgraph attributes (If, Loop, Scan) calls
@@ -348,7 +349,7 @@ class OnnxProgram:
         return self._segments[key]
 
     def _run_segment(self, segment: Segment, env: MutableMapping[str, object], run: tuple,
-                     blocks: BlockReplay) -> None:
+                     blocks: BlockReplay | BlockLayouts) -> None:
         """Run a repeated segment through ``blocks``, keyed by its signature, the mode of the run and the values of
         its arguments known before the model runs (its tensors ``blocks`` keys); its output and the buffers it
         updates into ``env`` and the run's updated buffers."""

@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ...errors import BridgeError, InvalidOptionError
-from ..replay import fake_of
+from ..replay import BlockLayouts, fake_of
 from .program import OnnxProgram
 
 
@@ -28,14 +28,17 @@ def example_run(program: OnnxProgram, inputs: dict[str, torch.Tensor], output_in
 
     An initializer used only as a shape, scale or index gets no gradient and stays a constant. The autograd
     graph of the output is walked rather than differentiated (no gradient is computed: a 100M-parameter model
-    would allocate its weights' size again).
+    would allocate its weights' size again). On fake tensors, repeated blocks run until their layouts are known
+    (``BlockLayouts``).
     """
     candidates = program.floating_initializers()
     tensors = {name: _example_tensor(program, name) for name in candidates + program.buffer_names}
     for name in candidates:
         tensors[name].requires_grad_(True)
     random: dict[str, torch.Tensor] = {}
-    outputs, updated = program.run(inputs, tensors, training=True, random=random)
+    fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+    outputs, updated = program.run(inputs, tensors, training=True, random=random,
+                                   blocks=BlockLayouts() if fake else None)
     output = outputs[output_index]
     if not output.dtype.is_floating_point:
         raise BridgeError(
