@@ -557,7 +557,7 @@ class BlockLayouts:
 
     def __init__(self):
         self._facts: dict[object, tuple | None] = {}  # key -> the first block's facts (None: not recordable)
-        self._confirmed: set[object] = set()  # keys whose second block showed the first one's facts
+        self._confirmed: dict[object, tuple] = {}  # key -> the facts its first two blocks both showed
 
     def run(self, key: object, tensors: Sequence[torch.Tensor], layers: Sequence[str],
             fn: Callable[[list[torch.Tensor]], list]) -> list:
@@ -566,23 +566,22 @@ class BlockLayouts:
         if fake_mode is None or get_proxy_mode() is not None or any(_symbolic(t) for t in tensors):
             return fn(list(tensors))
         full_key = (key, tuple((*_shape_key(t), t.requires_grad) for t in tensors))
-        if full_key in self._confirmed:
-            facts = self._facts[full_key]
-            assert facts is not None
-            return [None if fact is None else _linked(fake_mode, fact, tensors) for fact in facts]
+        confirmed = self._confirmed.get(full_key)
+        if confirmed is not None:
+            return [None if fact is None else _linked(fake_mode, fact, tensors) for fact in confirmed]
         results = fn(list(tensors))
         facts = _block_facts(results, tensors)
         if full_key not in self._facts:
             self._facts[full_key] = facts
         elif facts is not None and facts == self._facts[full_key]:
-            self._confirmed.add(full_key)
+            self._confirmed[full_key] = facts
         return results
 
 
 def _block_facts(results: list, tensors: Sequence[torch.Tensor]) -> tuple | None:
-    """Per result of a block run on ``tensors``: None, or its layout, ``requires_grad`` and the positions of the
-    inputs it reaches in autograd (``_reached``). None where a result is anything else (not a fake tensor, at a
-    storage offset, sharing an input's storage, or reaching a leaf that is not an input)."""
+    """Per result of a block run on ``tensors``: None, or its layout and the positions of the inputs it reaches in
+    autograd (``_reached``; none: it requires no grad). None where a result is anything else (not a fake tensor, at
+    a storage offset, sharing an input's storage, or reaching a leaf that is not an input)."""
     storages = {StorageWeakRef(t.untyped_storage()) for t in tensors}
     facts = []
     for result in results:

@@ -135,10 +135,13 @@ def _release_cuts(model: onnx.ModelProto, nodes: list[onnx.NodeProto], in_optimi
     for index, node in enumerate(nodes):
         last_read.update(dict.fromkeys(node_reads(node), index))
         made_at.update(dict.fromkeys(node.output, index))
-    inputs = {updated_name(value.name): value.name for value in model.graph.input}
-    return {last_read[inputs[name]] + 1 for name, size in replaced_bytes.items()
-            if size >= limit and inputs[name] in last_read and name in made_at
-            and in_optimizer[last_read[inputs[name]]] and last_read[inputs[name]] < made_at[name]}
+    state_of = {updated_name(value.name): value.name for value in model.graph.input}
+    cuts = set()
+    for updated, size in replaced_bytes.items():
+        read = last_read.get(state_of[updated])
+        if size >= limit and read is not None and updated in made_at and in_optimizer[read] and read < made_at[updated]:
+            cuts.add(read + 1)
+    return cuts
 
 
 def _replaced_bytes(model: onnx.ModelProto) -> dict[str, int]:
