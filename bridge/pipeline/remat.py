@@ -122,8 +122,9 @@ def rematerialize(graph_module: torch.fx.GraphModule, trade: bool = True) -> int
             kept.add(value)
             continue
         fresh = [root for root in roots if root.op == "call_function" and root not in kept and not _constant(root)]
-        cost = sum(_bytes(root) for root in fresh)
-        if cost < _bytes(value) if trade else not fresh:
+        # trading: recompute where what must newly stay alive is smaller than the value; else only where nothing must
+        worth = sum(_bytes(root) for root in fresh) < _bytes(value) if trade else not fresh
+        if worth:
             recomputed[value] = chain
             kept.update(fresh)
         else:

@@ -251,7 +251,7 @@ def replayed(fn: Callable[..., object], *args, pointwise: bool = False) -> objec
     depends on torch's fake-tensor cache, i.e. on what the process traced before: the graph would depend on
     the process's history."""
     mode = get_proxy_mode()
-    fake = _active_fake_mode() if mode is None else None
+    fake = active_fake_mode() if mode is None else None
     if (mode is None and fake is None) or any(_symbolic(arg) for arg in args):
         return fn(*args)
     try:
@@ -267,7 +267,8 @@ def replayed(fn: Callable[..., object], *args, pointwise: bool = False) -> objec
     return replay.run((fn, signature), tensors, lambda: fn(*args))
 
 
-def _active_fake_mode() -> FakeTensorMode | None:
+def active_fake_mode() -> FakeTensorMode | None:
+    """The fake-tensor mode in force (None: none)."""
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
 
 
@@ -562,7 +563,7 @@ class BlockLayouts:
     def run(self, key: object, tensors: Sequence[torch.Tensor], layers: Sequence[str],
             fn: Callable[[list[torch.Tensor]], list]) -> list:
         """``fn(tensors)``, the block (``BlockReplay.run``), or fresh tensors of its results' layouts."""
-        fake_mode = _active_fake_mode()
+        fake_mode = active_fake_mode()
         if fake_mode is None or get_proxy_mode() is not None or any(_symbolic(t) for t in tensors):
             return fn(list(tensors))
         full_key = (key, tuple((*_shape_key(t), t.requires_grad) for t in tensors))

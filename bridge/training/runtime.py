@@ -345,10 +345,9 @@ class OrtGraph:
             # gradient that overflows in torch's autocast stays finite, and loss scaling no longer skips its step
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = providers or ["CPUExecutionProvider"]
-        if MEMORY in props(model.metadata_props):  # the arena would keep what the step frees reserved
+        if piece or MEMORY in props(model.metadata_props):  # the arena would keep what the step frees reserved
             options.enable_cpu_mem_arena = False
         if piece:
-            options.enable_cpu_mem_arena = False
             options.add_session_config_entry("session.force_spinning_stop", "1")
         with outputs_dropped(model, dropped_outputs), _kernels_checked():
             if is_large(model):  # past protobuf's 2 GiB: through a file with external data

@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ...errors import BridgeError, InvalidOptionError
-from ..replay import BlockLayouts, fake_of
+from ..replay import BlockLayouts, active_fake_mode, fake_of
 from .program import OnnxProgram
 
 
@@ -36,9 +36,8 @@ def example_run(program: OnnxProgram, inputs: dict[str, torch.Tensor], output_in
     for name in candidates:
         tensors[name].requires_grad_(True)
     random: dict[str, torch.Tensor] = {}
-    fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
     outputs, updated = program.run(inputs, tensors, training=True, random=random,
-                                   blocks=BlockLayouts() if fake else None)
+                                   blocks=BlockLayouts() if active_fake_mode() is not None else None)
     output = outputs[output_index]
     if not output.dtype.is_floating_point:
         raise BridgeError(
@@ -54,7 +53,7 @@ def _example_tensor(program: OnnxProgram, name: str) -> torch.Tensor:
     """Initializer ``name`` as a tensor; in a fake mode (``bridge.api``'s probe), made outside it and then as a fake
     of its layout (``fake_of``): a tensor made inside the mode is lifted into it, at several times the cost. A
     one-element tensor is still lifted: the mode keeps such a value, which a converter may read."""
-    fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    fake_mode = active_fake_mode()
     if not isinstance(fake_mode, FakeTensorMode) or program.initializers[name].size <= 1:
         return program.initializer_tensor(name)
     with unset_fake_temporarily():
