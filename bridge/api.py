@@ -58,7 +58,7 @@ from .pipeline.progress import phase
 from .pipeline.remat import check_memory, rematerialize
 from .pipeline.source_checks import check_export
 from .pipeline.targets import DEFAULT_TARGET, check_target, enabled, using
-from .pipeline.trace import StepExample, split_step, trace_eval_step, trace_training_step
+from .pipeline.trace import StepExample, split_step, static_views_on_meta_kernels, trace_eval_step, trace_training_step
 from .training.training_model import TrainingModel
 
 # what every conversion needs once per process, paid here, at import: the converter, lowering and emitter
@@ -396,7 +396,7 @@ def _probe(run: Callable[[], Any]) -> Any:
     NonMaxSuppression's) fails on fakes: it runs again on real tensors, which raises the error to report."""
     with phase("running the model on example inputs"):
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True):
+            with FakeTensorMode(allow_non_fake_inputs=True), static_views_on_meta_kernels():
                 result = run()
         except Exception:  # noqa: BLE001 - run again for real: the real run raises the error (or succeeds)
             return run()

@@ -5,6 +5,7 @@ captured again), BatchNorm's forward and
 backward traced once per shape and replayed (its running statistics once for every channel count), the eval step traced only when its graph is asked for."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -121,6 +122,70 @@ def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypat
     assert len(constants) == 2, constants  # one selection matrix per input gradient
     for part in ("model", "gradient_model"):
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
+
+
+def _view_facts(make: callable) -> tuple:
+    """What ``make()`` gives in a fresh fake mode with an empty dispatch cache: the view's size, strides, offset
+    and whether it shares its base's storage, or the error's type and message."""
+    FakeTensorMode.cache_clear()
+    with FakeTensorMode():
+        try:
+            base, view = make()
+        except (RuntimeError, ValueError) as error:
+            return type(error), str(error)
+        return (tuple(view.shape), view.stride(), view.storage_offset(),
+                view.untyped_storage()._cdata == base.untyped_storage()._cdata)
+
+
+@pytest.mark.parametrize("case", ["flatten", "inferred", "offset", "strided", "other size", "two inferred",
+                                  "not viewable", "unsafe"])
+def test_static_views_are_the_views_torchs_rule_makes(case):
+    """Within ``static_views_on_meta_kernels``, a view of a fake tensor at static shapes has the size, strides,
+    offset and storage torch's own rule gives it, and a view that cannot be made raises torch's error."""
+    aten = torch.ops.aten
+    cases = {
+        "flatten": lambda: (x := torch.empty(2, 3, 4, 5), aten.view.default(x, [6, 20])),
+        "inferred": lambda: (x := torch.empty(2, 3, 4, 5), aten.view.default(x, [-1, 5])),
+        "offset": lambda: (x := torch.empty(2, 3, 4, 5), aten.view.default(aten.select.int(x, 0, 1), [3, 20])),
+        "strided": lambda: (x := torch.empty(2, 3, 4, 5), aten.view.default(x.permute(0, 2, 1, 3), [2, 4, 3, 5])),
+        "other size": lambda: (x := torch.empty(2, 3, 4, 5), aten.view.default(x, [7, -1])),
+        "two inferred": lambda: (x := torch.empty(2, 3, 4, 5), aten.view.default(x, [-1, -1])),
+        "not viewable": lambda: (x := torch.empty(2, 3, 4, 5), aten.view.default(x.permute(0, 2, 1, 3), [8, 15])),
+        "unsafe": lambda: (x := torch.empty(2, 3, 4, 5), aten._unsafe_view.default(x, [2, 60])),
+    }
+    torchs = _view_facts(cases[case])
+    with bridge.pipeline.trace.static_views_on_meta_kernels():
+        ours = _view_facts(cases[case])
+    assert ours == torchs
+
+
+def test_views_keep_torchs_rule_at_symbolic_shapes_and_after_the_context():
+    """A view at symbolic sizes within the context is torch's (symbolic) view; after it, torch's rule is back."""
+    from torch._subclasses import fake_impls
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    rule = fake_impls.op_implementations_dict[torch.ops.aten.view.default]
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    x = mode.from_tensor(torch.empty(4, 3), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]))
+    with pytest.raises(KeyError), bridge.pipeline.trace.static_views_on_meta_kernels(), mode:
+        view = torch.ops.aten.view.default(x, [-1])
+        assert str(view.shape[0]) == f"3*{x.shape[0]}"
+        raise KeyError("leaves the context by an error")
+    assert fake_impls.op_implementations_dict[torch.ops.aten.view.default] is rule
+
+
+def test_views_on_meta_kernels_same_graph(cnn_path, monkeypatch):
+    """The conversion's graphs are the ones torch's view rule gives (each conversion from an empty fake-tensor
+    dispatch cache, which would otherwise hand back the other's views)."""
+    FakeTensorMode.cache_clear()
+    ours = bridge.to_training_onnx(cnn_path, loss="ce", optim="adam")
+    FakeTensorMode.cache_clear()
+    for module in (bridge.api, bridge.pipeline.trace):
+        monkeypatch.setattr(module, "static_views_on_meta_kernels", contextlib.nullcontext)
+    torchs = bridge.to_training_onnx(cnn_path, loss="ce", optim="adam")
+    for part in ("model", "gradient_model"):
+        assert getattr(ours, part).graph == getattr(torchs, part).graph, f"{part}: the graph differs"
 
 
 def test_conversion_traces_the_step_once(mlp_path, monkeypatch, tmp_path):

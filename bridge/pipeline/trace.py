@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._guards import SLoc
+from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -428,7 +430,7 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
         data = [fake_mode.from_tensor(t, static_shapes=True) for t in data]
     flat_args = [fake_of(fake_mode, t) for t in flat_args] + list(data)
     mode = "symbolic" if fake_mode.shape_env is not None else "fake"
-    with fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True):
+    with fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True), static_views_on_meta_kernels():
         graph_module = _make_fx(step, _LoweringReplay().table(), mode)(*flat_args)
     fold_constants(graph_module)
     # drop values no output needs (e.g. max pooling's Indices, which the lowered backward never reads)
@@ -438,6 +440,38 @@ def _trace(step, flat_args: list[torch.Tensor], data: list[torch.Tensor], dim_na
     graph_module.meta[DIM_NAMES] = dim_names
     graph_module.meta[DIM_BOUNDS] = bounds
     return graph_module
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
+@contextlib.contextmanager
+def static_views_on_meta_kernels():
+    """Within it, a view of a contiguous fake tensor at static shapes (a fake mode without a shape environment) is
+    made by ATen's C++ meta kernel instead of fake tensors' Python rule: that rule reshapes through prims for
+    symbolic sizes, 1-4 ms for each new view shape, and a conversion makes about a hundred; the view is the same.
+    Other views (symbolic, strided, or not of the tensor's size) keep torch's rule and its errors."""
+    rules = fake_impls.op_implementations_dict
+    saved = {op: rules[op] for op in _VIEWS}
+
+    def view(fake_mode: FakeTensorMode, func, tensor: torch.Tensor, size: Sequence[int], **kwargs):
+        if fake_mode.shape_env is None and tensor.is_contiguous() and _fits(size, tensor.numel()):
+            return NotImplemented  # fake tensors then run the op's meta kernel, which cannot fail here
+        return saved[func](fake_mode, func, tensor, size, **kwargs)
+
+    rules.update(dict.fromkeys(_VIEWS, view))
+    try:
+        yield
+    finally:
+        rules.update(saved)
+
+
+def _fits(size: Sequence[int], numel: int) -> bool:
+    """Whether ``size`` (at most one -1, inferred) holds exactly ``numel`` elements."""
+    if any(s < -1 for s in size) or list(size).count(-1) > 1:
+        return False
+    known = math.prod(s for s in size if s != -1)
+    return known == numel if -1 not in size else known > 0 and numel % known == 0
 
 
 def _make_fx(fn: Callable, table: dict, mode: str) -> Callable[..., torch.fx.GraphModule]:
