@@ -157,6 +157,19 @@ def test_nonfinite_exp_avg_reaches_the_weight(optim, lr, bad):
     _assert_state_equal(session, before)
 
 
+def test_a_compiled_step_skips_the_outputs_onnxruntimes_skips_and_still_refuses_a_nan_there():
+    """IREE's session leaves the covered outputs to the non-finite check as onnxruntime's does, and a NaN in
+    Adam's exp_avg is still refused through the updated weight."""
+    tm = bridge.to_training_onnx(_linear(), "ce", optim="adam")
+    session = bridge.compile(tm, backend="iree").session()
+    assert session.covered_outputs == tm.session().covered_outputs == {"updated_W.exp_avg"}
+    session.state["W.exp_avg"] = np.where(np.arange(9).reshape(3, 3) == 4, np.nan, 0.5).astype(np.float32)
+    before = _state_copy(session)
+    with pytest.raises(bridge.NonFiniteError, match=r"in \['updated_W'\]"):
+        session.step({"x": X}, np.array([0, 1]))
+    _assert_state_equal(session, before)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("size", [1, 17, 100_003])
 def test_nonfinite_outputs_finds_each_kind_anywhere(dtype, size):

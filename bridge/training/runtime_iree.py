@@ -37,6 +37,7 @@ from ..contract import (
     updated_name,
 )
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
+from .feed_checks import covered_outputs
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ class IreeTrainingSession(StepSession):
         for name in decode_random_inputs(reflection):
             shape, dtype = specs[name]
             self.random_inputs[name] = (shape, np.dtype(dtype))
+        if training_model is not None:
+            self.covered_outputs = covered_outputs(training_model)
         self._rt = rt
         self._resident: dict[str, tuple[np.ndarray, object]] = {}  # state name -> (host view, its device array)
 
