@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,11 +77,12 @@ class IreeTrainingSession(StepSession):
             vm_module = rt.VmModule.copy_buffer(self._config.vm_instance, module)
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"not an IREE module (.vmfb): {exc}") from exc
-        loaded = rt.load_vm_module(vm_module, self._config)
-        self._calls: list[tuple[Callable, list[str], list[str], list[str]]] = []  # function, inputs, outputs, in place
+        self._call = _DirectCall(rt, vm_module, self._config)
+        self._calls: list[tuple[Any, list[str], list[str], list[str]]] = []  # function, inputs, outputs, in place
         for entry in _entry_functions(vm_module):
-            reflection = vm_module.lookup_function(entry).reflection
-            self._calls.append((getattr(loaded, entry), json.loads(reflection[INPUTS]), json.loads(reflection[OUTPUTS]),
+            function = vm_module.lookup_function(entry)
+            reflection = function.reflection
+            self._calls.append((function, json.loads(reflection[INPUTS]), json.loads(reflection[OUTPUTS]),
                                 json.loads(reflection.get(IN_PLACE, "[]"))))
         step = json.loads(reflection.get(PIECE, "{}"))  # a step in several calls: its own names
         self.input_names = step.get("inputs", self._calls[0][1])
@@ -93,8 +94,7 @@ class IreeTrainingSession(StepSession):
             self.random_inputs[name] = (shape, np.dtype(dtype))
         if training_model is not None:
             self.covered_outputs = covered_outputs(training_model)
-        self._rt = rt
-        self._resident: dict[str, tuple[np.ndarray, object]] = {}  # state name -> (host view, its device array)
+        self._resident: dict[str, tuple[np.ndarray, object]] = {}  # state name -> (host view, its buffer view)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [name for name in self.input_names if name not in feed]
@@ -106,25 +106,55 @@ class IreeTrainingSession(StepSession):
             if resident is not None and resident[0] is value:
                 arguments[name] = resident[1]
             elif name in self.in_place:  # the step writes into it: a device copy, never the caller's array
-                arguments[name] = self._rt.asdevicearray(self._config.device, np.array(value, order="C"))
+                arguments[name] = self._call.to_device(value)
             else:
                 arguments[name] = np.asarray(value, order="C")
         values: dict[str, Any] = dict(arguments)
         for function, reads, makes, overwrites in self._calls:
-            results = function(*(values[name] for name in reads))
-            values.update(zip(makes, (results,) if len(makes) == 1 else results or (), strict=True))
+            values.update(zip(makes, self._call(function, [values[name] for name in reads], len(makes)), strict=True))
             values.update((updated_name(name), values[name]) for name in overwrites)
         outputs, self._resident = {}, {}
         for name in [*self.output_names, *(updated_name(name) for name in self.in_place)]:
             result = values[name]
-            outputs[name] = result.to_host()
+            outputs[name] = self._call.to_host(result)
             if not name.startswith((UPDATED_PREFIX, GRAD_PREFIX)):
                 # a view of the loss would keep the result allocation it shares (a step in two calls: every
                 # gradient) alive for as long as the caller keeps the outputs
                 outputs[name] = outputs[name].copy()
-            if name.startswith(UPDATED_PREFIX) and getattr(result, "_is_mappable", lambda: False)():
+            if name.startswith(UPDATED_PREFIX):
                 self._resident[strip_prefix(name, UPDATED_PREFIX)] = (outputs[name], result)  # a view, not a copy
         return outputs
+
+
+class _DirectCall:
+    """Calls a module's functions through IREE's VM directly: the arguments (host arrays, device arrays, buffer
+    views) packed by the packer IREE's ``FunctionInvoker`` uses, the results given back as buffer views, each
+    mapped to a host array where asked. ``FunctionInvoker`` wraps and decodes each result in Python, a
+    cost as large as a small model's whole step (tests/repros/iree_call_overhead.py)."""
+
+    def __init__(self, rt, vm_module, config):
+        from iree.runtime._binding import ArgumentPacker, InvokeContext, _invoke_statics  # the pinned release's
+
+        self._rt, self._device, self._invoke_context = rt, config.device, InvokeContext
+        self._context = rt.SystemContext(vm_modules=[vm_module], config=config).vm_context
+        self._packer = ArgumentPacker(_invoke_statics, None)  # no ABI descriptions: arguments as they come
+
+    def __call__(self, function, arguments: list, count: int) -> list:
+        """``function``'s ``count`` results, as buffer views."""
+        returned = self._rt.VmVariantList(count)
+        self._context.invoke(function, self._packer.pack(self._invoke_context(self._device), arguments, {}), returned)
+        return [returned.get_as_object(index, self._rt.HalBufferView) for index in range(len(returned))]
+
+    def to_device(self, array: np.ndarray):
+        """A copy of ``array`` in a new buffer of the device, as a buffer view."""
+        array = np.asarray(array, order="C")
+        return self._device.allocator.allocate_buffer_copy(
+            memory_type=self._rt.MemoryType.DEVICE_LOCAL, allowed_usage=self._rt.BufferUsage.DEFAULT,
+            device=self._device, buffer=array, element_type=self._rt.dtypes.map_dtype_to_hal_element_type(array.dtype))
+
+    def to_host(self, view) -> np.ndarray:
+        """A result as a host array: a view of its buffer (modules run on the CPU, whose memory the host maps)."""
+        return view.map().asarray(view.shape, self._rt.HalElementType.map_to_dtype(view.element_type))
 
 
 def _entry_functions(vm_module) -> list[str]:
