@@ -1,12 +1,13 @@
 """The tracer's speed-ups keep the graph: the optimizer update traced once per kind of weight (once for every
-shape: it is elementwise) and replayed, bridge's
-lowerings traced once per call signature and replayed (arguments keyed by type and value; constants they capture
-captured again), BatchNorm's forward and
-backward traced once per shape and replayed (its running statistics once for every channel count), the eval step traced only when its graph is asked for."""
+shape: it is elementwise) and replayed, bridge's lowerings traced once per call signature and replayed
+(arguments keyed by type and value; constants they capture captured again), BatchNorm's forward and backward
+traced once per shape and replayed (its running statistics once for every channel count), views of fake tensors
+at static shapes made by ATen's meta kernel, the eval step traced only when its graph is asked for."""
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -124,7 +125,7 @@ def test_lowering_with_a_constant_replayed_same_graph(select_cnn_path, monkeypat
         assert getattr(replayed, part).graph == getattr(every, part).graph, f"{part}: the replayed graph differs"
 
 
-def _view_facts(make: callable) -> tuple:
+def _view_facts(make: Callable[[], tuple]) -> tuple:
     """What ``make()`` gives in a fresh fake mode with an empty dispatch cache: the view's size, strides, offset
     and whether it shares its base's storage, or the error's type and message."""
     FakeTensorMode.cache_clear()
