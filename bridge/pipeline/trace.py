@@ -448,8 +448,8 @@ _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 @contextlib.contextmanager
 def static_views_on_meta_kernels():
     """Within it, a view of a contiguous fake tensor at static shapes (a fake mode without a shape environment) is
-    made by ATen's C++ meta kernel instead of fake tensors' Python rule: that rule reshapes through prims for
-    symbolic sizes, 1-4 ms for each new view shape, and a conversion makes about a hundred; the view is the same.
+    made by ATen's C++ meta kernel instead of fake tensors' Python rule, which reshapes through prims to serve
+    symbolic sizes and runs for every view shape new to the process; the view is the same.
     Other views (symbolic, strided, or not of the tensor's size) keep torch's rule and its errors."""
     rules = fake_impls.op_implementations_dict
     saved = {op: rules[op] for op in _VIEWS}

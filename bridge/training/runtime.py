@@ -61,7 +61,7 @@ class StepSession(ABC):
 
     def __init__(self, state: Mapping[str, np.ndarray], seed: int | None = None, *,
                  checks: StepChecks | None = None, on_nonfinite: str = "raise", graph_hash: str = "",
-                 eval_model: onnx.ModelProto | None = None):
+                 eval_model: onnx.ModelProto | None = None, covered: frozenset[str] = frozenset()):
         self.state = {name: np.asarray(value) for name, value in state.items()}
         self.random_inputs: dict[str, NoiseSpec] = {}
         self.dim_bounds: dict[str, int] = {}  # the largest size of a symbolic dim the graph holds for
@@ -72,7 +72,7 @@ class StepSession(ABC):
         self.graph_hash = graph_hash
         self.eval_graph = None if eval_model is None else EvalGraph(eval_model)
         self.split_step: SplitStep | None = None
-        self.covered_outputs: frozenset[str] = frozenset()  # skipped by the non-finite check (checks.covered_outputs)
+        self.covered_outputs = covered  # skipped by the non-finite check (feed_checks.covered_outputs)
         self.in_place: list[str] = []  # the state a step replaces in its own memory (bridge.compile(in_place=True))
 
     @property
@@ -243,12 +243,13 @@ def compiled_module(module: bytes | str | os.PathLike, kind: str) -> tuple[bytes
 
 
 def compiled_identity(module: bytes, training_model: onnx.ModelProto | None) -> dict[str, Any]:
-    """``StepSession``'s ``checks`` and ``graph_hash`` for a session of the compiled ``module``: those of
-    ``training_model``, the ONNX graph it was compiled from (checkpoints then interchange with the other
-    backends' sessions of that graph), else no batch checks and the module's own hash."""
+    """``StepSession``'s ``checks``, ``graph_hash`` and ``covered`` outputs for a session of the compiled ``module``:
+    those of ``training_model``, the ONNX graph it was compiled from (checkpoints then interchange with the other
+    backends' sessions of that graph), else no batch checks, the module's own hash and every output checked."""
     if training_model is None:
         return {"checks": None, "graph_hash": graph_hash(module)}
-    return {"checks": StepChecks.from_model(training_model), "graph_hash": graph_hash(training_model)}
+    return {"checks": StepChecks.from_model(training_model), "graph_hash": graph_hash(training_model),
+            "covered": covered_outputs(training_model)}
 
 
 def unchecked_run(session) -> Callable:
@@ -499,7 +500,7 @@ class TrainingSession(StepSession):
                                      "avoids by releasing the old state as the step goes; give one of them")
         model = read_model(model)
         super().__init__(state, seed, checks=StepChecks.from_model(model), on_nonfinite=on_nonfinite,
-                         graph_hash=graph_hash(model), eval_model=eval_model)
+                         graph_hash=graph_hash(model), eval_model=eval_model, covered=covered_outputs(model))
         dropped = None if gradients else is_gradient
         self._graph: OrtGraph | None = None
         self._piecewise: PiecewiseStep | None = None
@@ -517,7 +518,6 @@ class TrainingSession(StepSession):
         noise = {name: spec for graph in graphs for name, spec in random_inputs(model, graph).items()}
         self.random_inputs.update({name: noise[name] for name in self.input_names if name in noise})  # drawn in this order
         self.dim_bounds = json.loads(props(model.metadata_props).get(DIM_BOUNDS, "{}"))
-        self.covered_outputs = covered_outputs(model)
         updated = [strip_prefix(name, UPDATED_PREFIX) for name in self.output_names if name.startswith(UPDATED_PREFIX)]
         self._buffers = StateBuffers(self.state, updated) if swap_buffers else None
 

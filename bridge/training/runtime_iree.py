@@ -37,7 +37,6 @@ from ..contract import (
     updated_name,
 )
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
-from .feed_checks import covered_outputs
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
 if TYPE_CHECKING:
@@ -92,8 +91,6 @@ class IreeTrainingSession(StepSession):
         for name in decode_random_inputs(reflection):
             shape, dtype = specs[name]
             self.random_inputs[name] = (shape, np.dtype(dtype))
-        if training_model is not None:
-            self.covered_outputs = covered_outputs(training_model)
         self._resident: dict[str, tuple[np.ndarray, object]] = {}  # state name -> (host view, its buffer view)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -129,8 +126,8 @@ class IreeTrainingSession(StepSession):
 class _DirectCall:
     """Calls a module's functions through IREE's VM directly: the arguments (host arrays, device arrays, buffer
     views) packed by the packer IREE's ``FunctionInvoker`` uses, the results given back as buffer views, each
-    mapped to a host array where asked. ``FunctionInvoker`` wraps and decodes each result in Python, a
-    cost as large as a small model's whole step (tests/repros/iree_call_overhead.py)."""
+    mapped to a host array where asked, instead of ``FunctionInvoker``'s wrapping and decoding of each result in
+    Python, a fixed cost per result of every step (tests/repros/iree_call_overhead.py)."""
 
     def __init__(self, rt, vm_module, config):
         from iree.runtime._binding import ArgumentPacker, InvokeContext, _invoke_statics  # the pinned release's

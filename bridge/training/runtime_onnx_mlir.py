@@ -33,7 +33,6 @@ import onnx
 
 from ..contract import DIM_BOUNDS, decode_random_inputs, props, updated_name
 from ..errors import InvalidOptionError, MissingExtraError, ModelLoadError
-from .feed_checks import covered_outputs
 from .piecewise import LoadedPiece, PiecewiseStep
 from .runtime import SessionGraph, StepSession, compiled_identity, compiled_module
 
@@ -175,7 +174,6 @@ class OnnxMlirTrainingSession(StepSession):
                 shape, dtype = self.checks.specs[name]
                 self.random_inputs[name] = ([None if d == "?" else d for d in shape], dtype)
             self.dim_bounds = json.loads(meta.get(DIM_BOUNDS, "{}"))
-            self.covered_outputs = covered_outputs(training_model)
         if eval_library is not None and self.eval_graph is not None:
             self.eval_graph.graph = OnnxMlirGraph(eval_library, eval_model)
 
