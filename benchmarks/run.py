@@ -338,6 +338,35 @@ def onnxsim_nodes(bench: BenchModel, python: str, workdir: Path, notes: list[str
     return {phase: sum(ops.values()) for phase, ops in counts.items()}
 
 
+def frozen_batch_norm_nodes(source: Path) -> dict[str, int]:
+    """Nodes of the step converted with ``batch_norm="frozen"`` (BatchNorm as onnxsim trains it: running statistics,
+    not updated), for the default target and for ``plain`` (no target's measured forms)."""
+    import bridge
+
+    return {target: len(bridge.to_training_onnx(str(source), loss="ce", optim="adam", optim_options={"lr": LR},
+                                                batch_norm="frozen", target=target).model.graph.node)
+            for target in ("onnxruntime", "plain")}
+
+
+def like_for_like_table(results: list[dict]) -> list[str]:
+    """Node counts against onnxsim's with BatchNorm frozen on bridge's side, for the models onnxsim's step builds."""
+    rows = [r for r in results if r.get("frozen_nodes")]
+    if not rows:
+        return []
+    lines = ["### Nodes like for like with onnxsim", "",
+             "onnxsim trains BatchNorm in inference form (the running statistics normalize and do not move); bridge "
+             "does that with `to_training_onnx(..., batch_norm=\"frozen\")`. **plain**: `target=\"plain\"`, the "
+             "canonical graph without a runtime's measured forms (the onnxruntime target computes a Conv's input "
+             "gradient as MatMuls, for example). In brackets: the ratio to onnxsim's nodes.", "",
+             "| model | onnxsim | bridge | bridge, BatchNorm frozen | bridge plain, BatchNorm frozen |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        theirs = sum(r["onnxsim_nodes"].values())
+        cells = [sum(r["nodes"].values()), r["frozen_nodes"]["onnxruntime"], r["frozen_nodes"]["plain"]]
+        lines.append(f"| {r['model']} | {theirs} | " + " | ".join(f"{n} ({n / theirs:.2f}x)" for n in cells) + " |")
+    return [*lines, ""]
+
+
 def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[str]) -> dict:
     """Conversion, graph size (onnxsim's too, given ``--onnxsim-python``), compile and step time of model ``name``;
     its training graph stays in ``workdir`` as ``<name>.train.onnx``, with the compiled modules beside it."""
@@ -359,6 +388,8 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path, notes: list[
     weights_mb = sum(p.numel() * p.element_size() for p in bench.module.parameters()) / 2**20
     if args.onnxsim_python is not None:
         extra["onnxsim_nodes"] = onnxsim_nodes(bench, args.onnxsim_python, workdir, notes)
+        if extra["onnxsim_nodes"]:
+            extra["frozen_nodes"] = frozen_batch_norm_nodes(source)
     print(f"{name}: " + ", ".join(f"{b} {s['median_ms']:.1f} ms" for b, s in summary.items()), flush=True)
     return {"model": name, "weights_mb": weights_mb, "nodes": nodes_per_phase(model), **conversion, **extra,
             "steps": summary}
@@ -588,6 +619,7 @@ def markdown(results: list[dict], info: dict, notes: list[str], distributed: lis
                          + " / ".join(str(r["nodes"].get(p, 0)) for p in PHASES) + " | "
                          + " | ".join(theirs + compiled) + (" |" if theirs + compiled else ""))
         lines.append("")
+        lines += like_for_like_table(results)
     if step_memory:
         lines += ["### Step memory", "",
                   "benchmarks/step_memory.py: the peak RSS of one training step above the RSS before it, each in a "

@@ -115,6 +115,7 @@ def to_training_onnx(
     precision: str = "fp32",
     grad_scaler_options: Mapping[str, Any] | bool | None = None,
     memory: str = "default",
+    batch_norm: str = "train",
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
@@ -168,6 +169,10 @@ def to_training_onnx(
         memory: ``default``, or ``min``: the backward recomputes cheap forward values (elementwise ops,
             BatchNorm's output) instead of keeping them alive from the forward; the same results bit for bit,
             a lower peak memory for a little more compute (docs/finetuning.md).
+        batch_norm: ``train`` (the default): BatchNorm normalizes with the batch's statistics and updates its
+            running ones, as torch's ``train()``; ``frozen``: it normalizes with its running statistics, which
+            stay fixed (no buffers), as a torch BatchNorm in ``eval()`` inside a model that trains; its scale and
+            bias still train unless ``frozen=`` names them (docs/finetuning.md).
     """
     target = check_target(target)
     loss_fn = make_loss(loss, dict(loss_options or {}))
@@ -175,6 +180,7 @@ def to_training_onnx(
     max_grad_norm = check_max_norm(clip_grad_norm)
     mixed = make_precision(precision, grad_scaler_options)
     memory = check_memory(memory)
+    _check_batch_norm(batch_norm)
     batch_size = _check_batch_size(batch_size)
     if output_path is not None:
         _check_output_path(model, output_path)
@@ -205,7 +211,7 @@ def to_training_onnx(
     if pins:  # the inference model takes the pin too: the weights were trained on that branch
         original = original if original is not None else read_model(Path(given))
         pin_inputs(original, pins)
-    program = OnnxProgram(source)
+    program = OnnxProgram(source, frozen_batch_norm=batch_norm == "frozen")
     source = program.model  # without its weights' data (the program holds them as arrays): one copy in memory
     dims = _dim_spec(source, program, dynamic_batch, dynamic_dims, input_shapes or {})
     inputs = _example_inputs(source, program, batch_size, input_shapes or {}, dims)
@@ -389,6 +395,12 @@ def _run_example(run: Callable, inputs: Mapping[str, torch.Tensor]):
                          "input_shapes= against the model (a static model may hard-code its batch size)") from exc
 
 
+def _check_batch_norm(batch_norm: str) -> None:
+    if batch_norm not in BATCH_NORM_MODES:
+        raise InvalidOptionError(f"batch_norm={batch_norm!r} is not a BatchNorm mode; choose one of "
+                                 f"{list(BATCH_NORM_MODES)}")
+
+
 def _probe(run: Callable[[], Any]) -> Any:
     """``run()``, an example run of the model that only shapes, dtypes and the autograd graph are read of, on
     fake tensors (no arithmetic: its cost does not grow with the data's size). Tensors it returns come back as
@@ -465,6 +477,7 @@ def _check_names_free(source: onnx.ModelProto, signature: StepSignature) -> None
 
 
 BATCH = "batch"  # the dim_param of a symbolic batch
+BATCH_NORM_MODES = ("train", "frozen")  # to_training_onnx(batch_norm=): batch statistics, or fixed running ones
 TRACE_SIZE = 7  # the size a symbolic non-batch dim is traced at when neither the model nor input_shapes gives one
 _MIN_TRACE_SIZE = 2  # tracing specialises sizes 0 and 1, so a symbolic dim is traced at 2 or more
 

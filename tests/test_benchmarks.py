@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 import graph_size  # noqa: E402
@@ -189,6 +190,32 @@ def test_the_top_table_has_a_row_per_model_with_ratios_to_torch_and_onnxsim():
     conversion = next(line for line in text.splitlines() if line.startswith("| resnet18 | 42.7 |"))
     assert "| 100 / 20 / 300 / 180 | 100 / 30 / 220 / 150 | 61.0 | 33.0 |" in conversion
     assert "### Step memory" in text and "| resnet18 | bridge-ort | min | 20.0 | 30.0 | 50.0 | 1.25 |" in text
+
+
+def test_the_like_for_like_table_sets_bridges_frozen_batch_norm_counts_against_onnxsims():
+    """Where onnxsim's step builds: bridge's nodes as converted, with BatchNorm frozen (onnxsim's form), and with
+    BatchNorm frozen on the plain target, each over onnxsim's; a model without onnxsim's count has no row."""
+    resnet = {"model": "resnet18", "nodes": {"forward": 100, "loss": 20, "backward": 300, "optimizer": 180},
+              "onnxsim_nodes": {"forward": 100, "loss": 30, "backward": 220, "optimizer": 150},
+              "frozen_nodes": {"onnxruntime": 550, "plain": 400}}
+    mlp = {"model": "mlp", "nodes": {"forward": 8}, "onnxsim_nodes": None}
+    rows = [line for line in bench.like_for_like_table([resnet, mlp]) if line.startswith("|")]
+    assert rows[2:] == ["| resnet18 | 500 | 600 (1.20x) | 550 (1.10x) | 400 (0.80x) |"]
+    assert bench.like_for_like_table([mlp]) == []
+
+
+def test_the_frozen_batch_norm_counts_are_of_graphs_without_running_statistics(tmp_path):
+    """The counted graphs are converted with BatchNorm frozen: fewer nodes than with batch statistics, on each target."""
+    import bridge
+
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten())
+    source = tmp_path / "bn.onnx"
+    torch.onnx.export(module.eval(), (torch.randn(2, 1, 4, 4),), str(source), dynamo=False, input_names=["x"],
+                      do_constant_folding=False)  # BatchNorm stays a node
+    counts = bench.frozen_batch_norm_nodes(source)
+    for target, nodes in counts.items():
+        trained = bridge.to_training_onnx(str(source), loss="ce", optim="adam", target=target).model
+        assert nodes < len(trained.graph.node)
 
 
 def test_the_depth_slope_is_the_least_squares_line():

@@ -38,6 +38,7 @@ class Family:
     optim_options: dict = field(default_factory=lambda: {"lr": 0.05})
     classes: int | None = 3
     train_export: bool = False  # export in training mode (keeps Dropout)
+    convert: dict = field(default_factory=dict)  # more to_training_onnx arguments
 
 
 class _Recurrent(torch.nn.Module):
@@ -86,6 +87,7 @@ FAMILIES = {
     "mlp_sgd_mse": Family(_mlp, (2, 6), loss="mse", optim="sgd", optim_options=MOMENTUM, classes=None),
     "mlp_dropout": Family(_mlp_dropout, (2, 6), train_export=True),
     "cnn": Family(_cnn, (2, 3, 8, 8)),
+    "cnn_frozen_batch_norm": Family(_cnn, (2, 3, 8, 8), convert={"batch_norm": "frozen"}),
     # A strided Conv whose windows leave input unread (IREE could not compile it; see nn.py).
     "cnn_strided": Family(_cnn_strided, (2, 4, 4, 4), optim="sgd", optim_options=MOMENTUM),
     # SGD: the attention key bias has an exactly-zero gradient, which Adam turns into noise/|noise|.
@@ -142,7 +144,7 @@ def compiled(request, tmp_path_factory) -> Compiled:
                       do_constant_folding=not family.train_export, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     tm = bridge.to_training_onnx(str(path), loss=family.loss, optim=family.optim,
-                                 optim_options=family.optim_options, **options)
+                                 optim_options=family.optim_options, **options, **family.convert)
     return Compiled(tm, bridge.compile(tm), _batches(family, tm, sizes))
 
 

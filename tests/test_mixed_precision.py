@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from onnx import numpy_helper
 
 import bridge
 from bridge.errors import InvalidOptionError
@@ -47,11 +48,15 @@ class _NoiseDropout(torch.nn.Module):
         return x * (self.noise >= self.p).to(x.dtype) * (1 / (1 - self.p))
 
 
-def _torch_steps(module, batches, noises, precision, scaler_options, lr, skips=None):
+def _torch_steps(module, batches, noises, precision, scaler_options, lr, skips=None, batch_norm="train"):
     """Adam steps of ``module`` under autocast + GradScaler: per step the loss, the loss scale after it and
     whether the optimizer step was skipped. ``precision`` fp32: no autocast and no scaler, the optimizer step
-    skipped where ``skips`` says (the float32 run of the same steps)."""
+    skipped where ``skips`` says (the float32 run of the same steps). ``batch_norm="frozen"``: its BatchNorms in
+    ``eval()``, as bridge's option of that name trains them."""
     module = copy.deepcopy(module).train()
+    for submodule in module.modules():
+        if isinstance(submodule, torch.nn.modules.batchnorm._BatchNorm) and batch_norm == "frozen":
+            submodule.eval()
     dropout = next((m for m in module.modules() if isinstance(m, _NoiseDropout)), None)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
     mixed = precision != "fp32"
@@ -91,8 +96,10 @@ def _compare(module, source, batches, noises, precision, scaler_options, lr, **c
     """bridge's steps, torch's mixed-precision steps, and torch's float32 steps skipping the same steps."""
     tm = bridge.to_training_onnx(source, loss="ce", optim="adam", optim_options={"lr": lr}, precision=precision,
                                  grad_scaler_options=scaler_options, **convert)
-    want = _torch_steps(module, batches, noises, precision, scaler_options, lr)
-    float32 = _torch_steps(module, batches, noises, "fp32", scaler_options, lr, [r["skipped"] for r in want])
+    batch_norm = convert.get("batch_norm", "train")
+    want = _torch_steps(module, batches, noises, precision, scaler_options, lr, batch_norm=batch_norm)
+    float32 = _torch_steps(module, batches, noises, "fp32", scaler_options, lr, [r["skipped"] for r in want],
+                           batch_norm=batch_norm)
     return _bridge_steps(tm, batches, noises), want, float32
 
 
@@ -184,17 +191,21 @@ SCALER_OPTIONS = {"fp16": {"init_scale": 2.0 ** 24, "growth_interval": 3},
 
 @needs_sklearn
 @pytest.mark.slow
+@pytest.mark.parametrize("batch_norm", ["train", "frozen"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_digits_cnn_follows_autocast_and_grad_scaler(precision):
+def test_digits_cnn_follows_autocast_and_grad_scaler(precision, batch_norm):
     """24 Adam steps of the digits CNN (Conv, BatchNorm, Dropout, Linear) on the digits: skips, scales and losses
-    as torch's autocast + GradScaler."""
+    as torch's autocast + GradScaler; with ``batch_norm="frozen"``, as torch's with the BatchNorm in ``eval()``."""
     digits = _digits_example()
     module = digits.cnn_module()
     source = digits.cnn_onnx(module)
     module[4] = _NoiseDropout(module[4].p)
+    # the training-mode export's trace moved the running statistics it wrote; frozen, torch normalizes with those
+    module[1].load_state_dict({k: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in source.graph.initializer
+                               for k in ("running_mean", "running_var") if t.name == f"1.{k}"}, strict=False)
     batches, noises = _digits_batches(digits, 24)
     got, want, float32 = _compare(module, source, batches, noises, precision, SCALER_OPTIONS[precision], 0.01,
-                                  batch_size=64, dynamic_batch=False)
+                                  batch_size=64, dynamic_batch=False, batch_norm=batch_norm)
     _assert_like_torch(got, want, float32)
     if precision == "fp16":
         assert any(r["skipped"] for r in want) and not all(r["skipped"] for r in want)

@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 from helpers.importer import assert_importer_matches_onnxruntime
 from helpers.single_op import batches_for, one_node_model, train_and_compare
+from helpers.training import assert_trains_like
 from onnx import numpy_helper
 
 import bridge
+from bridge.cli import main
 
 RTOL = 1e-9
 EPS = 2.0 ** -10  # exact in the float32 epsilon attribute
@@ -235,3 +237,83 @@ def test_batch_norm_saved_statistics_stay_differentiable_before_opset_14():
     model.graph.input[0].name = "x_in"
     batches = [({"x_in": b["x"]}, t) for b, t in batches_for({"x": shape}, shape, 2)]
     train_and_compare(model, {"s": scale, "b": bias}, lambda p, i: twin(p, {"x": i["x_in"]}), batches, steps_rtol=RTOL)
+
+
+@pytest.mark.parametrize("opset, outputs", [(9, 1), (14, 1), (15, 3)], ids=["opset9", "opset14", "opset15-training-node"])
+@pytest.mark.parametrize("shape", [(4, 3), (3, 2, 5), (2, 3, 4, 3), (2, 2, 3, 2, 2)], ids=lambda s: f"{len(s)}d")
+def test_frozen_batch_norm_trains_as_torchs_batch_norm_in_eval(opset, outputs, shape):
+    """``batch_norm="frozen"``: the running statistics normalize and stay fixed (no buffers), as a torch BatchNorm in
+    ``eval()`` inside a model that trains; scale, bias and the weight before it (a prescale) train. Also on a node
+    that asks for batch statistics (``training_mode=1``, a train-mode export)."""
+    channels = shape[1]
+    scale, bias, pre = _params(channels, channels, shape[1:])
+    mean, var = rng.standard_normal(channels) + 2, rng.random(channels) + 0.5  # far from (0, 1): they must be read
+    mode = {"training_mode": 1} if outputs > 1 else {}
+    model = one_node_model("BatchNormalization", ["x", "s", "b", "rm", "rv"], {"x": np.zeros(shape)},
+                           {"s": scale, "b": bias, "rm": mean, "rv": var}, opset, outputs=outputs, prescale=pre,
+                           epsilon=EPS, **mode)
+
+    def twin(p, inputs):
+        return F.batch_norm(inputs["x"] * p["w_pre"], torch.tensor(mean), torch.tensor(var), p["s"], p["b"],
+                            training=False, eps=EPS)
+
+    batches = batches_for({"x": shape}, shape, 3)
+    tm, got = train_and_compare(model, {"s": scale, "b": bias, "w_pre": pre}, twin, batches, steps_rtol=RTOL,
+                                batch_norm="frozen")
+    assert tm.signature.buffers == []
+    assert not {o.name for o in tm.model.graph.output} & {"updated_rm", "updated_rv"}
+    assert not _forbidden_ops(tm)
+
+
+def _bn_cnn() -> torch.nn.Module:
+    """Conv -> BatchNorm -> ReLU twice, running statistics away from (0, 1) and affine weights not (1, 0)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(4, 5, 3), torch.nn.BatchNorm2d(5), torch.nn.ReLU(),
+                                 torch.nn.Flatten(), torch.nn.Linear(5 * 4 * 4, 3))
+    for bn in (module[1], module[4]):
+        bn.running_mean.normal_(0, 1)
+        bn.running_var.uniform_(0.5, 2)
+        torch.nn.init.normal_(bn.weight)
+        torch.nn.init.normal_(bn.bias)
+    return module
+
+
+def _exported(module: torch.nn.Module, training: torch.onnx.TrainingMode) -> onnx.ModelProto:
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (torch.randn(4, 3, 6, 6),), buffer, dynamo=False, training=training,
+                      do_constant_folding=False, input_names=["x"], output_names=["y"])
+    return onnx.load_from_string(buffer.getvalue())
+
+
+@pytest.mark.parametrize("memory", ["default", "min"])
+@pytest.mark.parametrize("export_mode", [torch.onnx.TrainingMode.EVAL, torch.onnx.TrainingMode.TRAINING],
+                         ids=["eval-export", "train-export"])
+def test_frozen_batch_norm_cnn_trains_as_torch_with_its_batch_norms_in_eval(export_mode, memory):
+    """float32, Adam, 3 steps: a CNN converted with ``batch_norm="frozen"`` trains as the torch module in ``train()``
+    with its BatchNorms in ``eval()`` (the gradient through BatchNorm to the Conv before it included), whichever mode
+    the file was exported in; the running statistics are constants of the graph, not state."""
+    module = _bn_cnn()
+    source = _exported(module.train(export_mode == torch.onnx.TrainingMode.TRAINING), export_mode)
+    tm = bridge.to_training_onnx(source, loss="ce", optim="adam", optim_options={"lr": 1e-2}, batch_norm="frozen",
+                                 memory=memory)
+    assert tm.signature.buffers == []
+    assert not any("running" in name for name in tm.initial_state())
+    module.train()
+    module[1].eval()
+    module[4].eval()
+    batches = [({"x": rng.standard_normal((4, 3, 6, 6)).astype(np.float32)}, rng.integers(0, 3, 4))
+               for _ in range(3)]
+    assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.Adam, {"lr": 1e-2})
+
+
+def test_batch_norm_mode_is_train_or_frozen(tmp_path):
+    source = _exported(_bn_cnn().eval(), torch.onnx.TrainingMode.EVAL)
+    with pytest.raises(bridge.BridgeError, match=r"batch_norm='eval'.*\['train', 'frozen'\]"):
+        bridge.to_training_onnx(source, loss="ce", batch_norm="eval")
+    path, out = tmp_path / "cnn.onnx", tmp_path / "train.onnx"
+    onnx.save(source, path)
+    assert main(["convert", str(path), "--loss", "ce", "--batch-norm", "frozen", "-o", str(out)]) == 0
+    assert not [o.name for o in onnx.load(out).graph.output if "running" in o.name]
+    assert main(["convert", str(path), "--loss", "ce", "-o", str(out)]) == 0
+    assert [o.name for o in onnx.load(out).graph.output if "running" in o.name]

@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -80,11 +80,13 @@ class Case:
     optim: str
     options: dict
     sizes: tuple[int, ...]  # the batch size of each step
+    convert: dict = field(default_factory=dict)  # more to_training_onnx arguments
 
 
 CASES = {
     "mlp-symbolic-batch": Case(_mlp, (4, 6), True, "adam", {"lr": 0.05}, (5, 3, 5)),
     "cnn": Case(_cnn, (4, 1, 8, 8), False, "sgd", {"lr": 0.05, "momentum": 0.9}, (4, 4, 4)),
+    "cnn-frozen-batch-norm": Case(_cnn, (4, 1, 8, 8), False, "adam", {"lr": 0.05}, (4, 4, 4), {"batch_norm": "frozen"}),
     "pooled-head-symbolic-batch": Case(_pooled_head, (4, 8, 2, 2), True, "adam", {"lr": 0.05}, (5, 3, 5)),
 }
 
@@ -103,7 +105,7 @@ def compiled(request) -> Compiled:
     case = CASES[request.param]
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
-                                 optim_options=case.options, dynamic_batch=case.dynamic)
+                                 optim_options=case.options, dynamic_batch=case.dynamic, **case.convert)
     return Compiled(tm, bridge.compile(tm, backend="onnx-mlir"), case)
 
 
@@ -145,7 +147,7 @@ def test_a_cnn_in_pieces_steps_like_onnxruntime_and_like_one_piece(dynamic, tmp_
     case = replace(CASES["cnn"], dynamic=dynamic, sizes=(5, 3, 5) if dynamic else (4, 4, 4))
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
-                                 optim_options=case.options, dynamic_batch=case.dynamic)
+                                 optim_options=case.options, dynamic_batch=case.dynamic, **case.convert)
     whole, pieces = (bridge.compile(tm, backend="onnx-mlir", pieces=count) for count in (1, 3))
     saved = OnnxMlirTrainingSession(pieces.save(tmp_path / "train.zip"), tm.initial_state(), training_model=tm.model)
     sessions = [pieces.session(), saved, whole.session(), tm.session(threads=1)]
@@ -182,7 +184,7 @@ def test_in_place_steps_are_bit_identical_and_leave_the_given_arrays_alone():
     case = CASES["mlp-symbolic-batch"]
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
-                                 optim_options=case.options, dynamic_batch=case.dynamic)
+                                 optim_options=case.options, dynamic_batch=case.dynamic, **case.convert)
     plain, in_place = (bridge.compile(tm, backend="onnx-mlir", pieces=3, in_place=flag) for flag in (False, True))
     initial = tm.initial_state()
     given = {name: value.copy() for name, value in initial.items()}
@@ -217,7 +219,7 @@ def test_in_place_step_that_fails_after_releasing_state_says_the_state_is_lost()
     case = CASES["mlp-symbolic-batch"]
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
-                                 optim_options=case.options, dynamic_batch=case.dynamic)
+                                 optim_options=case.options, dynamic_batch=case.dynamic, **case.convert)
     session = bridge.compile(tm, backend="onnx-mlir", pieces=3, in_place=True).session(seed=0)
     first_release = next(index for index, names in enumerate(session._step.state_released) if names)
     failing = first_release + 1
@@ -347,7 +349,7 @@ def test_in_place_step_holds_no_array_past_the_piece_that_last_reads_it():
     case = CASES["mlp-symbolic-batch"]
     torch.manual_seed(0)
     tm = bridge.to_training_onnx(_export(case.build(), case.shape, case.dynamic), loss="ce", optim=case.optim,
-                                 optim_options=case.options, dynamic_batch=case.dynamic)
+                                 optim_options=case.options, dynamic_batch=case.dynamic, **case.convert)
     session = bridge.compile(tm, backend="onnx-mlir", in_place=True).session(seed=0)
     batch = _batches(session, case)[0]
     session.step(*batch)  # from here the session's state is the library's own output arrays

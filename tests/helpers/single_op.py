@@ -52,13 +52,13 @@ def one_node_model(op_type: str, node_inputs: Sequence[str], data: Mapping[str, 
 def train_and_compare(model: onnx.ModelProto, weights: Mapping[str, np.ndarray],
                       twin: Callable[[dict, dict], torch.Tensor], batches: list, *, steps_rtol: float,
                       loss: str = "mse", lr: float = 0.125, trainable=None,
-                      target: str = DEFAULT_TARGET) -> tuple[bridge.TrainingModel, list[dict]]:
-    """Convert ``model``, run ``len(batches)`` SGD steps in onnxruntime and in torch, compare
-    (``lr`` defaults to a power of two: the ``lr`` input is float32 even for float64 weights)
-    loss, grads and updated weights, and check that onnx-mlir accepts the training graph (converted for
-    ``target``); returns the training model and bridge's step outputs."""
+                      target: str = DEFAULT_TARGET, **options) -> tuple[bridge.TrainingModel, list[dict]]:
+    """Convert ``model`` (``options``: more ``to_training_onnx`` arguments), run ``len(batches)`` SGD steps in
+    onnxruntime and in torch, compare (``lr`` defaults to a power of two: the ``lr`` input is float32 even for
+    float64 weights) loss, grads and updated weights, and check that onnx-mlir accepts the training graph
+    (converted for ``target``); returns the training model and bridge's step outputs."""
     tm = bridge.to_training_onnx(model, loss=loss, optim="sgd", optim_options={"lr": lr}, trainable=trainable,
-                                 target=target)
+                                 target=target, **options)
     assert sorted(tm.weights) == sorted(weights)
     assert bridge.check(tm.model, target="onnx-mlir", compile=False) == []
     torch_loss = {"mse": F.mse_loss, "ce": F.cross_entropy}[loss]

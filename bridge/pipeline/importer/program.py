@@ -206,8 +206,9 @@ def lift_attribute_weights(model: onnx.ModelProto) -> list[str]:
 class OnnxProgram:
     """An ONNX graph that runs on torch tensors (eagerly or under tracing)."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, *, frozen_batch_norm: bool = False):
         import_all_converters()
+        self.frozen_batch_norm = frozen_batch_norm  # BatchNorm normalizes with its running statistics in training
         self.model = model
         self.graph = model.graph
         self.opset = default_opset(model)
@@ -385,7 +386,7 @@ class OnnxProgram:
         def run_graph(graph: onnx.GraphProto, bindings: dict) -> list:
             return self._evaluate(graph, ChainMap(dict(bindings), env), run)
 
-        ctx = NodeContext(node, self.opset, training, updated, random, evaluation, run_graph)
+        ctx = NodeContext(node, self.opset, training, updated, random, evaluation, run_graph, self.frozen_batch_norm)
         args = []
         for index, name in enumerate(node.input):
             if not name:

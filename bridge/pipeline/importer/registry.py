@@ -90,6 +90,7 @@ class NodeContext:
     # Evaluates a subgraph attribute with its inputs bound (``{name: value}``) in this node's scope:
     # returns the subgraph's outputs (see ``OnnxProgram._evaluate``).
     run_graph: Callable[[onnx.GraphProto, dict], list] | None = None
+    frozen_batch_norm: bool = False  # BatchNorm trains with its running statistics, fixed (torch's BatchNorm eval())
 
     @property
     def name(self) -> str:

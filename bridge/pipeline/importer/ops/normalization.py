@@ -33,7 +33,8 @@ def _channel(param: torch.Tensor, rank: int) -> torch.Tensor:
 @converter("BatchNormalization", buffers=(3, 4))
 def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
     """Batch statistics when bridge trains or the node asks for them (``training_mode=1`` from
-    opset 14, extra outputs before); running statistics otherwise.
+    opset 14, extra outputs before); running statistics otherwise, and when bridge trains with
+    ``batch_norm="frozen"`` (``ctx.frozen_batch_norm``: torch's BatchNorm in ``eval()``).
 
     With batch statistics the running ones move by ONNX ``momentum`` (torch's 1 - momentum):
     ``running = momentum * running + (1 - momentum) * batch``. The buffers bridge updates take
@@ -46,9 +47,8 @@ def batch_normalization(ctx, x, scale, bias, running_mean, running_var):
         raise ctx.unsupported("spatial=0 (per-element statistics)")
     rank = x.dim()
     node_training = ctx.attr("training_mode", 0) if ctx.opset >= 14 else len(ctx.node.output) > 1
-    if not (ctx.training or node_training and not ctx.evaluation):
-        y = (x - _channel(running_mean, rank)) * torch.rsqrt(_channel(running_var, rank) + epsilon)
-        y = y * _channel(scale, rank) + _channel(bias, rank)
+    if ctx.frozen_batch_norm or not (ctx.training or node_training and not ctx.evaluation):
+        y = _BatchNormRunning.apply(x, scale, bias, running_mean, running_var, epsilon)
         # evaluating a training node: its statistics outputs (and before opset 14 its saved ones, which the
         # spec leaves to training) are the running ones, unchanged
         return (y, running_mean, running_var, running_mean, running_var)[:len(ctx.node.output)] if node_training else y
@@ -141,6 +141,37 @@ class _BatchNormTraining(torch.autograd.Function):
         dx, grad_scale, grad_bias = replayed(_batch_norm_backward, dy.to(_opmath(dy.dtype)), *ctx.saved_tensors,
                                              *ctx.needs_input_grad[1:3])
         return dx.to(dy.dtype), grad_scale, grad_bias, None
+
+
+class _BatchNormRunning(torch.autograd.Function):
+    """BatchNorm with fixed running statistics, forward and backward as torch's CPU kernel computes them
+    in ``eval()``: ``y = x * a + (bias - mean * a)`` with ``a = scale / sqrt(var + eps)`` (one ``affine``);
+    ``dx = dy * a``, ``dscale = sum(dy * (x - mean)) / sqrt(var + eps)``, ``dbias = sum(dy)``, the sums ending
+    in float64 as the training form's (``_channel_mean``). The statistics get no gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
+                var: torch.Tensor, epsilon: float):
+        dtype = _opmath(x.dtype)
+        invstd = torch.rsqrt(var.to(dtype) + epsilon)
+        alpha = invstd * scale.to(dtype)
+        ctx.save_for_backward(x, mean, invstd, alpha)
+        return affine(x.to(dtype), alpha, bias.to(dtype) - mean.to(dtype) * alpha).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, mean, invstd, alpha = ctx.saved_tensors
+        rank, count, dtype = x.dim(), x.numel() // x.shape[1], _opmath(dy.dtype)
+        dy = dy.to(dtype)
+        needs_x, needs_scale, needs_bias = ctx.needs_input_grad[:3]
+        dx = (dy * _channel(alpha, rank)).to(x.dtype) if needs_x else None
+        grad_scale = grad_bias = None
+        if needs_scale:
+            centered = x.to(dtype) - _channel(mean.to(dtype), rank)
+            grad_scale = _flat(_channel_mean(dy * centered, _wide(dtype)).to(dtype)) * (invstd * count)
+        if needs_bias:
+            grad_bias = _flat(_channel_mean(dy, _wide(dtype)).to(dtype)) * count
+        return dx, grad_scale, grad_bias, None, None, None
 
 
 def _per_channel(t: torch.Tensor, rank: int) -> torch.Tensor:
