@@ -1,10 +1,11 @@
 """Graph size: the training step's nodes per phase and op type, bridge's targets beside onnxsim's Adam step.
 
     python benchmarks/graph_size.py --models mlp resnet18 --targets onnxruntime onnx-mlir \\
-        [--onnxsim-python <venv with onnxsim>/bin/python] [--ops | --kinds]
+        [--onnxsim-python <venv with onnxsim>/bin/python] [--ops | --kinds] [--batch-norm frozen]
 
-Per model of benchmarks/models.py: bridge converts the legacy export (loss ``ce``, Adam) for each target and its
-nodes are counted by their ``bridge.phase``. With ``--onnxsim-python``, the module with its loss appended
+Per model of benchmarks/models.py: bridge converts the legacy export (loss ``ce``, Adam; ``--batch-norm frozen``:
+BatchNorm with its running statistics, as onnxsim trains it) for each target and its nodes are counted by their
+``bridge.phase``. With ``--onnxsim-python``, the module with its loss appended
 (``with_loss``: softmax cross-entropy of a one-hot target, in ops onnxsim differentiates) is built into onnxsim's
 step graph by benchmarks/onnxsim_child.py in that venv. Prints a markdown table of nodes per phase (``--ops``:
 and per phase and op type; ``--kinds``: and per phase and bridge's ``bridge.kind`` tag, the ATen op or layer kind
@@ -105,7 +106,7 @@ def onnxsim_counts(python: str, source: Path) -> Counts:
 
 
 def measure(name: str, targets: Sequence[str], onnxsim_python: str | None, workdir: Path,
-            by: str = "op") -> dict[str, Counts]:
+            by: str = "op", batch_norm: str = "train") -> dict[str, Counts]:
     """Node counts of ``name``'s step per column: ``bridge <target>`` for each target, ``onnxsim`` when asked;
     per phase and op type, or (``by="kind"``) per phase and ``bridge.kind``, onnxsim's as one untagged row."""
     import bridge
@@ -114,7 +115,8 @@ def measure(name: str, targets: Sequence[str], onnxsim_python: str | None, workd
     source = bench.export(workdir / f"{name}.onnx")
     columns = {}
     for target in targets:
-        model = bridge.to_training_onnx(str(source), loss="ce", optim="adam", target=target).model
+        model = bridge.to_training_onnx(str(source), loss="ce", optim="adam", target=target,
+                                        batch_norm=batch_norm).model
         columns[f"bridge {target}"] = bridge_counts(model, by)
     if onnxsim_python is not None:
         counts = onnxsim_counts(onnxsim_python, with_loss(bench, workdir / f"{name}.loss.onnx"))
@@ -146,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = parser.add_mutually_exclusive_group()
     rows.add_argument("--ops", action="store_true", help="a row per phase and op type")
     rows.add_argument("--kinds", action="store_true", help="a row per phase and bridge.kind (what a node was emitted for)")
+    parser.add_argument("--batch-norm", default="train", choices=["train", "frozen"],
+                        help="bridge's to_training_onnx(batch_norm=); frozen: BatchNorm as onnxsim trains it")
     args = parser.parse_args(argv)
     by = "kind" if args.kinds else "op"
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.models:
-            columns = measure(name, args.targets, args.onnxsim_python, Path(workdir), by)
+            columns = measure(name, args.targets, args.onnxsim_python, Path(workdir), by, args.batch_norm)
             print("\n".join(markdown(name, columns, args.ops or args.kinds, by)))
     return 0
 

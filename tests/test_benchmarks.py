@@ -330,6 +330,14 @@ def test_graph_size_counts_every_node_once_per_phase_and_op(tmp_path):
     assert table[-2] == f"| total | | {len(model.graph.node)} |"
 
 
+def test_graph_size_counts_frozen_batch_norm_when_asked(tmp_path):
+    """``--batch-norm frozen`` counts the step converted with BatchNorm frozen: its forward computes no batch
+    statistics, so of the default's reductions only the global pool's is left (resnet18: 20 BatchNorms, 1 pool)."""
+    frozen = graph_size.measure("resnet18", ["plain"], None, tmp_path, batch_norm="frozen")["bridge plain"]
+    trained = graph_size.measure("resnet18", ["plain"], None, tmp_path)["bridge plain"]
+    assert trained["forward"]["ReduceMean"] > 20 and frozen["forward"]["ReduceMean"] == 1
+
+
 def test_graph_size_kinds_split_each_phase_as_the_op_types_do(tmp_path):
     """``--kinds`` counts the same nodes per phase as the op rows, split by what each was emitted for."""
     import bridge
