@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from . import __version__
 from .atomic import check_output_path
 from .contract import (
+    BATCH_NORM,
     GROWTH_TRACKER,
     LORA_PLAN,
     LOSS,
@@ -32,6 +33,7 @@ from .contract import (
     STEP,
     TARGET,
     StepSignature,
+    props,
     slot_name,
 )
 from .contract import TARGET_CLASSES as CLASSES
@@ -115,7 +117,7 @@ def to_training_onnx(
     precision: str = "fp32",
     grad_scaler_options: Mapping[str, Any] | bool | None = None,
     memory: str = "default",
-    batch_norm: str = "train",
+    batch_norm: str | None = None,
 ) -> TrainingModel:
     """Turn an inference ONNX model into one ONNX graph that performs a whole training step.
 
@@ -169,10 +171,12 @@ def to_training_onnx(
         memory: ``default``, or ``min``: the backward recomputes cheap forward values (elementwise ops,
             BatchNorm's output) instead of keeping them alive from the forward; the same results bit for bit,
             a lower peak memory for a little more compute (docs/finetuning.md).
-        batch_norm: ``train`` (the default): BatchNorm normalizes with the batch's statistics and updates its
-            running ones, as torch's ``train()``; ``frozen``: it normalizes with its running statistics, which
-            stay fixed (no buffers), as a torch BatchNorm in ``eval()`` inside a model that trains; its scale and
-            bias still train unless ``frozen=`` names them (docs/finetuning.md).
+        batch_norm: ``train``: BatchNorm normalizes with the batch's statistics and updates its running ones, as
+            torch's ``train()``; ``frozen``: it normalizes with its running statistics, which stay fixed (no
+            buffers), as a torch BatchNorm in ``eval()`` inside a model that trains; its scale and bias still train
+            unless ``frozen=`` names them (docs/finetuning.md). Default: ``train``; ``frozen`` for a torch module in
+            ``train()`` whose BatchNorms are all in ``eval()`` (some in each mode: an error), and for the file
+            ``export_for_training`` writes of one.
     """
     target = check_target(target)
     loss_fn = make_loss(loss, dict(loss_options or {}))
@@ -180,13 +184,14 @@ def to_training_onnx(
     max_grad_norm = check_max_norm(clip_grad_norm)
     mixed = make_precision(precision, grad_scaler_options)
     memory = check_memory(memory)
-    _check_batch_norm(batch_norm)
+    if batch_norm is not None:
+        _check_batch_norm(batch_norm)
     batch_size = _check_batch_size(batch_size)
     if output_path is not None:
         _check_output_path(model, output_path)
     parameters = None
     if is_torch_source(model):
-        torch_source = load_torch_source(model, example_inputs, dynamic_batch)
+        torch_source = load_torch_source(model, example_inputs, dynamic_batch, batch_norm)
         model, parameters, dynamic_batch = torch_source.model, torch_source.parameters, torch_source.dynamic_batch
         input_shapes = {**torch_source.input_shapes, **(input_shapes or {})}
     elif example_inputs is not None:
@@ -200,6 +205,8 @@ def to_training_onnx(
         parameters = None if parameters is None else [*parameters, *plan.adapter_names]
     with phase("loading the model"):
         source, pins = load_pinned(model, buffer_inputs(), constant_inputs)
+        if batch_norm is None:  # as the file says (export_for_training marks a module with frozen BatchNorms)
+            batch_norm = "frozen" if props(source.metadata_props).get(BATCH_NORM) == "frozen" else "train"
         source_hash = model_digest(source, by_parts=True)  # no serialized copy of the weights just to hash them
         if parameters is None:
             check_export(source, strict=strict)

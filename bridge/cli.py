@@ -324,9 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--memory", default="default", choices=["default", "min"],
                          help="min: the backward recomputes cheap forward values instead of keeping them "
                               "(the same results, a lower peak memory; docs/finetuning.md)")
-    convert.add_argument("--batch-norm", default="train", choices=["train", "frozen"],
-                         help="frozen: BatchNorm normalizes with its running statistics, which stay fixed, as "
-                              "torch's BatchNorm in eval() (fine-tuning; docs/finetuning.md)")
+    convert.add_argument("--batch-norm", choices=["train", "frozen"],
+                         help="train (the default) or frozen: BatchNorm normalizes with its running statistics, "
+                              "which stay fixed, as torch's BatchNorm in eval() (fine-tuning; docs/finetuning.md)")
     convert.set_defaults(run=_convert)
 
     verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "

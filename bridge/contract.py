@@ -129,8 +129,9 @@ MODEL_KEYS = (VERSION, LOSS_NAME, LOSS_OPTIONS, OPTIMIZER_NAME, OPTIMIZER_OPTION
 
 DIM_NAMES = "bridge.dim_names"  # torch.fx.GraphModule.meta only: {sympy symbol: dim name}
 
-# source-model node metadata_props that bridge reads
+# source-model metadata_props that bridge reads
 PADDING_IDX = "bridge.padding_idx"  # on a Gather (axis 0) of an embedding table: the row that gets no gradient
+BATCH_NORM = "bridge.batch_norm"  # on the model: "frozen", the module's BatchNorms were in eval() (export_for_training)
 
 # IREE reflection of a compiled module (bridge.compile): graph input/output names and input specs
 INPUTS = "bridge.inputs"  # JSON list of input names, in argument order
@@ -227,6 +228,8 @@ KEY_DOCS: dict[str, tuple[str, str]] = {  # key -> (where, the value)
             "function's place among those a step calls in turn, and the step's input and output names"),
     PADDING_IDX: ("source model: a `Gather` (axis 0) of a 2-D table", "the row that gets no gradient (torch's "
                   "`nn.Embedding(padding_idx=...)`; `export_for_training` writes it, bridge reads it)"),
+    BATCH_NORM: ("source model", "`frozen`: the module was in `train()` with its BatchNorms in `eval()`, so "
+                 "`to_training_onnx` defaults to `batch_norm=\"frozen\"` (`export_for_training` writes it)"),
 }
 
 

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
+from helpers.training import assert_trains_like
 from zoo.harness import NOISE, NOISE_FACTOR, assert_onnx_mlir_clean, perturb, torch_loss
 
 import bridge
@@ -229,6 +231,66 @@ def test_cnn_module_and_its_export_for_training_file_train_identically(tmp_path)
         assert module_out.keys() == file_out.keys()
         for key in module_out:
             np.testing.assert_array_equal(file_out[key], module_out[key], err_msg=key)
+
+
+def _conv_bn_stack() -> torch.nn.Module:
+    """Conv -> BatchNorm -> ReLU twice and a Linear head, running statistics away from (0, 1)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(4, 5, 3), torch.nn.BatchNorm2d(5), torch.nn.ReLU(),
+                                 torch.nn.Flatten(), torch.nn.Linear(5 * 4 * 4, CLASSES))
+    for norm in (module[1], module[4]):
+        norm.running_mean.normal_(0, 1)
+        norm.running_var.uniform_(0.5, 2)
+    return perturb(module, 0)
+
+
+def test_a_module_training_with_its_batch_norms_in_eval_trains_them_frozen():
+    """A module in train() whose BatchNorms are all in eval() trains as torch trains it: they normalize with their
+    running statistics, which stay (no buffers); ``batch_norm="train"`` overrides that, and a module in eval() is
+    trained as train() would (its BatchNorms on batch statistics)."""
+    module = _conv_bn_stack().train()
+    module[1].eval()
+    module[4].eval()
+    args = (torch.randn(4, 3, 6, 6, generator=torch.Generator().manual_seed(1)),)
+    tm = _convert(module, args)
+    assert tm.signature.buffers == []
+    rng = np.random.default_rng(0)
+    batches = [({"input": rng.standard_normal((4, 3, 6, 6)).astype(np.float32)}, _target(4)) for _ in range(3)]
+    assert_trains_like(tm, module, batches, F.cross_entropy, torch.optim.Adam, ADAM[1], inputs=("input",))
+    assert set(_convert(module, args, batch_norm="train").signature.buffers) == _running_stats(module)
+    assert set(_convert(module.eval(), args).signature.buffers) == _running_stats(module)
+
+
+def test_export_for_training_marks_a_module_with_frozen_batch_norms_and_its_file_trains_them_frozen(tmp_path):
+    """The file ``export_for_training`` writes of a module in train() with its BatchNorms in eval() says so
+    (``bridge.batch_norm``): converted, it trains as the module does, unless ``batch_norm=`` says otherwise."""
+    module = _conv_bn_stack().train()
+    module[1].eval()
+    module[4].eval()
+    args = (torch.randn(4, 3, 6, 6),)
+    path = tmp_path / "frozen.onnx"
+    bridge.export_for_training(module, args, path)
+    from_file, from_module = _convert(str(path)), _convert(module, args)
+    assert from_file.signature.buffers == []
+    batch = {"input": args[0].numpy()}
+    np.testing.assert_array_equal(from_file.session().step(batch, _target(4))["loss"],
+                                  from_module.session().step(batch, _target(4))["loss"])
+    assert set(_convert(str(path), batch_norm="train").signature.buffers) == _running_stats(module)
+    bridge.export_for_training(module.train(), args, path)  # every BatchNorm in train(): no mark
+    assert set(_convert(str(path)).signature.buffers) == _running_stats(module)
+
+
+def test_a_module_with_batch_norms_in_both_modes_is_refused_unless_one_is_asked():
+    module = _conv_bn_stack().train()
+    module[1].eval()
+    args = (torch.randn(4, 3, 6, 6),)
+    with pytest.raises(bridge.BridgeError, match=r"BatchNorm layers \['1'\] are in eval\(\) and \['4'\] in "
+                                                 r"train\(\).*batch_norm='train' or 'frozen'"):
+        _convert(module, args)
+    with pytest.raises(bridge.BridgeError, match=r"BatchNorm layers \['1'\] are in eval\(\)"):
+        bridge.export_for_training(module, args)
+    assert _convert(module, args, batch_norm="frozen").signature.buffers == []
 
 
 def test_exported_program_with_a_dynamic_batch_and_a_saved_pt2(tmp_path, capsys):

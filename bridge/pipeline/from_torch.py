@@ -23,7 +23,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from ..contract import PADDING_IDX
+from ..contract import BATCH_NORM, PADDING_IDX
 from ..errors import BridgeError, InvalidOptionError, ModelLoadError
 
 OPSET = 17
@@ -49,14 +49,15 @@ def is_torch_source(model: Any) -> bool:
 
 
 def load_torch_source(model: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike,
-                      example_inputs: Iterable[torch.Tensor] | torch.Tensor | None, dynamic_batch: bool | None) -> TorchSource:
+                      example_inputs: Iterable[torch.Tensor] | torch.Tensor | None, dynamic_batch: bool | None,
+                      batch_norm: str | None = None) -> TorchSource:
     """Export ``model`` for training (``export_for_training``) and list its trained parameters.
 
     An ExportedProgram brings its own example inputs and (with a ``torch.export.Dim`` on dim 0)
-    a dynamic batch; a module needs ``example_inputs``."""
+    a dynamic batch; a module needs ``example_inputs``. ``batch_norm``: ``export_for_training``'s."""
     module, example_inputs, exported_dynamic = _as_module(model, example_inputs)
     dynamic = exported_dynamic if dynamic_batch is None else dynamic_batch
-    proto = export_for_training(module, example_inputs, dynamic_batch=dynamic)
+    proto = export_for_training(module, example_inputs, dynamic_batch=dynamic, batch_norm=batch_norm)
     graph_inputs = {value.name for value in proto.graph.input}
     shapes = {name: list(arg.shape) for name, arg in zip(_input_names(module, len(example_inputs)), example_inputs, strict=True)
               if name in graph_inputs}
@@ -64,8 +65,26 @@ def load_torch_source(model: torch.nn.Module | torch.export.ExportedProgram | st
     return TorchSource(proto, parameters, shapes, dynamic)
 
 
+def module_batch_norm(module: torch.nn.Module) -> str:
+    """``frozen`` for a module in ``train()`` whose BatchNorms are all in ``eval()`` (torch normalizes with their
+    running statistics and leaves them), else ``train`` (a module in ``eval()`` is trained as ``train()`` would);
+    a module in ``train()`` with BatchNorms in both modes is refused: bridge trains every BatchNorm one way."""
+    modes = {name: m.training for name, m in module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    frozen = [name for name, training in modes.items() if not training]
+    if not module.training or not frozen:
+        return "train"
+    if len(frozen) == len(modes):
+        return "frozen"
+    trained = [name for name, training in modes.items() if training]
+    raise InvalidOptionError(
+        f"BatchNorm layers {frozen} are in eval() and {trained} in train(): bridge trains every BatchNorm one way; "
+        "call .train() or .eval() on all of them, or pass batch_norm='train' or 'frozen'"
+    )
+
+
 def export_for_training(module: torch.nn.Module, example_inputs: Sequence[Any],
-                        path: str | os.PathLike | None = None, *, dynamic_batch: bool = False) -> onnx.ModelProto:
+                        path: str | os.PathLike | None = None, *, dynamic_batch: bool = False,
+                        batch_norm: str | None = None) -> onnx.ModelProto:
     """An ONNX file that trains like ``module``: every parameter under its torch name, BatchNorm
     and Dropout in training form. Equivalent to::
 
@@ -73,11 +92,14 @@ def export_for_training(module: torch.nn.Module, example_inputs: Sequence[Any],
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
 
     Inputs are named after ``forward``'s arguments, the outputs ``output`` (``output_<i>`` for
-    several); ``dynamic_batch`` makes dim 0 of every input and output symbolic. Raises a
+    several); ``dynamic_batch`` makes dim 0 of every input and output symbolic. ``batch_norm``
+    ``frozen`` marks the file so (``BATCH_NORM``: ``to_training_onnx`` then trains its BatchNorms
+    frozen); None: the mode the module's BatchNorms are in (``module_batch_norm``). Raises a
     ``BridgeError`` naming any parameter the export did not keep. Returns the ModelProto (also
     saved to ``path`` when given)."""
     if not isinstance(module, torch.nn.Module):
         raise InvalidOptionError(f"export_for_training needs a torch.nn.Module, got {type(module).__name__}")
+    batch_norm = module_batch_norm(module) if batch_norm is None else batch_norm
     args = _example_tuple(example_inputs)
     input_names = _input_names(module, len(args))
     twin = copy.deepcopy(module)  # a train-mode forward updates running statistics: not the caller's
@@ -96,6 +118,8 @@ def export_for_training(module: torch.nn.Module, example_inputs: Sequence[Any],
     _restore_state(proto, module)
     _check_parameters_kept(module, args, proto)
     _mark_padding_rows(proto, module)
+    if batch_norm == "frozen":
+        proto.metadata_props.add(key=BATCH_NORM, value=batch_norm)
     if path is not None:
         onnx.save(proto, str(path))
     return proto
