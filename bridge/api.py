@@ -21,7 +21,6 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from . import __version__
 from .atomic import check_output_path
 from .contract import (
-    BATCH_NORM,
     GROWTH_TRACKER,
     LORA_PLAN,
     LOSS,
@@ -33,7 +32,6 @@ from .contract import (
     STEP,
     TARGET,
     StepSignature,
-    props,
     slot_name,
 )
 from .contract import TARGET_CLASSES as CLASSES
@@ -50,7 +48,7 @@ from .pipeline.from_torch import is_torch_source, load_torch_source
 from .pipeline.importer.program import OnnxProgram, drop_unimportable_outputs
 from .pipeline.importer.registry import buffer_inputs, import_all_converters
 from .pipeline.importer.weights import example_run, select_trainable
-from .pipeline.load import load_pinned, pin_inputs
+from .pipeline.load import batch_norm_mode, check_batch_norm, load_pinned, pin_inputs
 from .pipeline.losses import INDICES, Loss, make_loss
 from .pipeline.low_precision import widen_unsupported
 from .pipeline.lowering import decomposition_table
@@ -184,8 +182,7 @@ def to_training_onnx(
     max_grad_norm = check_max_norm(clip_grad_norm)
     mixed = make_precision(precision, grad_scaler_options)
     memory = check_memory(memory)
-    if batch_norm is not None:
-        _check_batch_norm(batch_norm)
+    check_batch_norm(batch_norm)
     batch_size = _check_batch_size(batch_size)
     if output_path is not None:
         _check_output_path(model, output_path)
@@ -205,8 +202,7 @@ def to_training_onnx(
         parameters = None if parameters is None else [*parameters, *plan.adapter_names]
     with phase("loading the model"):
         source, pins = load_pinned(model, buffer_inputs(), constant_inputs)
-        if batch_norm is None:  # as the file says (export_for_training marks a module with frozen BatchNorms)
-            batch_norm = "frozen" if props(source.metadata_props).get(BATCH_NORM) == "frozen" else "train"
+        batch_norm = batch_norm_mode(source, batch_norm)
         source_hash = model_digest(source, by_parts=True)  # no serialized copy of the weights just to hash them
         if parameters is None:
             check_export(source, strict=strict)
@@ -402,12 +398,6 @@ def _run_example(run: Callable, inputs: Mapping[str, torch.Tensor]):
                          "input_shapes= against the model (a static model may hard-code its batch size)") from exc
 
 
-def _check_batch_norm(batch_norm: str) -> None:
-    if batch_norm not in BATCH_NORM_MODES:
-        raise InvalidOptionError(f"batch_norm={batch_norm!r} is not a BatchNorm mode; choose one of "
-                                 f"{list(BATCH_NORM_MODES)}")
-
-
 def _probe(run: Callable[[], Any]) -> Any:
     """``run()``, an example run of the model that only shapes, dtypes and the autograd graph are read of, on
     fake tensors (no arithmetic: its cost does not grow with the data's size). Tensors it returns come back as
@@ -484,7 +474,6 @@ def _check_names_free(source: onnx.ModelProto, signature: StepSignature) -> None
 
 
 BATCH = "batch"  # the dim_param of a symbolic batch
-BATCH_NORM_MODES = ("train", "frozen")  # to_training_onnx(batch_norm=): batch statistics, or fixed running ones
 TRACE_SIZE = 7  # the size a symbolic non-batch dim is traced at when neither the model nor input_shapes gives one
 _MIN_TRACE_SIZE = 2  # tracing specialises sizes 0 and 1, so a symbolic dim is traced at 2 or more
 

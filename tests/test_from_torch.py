@@ -290,6 +290,8 @@ def test_a_module_with_batch_norms_in_both_modes_is_refused_unless_one_is_asked(
         _convert(module, args)
     with pytest.raises(bridge.BridgeError, match=r"BatchNorm layers \['1'\] are in eval\(\)"):
         bridge.export_for_training(module, args)
+    with pytest.raises(bridge.BridgeError, match=r"batch_norm='eval' is not a BatchNorm mode"):
+        bridge.export_for_training(module, args, batch_norm="eval")
     assert _convert(module, args, batch_norm="frozen").signature.buffers == []
 
 

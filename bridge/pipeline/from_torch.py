@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 from ..contract import BATCH_NORM, PADDING_IDX
 from ..errors import BridgeError, InvalidOptionError, ModelLoadError
+from .load import check_batch_norm
 
 OPSET = 17
 PT2_SUFFIX = ".pt2"
@@ -99,6 +100,7 @@ def export_for_training(module: torch.nn.Module, example_inputs: Sequence[Any],
     saved to ``path`` when given)."""
     if not isinstance(module, torch.nn.Module):
         raise InvalidOptionError(f"export_for_training needs a torch.nn.Module, got {type(module).__name__}")
+    check_batch_norm(batch_norm)
     batch_norm = module_batch_norm(module) if batch_norm is None else batch_norm
     args = _example_tuple(example_inputs)
     input_names = _input_names(module, len(args))

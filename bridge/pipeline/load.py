@@ -26,11 +26,30 @@ import onnx.defs
 import onnx.inliner
 from onnx import numpy_helper
 
+from ..contract import BATCH_NORM
 from ..errors import BridgeWarning, InvalidOptionError, ModelLoadError, ShapeError, UnsupportedOpError
 from ..onnx_file import all_nodes, check_onnx, fresh_name, read_model
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()  # every opset the installed onnx defines
+BATCH_NORM_MODES = ("train", "frozen")  # to_training_onnx(batch_norm=): batch statistics, or fixed running ones
+
+
+def check_batch_norm(batch_norm: str | None) -> None:
+    """``InvalidOptionError`` for a ``batch_norm=`` that is neither None nor a BatchNorm mode."""
+    if batch_norm is not None and batch_norm not in BATCH_NORM_MODES:
+        raise InvalidOptionError(f"batch_norm={batch_norm!r} is not a BatchNorm mode; choose one of "
+                                 f"{list(BATCH_NORM_MODES)}")
+
+
+def batch_norm_mode(model: onnx.ModelProto, asked: str | None) -> str:
+    """The BatchNorm mode a conversion trains ``model`` in: ``asked``, else the file's mark (``BATCH_NORM``,
+    written by ``export_for_training`` for a module whose BatchNorms were in ``eval()``), else ``train``."""
+    if asked is not None:
+        return asked
+    return "frozen" if any(p.key == BATCH_NORM and p.value == "frozen" for p in model.metadata_props) else "train"
+
+
 KNOWN_OPSET = 22  # the newest opset whose op semantics the importer knows
 # ops whose versions after KNOWN_OPSET (up to 25) only add element types (float4, float8e8m0, int2/4):
 # the importer's opset-22 form computes them
