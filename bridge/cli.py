@@ -29,9 +29,15 @@ def _json_option(text: str | None, flag: str) -> dict | None:
 
 def _training_options(args: argparse.Namespace) -> dict:
     """The loss, optimizer and batch options that ``convert`` and ``verify`` share."""
-    return {"loss": args.loss, "optim": args.optim, "batch_size": args.batch_size,
+    return {"loss": args.loss, "optim": args.optim, "batch_size": args.batch_size, "batch_norm": args.batch_norm,
             "loss_options": _json_option(args.loss_options, "--loss-options"),
             "optim_options": _json_option(args.optim_options, "--optim-options")}
+
+
+def _add_batch_norm(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-norm", choices=["train", "frozen"],
+                        help="train (the default) or frozen: BatchNorm normalizes with its running statistics, "
+                             "which stay fixed, as torch's BatchNorm in eval() (fine-tuning; docs/finetuning.md)")
 
 
 def _number(text: str, item: str) -> int | float:
@@ -123,7 +129,6 @@ def _convert(args: argparse.Namespace) -> int:
             precision=args.precision,
             grad_scaler_options=_json_option(args.grad_scaler_options, "--grad-scaler-options"),
             memory=args.memory,
-            batch_norm=args.batch_norm,
         )
     for warning in caught:
         if issubclass(warning.category, BridgeWarning):
@@ -324,9 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--memory", default="default", choices=["default", "min"],
                          help="min: the backward recomputes cheap forward values instead of keeping them "
                               "(the same results, a lower peak memory; docs/finetuning.md)")
-    convert.add_argument("--batch-norm", choices=["train", "frozen"],
-                         help="train (the default) or frozen: BatchNorm normalizes with its running statistics, "
-                              "which stay fixed, as torch's BatchNorm in eval() (fine-tuning; docs/finetuning.md)")
+    _add_batch_norm(convert)
     convert.set_defaults(run=_convert)
 
     verify = commands.add_parser("verify", help="convert and compare the first training steps with eager PyTorch "
@@ -338,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--optim-options", help="JSON object of torch.optim keyword arguments (lr, betas, ...)")
     verify.add_argument("--steps", type=int, default=3, help="training steps to compare (default 3)")
     verify.add_argument("--batch-size", type=int, help="batch size for a symbolic batch dim")
+    _add_batch_norm(verify)
     verify.add_argument("--seed", type=int, default=0, help="seed of the random batches and Dropout noise (default 0)")
     verify.add_argument("--tolerance-factor", type=float, default=10.0, metavar="K",
                         help="a tensor passes when its error <= K x torch's own float32 error (default 10)")

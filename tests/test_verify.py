@@ -85,6 +85,24 @@ def test_cnn_with_batchnorm_and_dropout_passes():
     assert "forward y" in names  # a train-mode export: onnxruntime runs its Dropout as inference, as bridge's eval
 
 
+def test_cnn_with_frozen_batchnorm_passes_and_leaves_the_model_as_given(tmp_path, capsys):
+    """``batch_norm="frozen"`` (``--batch-norm frozen``, or a file ``export_for_training`` marks so) reaches the
+    reference and the forward check (the source's BatchNorms in inference mode for onnxruntime), not only the
+    conversion."""
+    model = _cnn()
+    before = model.SerializeToString()
+    report = bridge.verify(model, "ce", "adam", steps=2, batch_norm="frozen")
+    assert report.passed, str(report)
+    assert "forward y" in {row.name for row in report.rows}
+    assert model.SerializeToString() == before
+    onnx.save(model, tmp_path / "cnn.onnx")
+    assert main(["verify", str(tmp_path / "cnn.onnx"), "--steps", "1", "--batch-norm", "frozen"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PASS")
+    model.metadata_props.add(key="bridge.batch_norm", value="frozen")
+    report = bridge.verify(model, "ce", "adam", steps=2)
+    assert report.passed, str(report)
+
+
 def test_cnn_fails_when_the_reference_gets_other_dropout_noise(monkeypatch):
     """The CNN passes only because bridge and the reference get the same Dropout masks."""
     loss = verify_module._Reference._loss

@@ -35,9 +35,10 @@ from ..onnx_file import all_nodes, read_model, subgraphs
 from ..pipeline.importer.ops.random import RandomOpInEvalWarning
 from ..pipeline.importer.program import OnnxProgram
 from ..pipeline.importer.registry import buffer_inputs
-from ..pipeline.load import load_model
+from ..pipeline.load import batch_norm_mode, load_model
 from ..pipeline.losses import _LOSSES, INDICES, Loss, _flatten_sequence, make_loss
 from ..pipeline.optimizers import Optimizer, make_optimizer
+from ..training.inference import inference_mode
 from ..training.runtime import OrtGraph
 from ..training.training_model import TrainingModel
 
@@ -185,7 +186,9 @@ def verify(
                           batch_size=batch_size, **convert_options)
     figures["convert_s"] = time.perf_counter() - start
     source = load_model(model, buffer_inputs())
-    program32, program64 = OnnxProgram(source), OnnxProgram(as_float64(source))
+    frozen = batch_norm_mode(source, convert_options.get("batch_norm")) == "frozen"  # as the conversion reads it
+    program32 = OnnxProgram(source, frozen_batch_norm=frozen)
+    program64 = OnnxProgram(as_float64(source), frozen_batch_norm=frozen)
     loss_fn, optimizer = make_loss(loss, dict(loss_options or {})), make_optimizer(optim, dict(optim_options or {}))
     output_index = _output_index(program32.output_names, convert_options.get("output"))
     rng = np.random.default_rng(seed)
@@ -543,8 +546,15 @@ def _source_forward(model: str | os.PathLike | onnx.ModelProto, program: OnnxPro
                     batches: list[_Batch]) -> list[dict[str, np.ndarray]]:
     """Per batch, the source model's deterministic outputs, named ``forward <output>``: run by
     onnxruntime, or by ONNX's reference evaluator (``onnx.reference``) where onnxruntime has no kernel
-    for the model (a batch-major GRU). Neither knows anything of bridge."""
-    source = _dropout_off(read_model(model))
+    for the model (a batch-major GRU). Neither knows anything of bridge. A program with frozen BatchNorms
+    is compared with the source's BatchNorms in inference mode (``inference_mode``), which is their meaning then."""
+    source = read_model(model)
+    if program.frozen_batch_norm:  # on a copy: the caller's model stays as given
+        frozen = onnx.ModelProto()
+        frozen.CopyFrom(source)
+        inference_mode(frozen)
+        source = frozen
+    source = _dropout_off(source)
     random = _random_outputs(source.graph)
     feeds = [{**program.initializers, **batch.inputs} for batch in batches]  # initializers: old models list them as inputs
     try:
