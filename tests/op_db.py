@@ -121,6 +121,7 @@ class OpRow:
     # Float-list attributes bridge trains as the weights ``node.<attribute>`` (ai.onnx.ml's coefficients): the
     # oracle model (``oracle`` nodes) reads them as initializers of those names.
     attribute_weights: tuple[str, ...] = ()
+    convert: dict = field(default_factory=dict)  # more to_training_onnx options of every conversion of the row
 
     @property
     def id(self) -> str:
@@ -479,6 +480,9 @@ def _normalization() -> list[OpRow]:
             oracle_attrs={"training_mode": 1}, dynamic_batch=False),  # batch 1: one value per channel
         row("BatchNormalization", "training_mode", x((2, 3, 4, 4)), w("scale", (3,)), w("bias", (3,)), *stats,
             attrs={"training_mode": 1}, outputs=3),
+        # batch_norm="frozen": the running statistics normalize, as the inference model means (its own oracle)
+        row("BatchNormalization", "frozen", x((2, 3, 4, 4)), w("scale", (3,)), w("bias", (3,)), *stats,
+            convert={"batch_norm": "frozen"}),
         row("LayerNormalization", "last_axis", x(), w("scale", (4,)), w("bias", (4,))),
         row("LayerNormalization", "axis1_no_bias", x(), w("scale", (3, 4)), attrs={"axis": 1}),
         row("InstanceNormalization", "2d", x((2, 3, 4, 4)), w("scale", (3,)), w("B", (3,))),

@@ -80,7 +80,7 @@ def test_onnx_mlir_step_matches_onnxruntime(row: OpRow, mode: str):
     step is ill-conditioned in float32 (a sum that cancels), onnx-mlir is compared with the float64
     graph instead, within the zoo's tolerance: ``NOISE_FACTOR`` x onnxruntime's own float32 error."""
     symbolic = mode == "symbolic"
-    options = dict(OPTIONS, dynamic_batch=symbolic, target="onnx-mlir")
+    options = dict(OPTIONS, dynamic_batch=symbolic, target="onnx-mlir", **row.convert)
     tm = bridge.to_training_onnx(row.model(), **options)
     compiled = bridge.compile(tm, backend="onnx-mlir")
     for batch in BATCHES if symbolic else BATCHES[:1]:

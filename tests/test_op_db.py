@@ -106,7 +106,7 @@ def _training_params():
 @pytest.mark.parametrize("row", list(_training_params()))
 def test_training_step_matches_finite_differences(row: OpRow):
     result = check_training_step(row.model(), row.inputs(), reference=row.oracle_model(), twin=row.twin,
-                                 dynamic_batch=False)
+                                 dynamic_batch=False, **row.convert)
     assert sorted(result.weights) == sorted(row.weights)
     assert result.failures() == []
 
@@ -135,12 +135,12 @@ def _dynamic_params():
 
 @pytest.mark.parametrize("row", list(_dynamic_params()))
 def test_dynamic_batch_equals_static_conversions(row: OpRow):
-    dynamic = bridge.to_training_onnx(row.model(), dynamic_batch=True, **OPTIONS)
+    dynamic = bridge.to_training_onnx(row.model(), dynamic_batch=True, **OPTIONS, **row.convert)
     for name in dynamic.data_inputs:
         graph_input = next(i for i in dynamic.model.graph.input if i.name == name)
         assert graph_input.type.tensor_type.shape.dim[0].dim_param == "batch", name
     for batch in DYNAMIC_BATCHES:
-        static = bridge.to_training_onnx(row.model(batch), dynamic_batch=False, **OPTIONS)
+        static = bridge.to_training_onnx(row.model(batch), dynamic_batch=False, **OPTIONS, **row.convert)
         got, want = _step(dynamic, row, batch, static), _step(static, row, batch, static)
         assert set(got) == set(want)
         for key in want:
@@ -165,7 +165,7 @@ def _iree_params():
 @pytest.mark.iree
 @pytest.mark.parametrize("row", list(_iree_params()))
 def test_iree_step_matches_onnxruntime(row: OpRow):
-    tm = bridge.to_training_onnx(row.model(), dynamic_batch=False, **OPTIONS)
+    tm = bridge.to_training_onnx(row.model(), dynamic_batch=False, **OPTIONS, **row.convert)
     inputs = row.inputs()
     target = np.random.default_rng(0).standard_normal(tm.target_shape).astype(np.float32)
     iree = bridge.compile(tm, backend="iree").session(seed=0)
